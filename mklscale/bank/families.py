@@ -1,0 +1,93 @@
+"""Kernel families: functions that return lists of ``KernelSpec``.
+
+- ``gaussian``, ``polynomial``, ``linear``: one spec per parameter value on one feature set.
+- ``simplemkl``: the SimpleMKL / SpicyMKL UCI recipe (SpicyMKL §6.1): 24 Gaussian widths
+  0.1 0.25 0.5 0.75 1 2 3 ... 20 and polynomial degrees 1-3, each on every single variable and on
+  all variables together: M = 27 (d + 1).
+- ``random_subsets``: the SpicyMKL IDA recipe (§6.2): Gaussian kernels on random feature subsets
+  with random width s = 5 chi^2 + 0.1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from mklscale.bank.spec import KernelSpec
+from mklscale.errors import SpecError
+
+#: The 24 Gaussian widths of the SimpleMKL / SpicyMKL UCI experiments.
+SIMPLEMKL_WIDTHS: tuple[float, ...] = (0.1, 0.25, 0.5, 0.75) + tuple(float(w) for w in range(1, 21))
+SIMPLEMKL_DEGREES: tuple[int, ...] = (1, 2, 3)
+
+
+def gaussian(widths: Iterable[float], features=None) -> list[KernelSpec]:
+    """One Gaussian spec exp(-||x-z||^2 / (2 s^2)) per width s, on ``features`` (None = all)."""
+    return [KernelSpec.gaussian(w, features) for w in _nonempty(widths, "widths")]
+
+
+def polynomial(degrees: Iterable[int], offset: float = 1.0, features=None) -> list[KernelSpec]:
+    """One polynomial spec (<x,z> + offset)^p per degree p, on ``features`` (None = all)."""
+    return [KernelSpec.polynomial(p, offset, features) for p in _nonempty(degrees, "degrees")]
+
+
+def linear(features=None) -> list[KernelSpec]:
+    return [KernelSpec.linear(features)]
+
+
+def simplemkl(
+    n_features: int,
+    widths: Sequence[float] = SIMPLEMKL_WIDTHS,
+    degrees: Sequence[int] = SIMPLEMKL_DEGREES,
+) -> list[KernelSpec]:
+    """Every single feature and all features together: (len(widths) + len(degrees)) (d + 1) specs.
+
+    Ordered feature set by feature set (all features first, then feature 0, 1, ...), Gaussian
+    widths then polynomial degrees within each set.
+    """
+    d = _positive_int(n_features, "n_features")
+    specs: list[KernelSpec] = []
+    for feats in [None] + [(j,) for j in range(d)]:
+        specs += gaussian(widths, feats) + polynomial(degrees, 1.0, feats)
+    return specs
+
+
+def random_subsets(
+    n_features: int,
+    n_kernels: int,
+    seed: int = 0,
+    max_subset: int | None = None,
+) -> list[KernelSpec]:
+    """Gaussian kernels on random feature subsets with width s = 5 chi^2_1 + 0.1 (SpicyMKL §6.2).
+
+    The paper leaves the subset size open; here each kernel draws a size uniformly from
+    1..max_subset (default d) and then that many distinct features uniformly, all from
+    ``np.random.default_rng(seed)``. The chi^2 has one degree of freedom.
+    """
+    d = _positive_int(n_features, "n_features")
+    m = _positive_int(n_kernels, "n_kernels")
+    top = d if max_subset is None else _positive_int(max_subset, "max_subset")
+    if top > d:
+        raise SpecError(f"max_subset={top} exceeds n_features={d}")
+    rng = np.random.default_rng(seed)
+    specs = []
+    for _ in range(m):
+        size = int(rng.integers(1, top + 1))
+        feats = tuple(sorted(int(f) for f in rng.choice(d, size=size, replace=False)))
+        width = 5.0 * float(rng.chisquare(1)) + 0.1
+        specs.append(KernelSpec.gaussian(width, None if size == d else feats))
+    return specs
+
+
+def _nonempty(values: Iterable, what: str) -> list:
+    values = list(values) if not np.isscalar(values) else [values]
+    if not values:
+        raise SpecError(f"{what} is empty; give at least one value")
+    return values
+
+
+def _positive_int(v, what: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+        raise SpecError(f"{what} must be a positive integer, got {v!r}")
+    return int(v)

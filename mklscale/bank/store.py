@@ -1,0 +1,617 @@
+"""KernelBank: the zarr v3 store of M Gram matrices and their per-kernel metadata.
+
+Layout of a bank (a zarr v3 group; see ../shared/DESIGN.md "The bank on disk")::
+
+    gram         (M, n, n) float32|float64, chunks of whole kernels, sharded, uncompressed
+    X            (n, d) float64  standardised training features (banks built from features)
+    cross_gram   (M, n_cross, n) optional cross kernels imported with ``from_arrays``
+    complete     (M,) bool      data of kernel m is on disk (set only after the write)
+    trace, fro, lambda_max, norm_factor  (M,) float64  of the STORED (normalised) matrix
+    checksum     (M,) uint32    crc32c of kernel m's stored bytes (C order, little endian)
+    spec         (M,) str       the kernel's KernelSpec as JSON
+    attrs        schema, n, M, dtype, normalize, standardisation, train_rows, fingerprint, layout, created
+
+Nothing in a store is executed or unpickled: specs are JSON, everything else is numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import google_crc32c
+import numpy as np
+import zarr
+
+from mklscale.bank.spec import KernelSpec
+from mklscale.errors import (
+    BankIncompleteError,
+    InvalidInputError,
+    NotABankError,
+    SchemaVersionError,
+    SpecError,
+)
+
+SCHEMA_VERSION = 1
+DTYPES = ("float32", "float64")
+NORMALIZATIONS = ("trace", "diag", None)
+PER_KERNEL_FLOATS = ("trace", "fro", "lambda_max", "norm_factor")
+
+
+@dataclass
+class VerifyReport:
+    """What ``KernelBank.verify`` found: kernels whose bytes do not match their checksum."""
+
+    checked: int
+    bad: list[tuple[int, str, str]] = field(default_factory=list)  # (index, name, reason)
+    incomplete: list[int] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.bad and not self.incomplete
+
+    @property
+    def bad_indices(self) -> list[int]:
+        return [b[0] for b in self.bad]
+
+    def __str__(self) -> str:
+        lines = [f"checked {self.checked} kernel(s): " + ("OK" if self.ok else "PROBLEMS")]
+        lines += [f"  kernel {m} ({name}): {why}" for m, name, why in self.bad]
+        if self.incomplete:
+            shown = ", ".join(map(str, self.incomplete[:20]))
+            more = "" if len(self.incomplete) <= 20 else f" ... (+{len(self.incomplete) - 20})"
+            lines.append(f"  {len(self.incomplete)} kernel(s) not built yet: {shown}{more}")
+        return "\n".join(lines)
+
+
+def kernel_stats(K: np.ndarray) -> tuple[float, float, float, int]:
+    """(trace, Frobenius norm, largest eigenvalue, crc32c) of one stored kernel, in float64.
+
+    The largest eigenvalue comes from Lanczos (ARPACK, fixed start vector, so it is deterministic)
+    for n > 200 and from a dense eigensolver below; solvers use it for step sizes and the safe
+    screening bound ||v||_K <= ||u||_K + sqrt(lambda_max) ||v - u||.
+    """
+    from scipy.sparse.linalg import eigsh
+
+    K64 = K.astype(np.float64)
+    n = K64.shape[0]
+    if n <= 200:
+        lam = float(np.linalg.eigvalsh(K64)[-1])
+    else:
+        lam = float(eigsh(K64, k=1, which="LA", v0=np.ones(n), tol=1e-8, return_eigenvectors=False)[0])
+    return float(np.trace(K64)), float(np.sqrt(np.einsum("ij,ij->", K64, K64))), lam, checksum(K)
+
+
+def checksum(block: np.ndarray) -> int:
+    """crc32c of one kernel's stored bytes (C order, little endian)."""
+    return int(google_crc32c.value(np.ascontiguousarray(block).astype(block.dtype.newbyteorder("<")).tobytes()))
+
+
+def layout_for(M: int, n: int, itemsize: int, chunk_mb: float = 16, shard_mb: float = 256) -> tuple[int, int]:
+    """(kernels per chunk, kernels per shard): whole kernels per chunk, about chunk_mb a chunk,
+    and a whole number of chunks per shard of about shard_mb (so 10k kernels are ~100s of files)."""
+    kernel_bytes = n * n * itemsize
+    per_chunk = int(max(1, min(M, chunk_mb * 2**20 // kernel_bytes)))
+    chunks_per_shard = int(max(1, shard_mb * 2**20 // (per_chunk * kernel_bytes)))
+    per_shard = min(per_chunk * chunks_per_shard, -(-M // per_chunk) * per_chunk)
+    return per_chunk, per_shard
+
+
+class KernelBank:
+    """An opened bank. ``len(bank)`` is M, ``bank.n`` the number of training points."""
+
+    def __init__(self, path: str | os.PathLike, group: zarr.Group):
+        self.path = Path(path)
+        self._group = group
+        attrs = group.attrs.asdict()
+        self._attrs = attrs
+        self.n: int = int(attrs["n"])
+        self.M: int = int(attrs["M"])
+        self.dtype = np.dtype(attrs["dtype"])
+        self.normalize: str | None = attrs["normalize"]
+        self.kernels_per_shard: int = int(attrs["layout"]["kernels_per_shard"])
+        self.specs: list[KernelSpec] = [KernelSpec.from_json(s) for s in group["spec"][:]]
+        self.gram: zarr.Array = group["gram"]
+
+    # ---- creating -----------------------------------------------------------------------------
+    @classmethod
+    def from_arrays(
+        cls,
+        grams,
+        path: str | os.PathLike,
+        names: Sequence[str] | None = None,
+        cross_grams=None,
+        normalize: str | None = None,
+        dtype: str = "float32",
+        overwrite: bool = False,
+        psd_tol: float = 1e-6,
+        chunk_mb: float = 16,
+        shard_mb: float = 256,
+    ) -> KernelBank:
+        """Import precomputed Gram matrices (graph or string kernels computed elsewhere).
+
+        ``grams`` is (M, n, n) or a sequence of (n, n); ``cross_grams`` optionally (M, n_new, n)
+        for prediction. Each matrix must be square, finite, symmetric and PSD: its smallest
+        eigenvalue must be >= -psd_tol * max(1, largest). ``normalize`` is None or "trace" (unit
+        trace; the same factor scales the cross kernels). The bank appears atomically: either the
+        whole import is on disk or nothing is.
+        """
+        dt = validate_dtype(dtype)
+        if normalize not in (None, "trace"):
+            raise InvalidInputError(f"from_arrays supports normalize=None or 'trace', got {normalize!r} "
+                                    "(unit-diagonal scaling of cross kernels needs k(x, x) of the new points)")
+        mats = [np.asarray(g, dtype=np.float64) for g in grams]
+        if not mats:
+            raise InvalidInputError("grams is empty; give at least one Gram matrix")
+        names = [f"kernel_{m}" for m in range(len(mats))] if names is None else [str(x) for x in names]
+        if len(names) != len(mats) or len(set(names)) != len(names):
+            raise InvalidInputError(f"names must be {len(mats)} distinct strings, got {len(names)} ({len(set(names))} distinct)")
+        n = mats[0].shape[0] if mats[0].ndim == 2 else -1
+        for name, K in zip(names, mats):
+            _check_gram(name, K, n, psd_tol)
+        factors = [1.0 / np.trace(K) if normalize == "trace" and np.trace(K) > 0 else 1.0 for K in mats]
+        crosses = None
+        if cross_grams is not None:
+            crosses = np.asarray(cross_grams, dtype=np.float64)
+            if crosses.ndim != 3 or crosses.shape[0] != len(mats) or crosses.shape[2] != n:
+                raise InvalidInputError(f"cross_grams must have shape ({len(mats)}, n_new, {n}), got {crosses.shape}")
+            if not np.isfinite(crosses).all():
+                raise InvalidInputError("cross_grams contains NaN or inf")
+        path = Path(path)
+        prepare_path(path, overwrite=overwrite, fingerprint=None)
+        specs = [KernelSpec.precomputed(x) for x in names]
+
+        def fill(group: zarr.Group) -> None:
+            stats = np.empty((len(mats), 4))
+            sums = np.empty(len(mats), dtype=np.uint32)
+            for m, K in enumerate(mats):
+                stored = (K * factors[m]).astype(dt)
+                group["gram"][m] = stored
+                *stats[m, :3], sums[m] = kernel_stats(stored)
+            for k, name in enumerate(("trace", "fro", "lambda_max")):
+                group[name][:] = stats[:, k]
+            group["norm_factor"][:] = np.asarray(factors)
+            group["checksum"][:] = sums
+            if crosses is not None:
+                scaled = (crosses * np.asarray(factors)[:, None, None]).astype(dt)
+                group.create_array("cross_gram", data=scaled, chunks=(1,) + scaled.shape[1:], compressors=None)
+            group["complete"][:] = True
+
+        attrs = {"normalize": normalize, "standardization": None, "train_rows": list(range(n)),
+                 "fingerprint": None, "source": "from_arrays", "created": creation_info()}
+        create_bank_group(path, specs=specs, n=n, dtype=dt, attrs=attrs, X=None,
+                          chunk_mb=chunk_mb, shard_mb=shard_mb, fill=fill)
+        return cls.open(path)
+
+    # ---- opening ------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | os.PathLike, mode: str = "r") -> KernelBank:
+        """Open an existing bank (mode "r" or "r+"); errors say what is wrong with the path."""
+        path = Path(path)
+        if not path.exists():
+            raise NotABankError(f"no kernel bank at {path}: the path does not exist (build one with build_bank or `mklscale bank build`)")
+        group = _open_group_or_none(path, mode)
+        if group is None:
+            raise NotABankError(f"{path} exists but is not an mklscale kernel bank (no bank metadata found)")
+        return cls(path, group)
+
+    @staticmethod
+    def is_bank(path: str | os.PathLike) -> bool:
+        return Path(path).is_dir() and _open_group_or_none(Path(path), "r") is not None
+
+    # ---- sizes and metadata -------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self.M
+
+    def __repr__(self) -> str:
+        return f"KernelBank({str(self.path)!r}, M={self.M}, n={self.n}, dtype={self.dtype}, normalize={self.normalize})"
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.specs]
+
+    @property
+    def attrs(self) -> dict:
+        return dict(self._attrs)
+
+    @property
+    def nbytes(self) -> int:
+        return self.M * self.n * self.n * self.dtype.itemsize
+
+    def _meta(self, name: str) -> np.ndarray:
+        return self._group[name][:]
+
+    @property
+    def complete(self) -> np.ndarray:
+        return self._meta("complete").astype(bool)
+
+    @property
+    def trace(self) -> np.ndarray:
+        return self._meta("trace")
+
+    @property
+    def fro(self) -> np.ndarray:
+        return self._meta("fro")
+
+    @property
+    def lambda_max(self) -> np.ndarray:
+        return self._meta("lambda_max")
+
+    @property
+    def norm_factor(self) -> np.ndarray:
+        return self._meta("norm_factor")
+
+    @property
+    def checksums(self) -> np.ndarray:
+        return self._meta("checksum")
+
+    @property
+    def X_train(self) -> np.ndarray | None:
+        """Standardised training features, or None for banks imported from Gram matrices."""
+        return self._group["X"][:] if "X" in self._group else None
+
+    @property
+    def train_rows(self) -> np.ndarray:
+        return np.asarray(self._attrs["train_rows"], dtype=np.int64)
+
+    def require_complete(self) -> None:
+        missing = np.flatnonzero(~self.complete)
+        if missing.size:
+            raise BankIncompleteError(
+                f"bank {self.path} has {missing.size} unfinished kernel(s) (first: {missing[:10].tolist()}); "
+                "run the same build again to finish it, or `mklscale bank verify` to inspect it"
+            )
+
+    # ---- reading ------------------------------------------------------------------------------
+    def _check_index(self, m) -> int:
+        if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or not -self.M <= m < self.M:
+            raise InvalidInputError(f"kernel index {m!r} out of range for a bank of {self.M} kernels")
+        return int(m) % self.M
+
+    def kernel(self, m: int) -> np.ndarray:
+        """Kernel m as an (n, n) array of the stored dtype."""
+        m = self._check_index(m)
+        return self.gram[m]
+
+    def kernels(self, idx: Sequence[int]) -> np.ndarray:
+        """Kernels idx as a (len(idx), n, n) array of the stored dtype, in the order given."""
+        idx = [self._check_index(m) for m in idx]
+        if not idx:
+            return np.empty((0, self.n, self.n), self.dtype)
+        return self.gram.get_orthogonal_selection((np.asarray(idx), slice(None), slice(None)))
+
+    @property
+    def n_shards(self) -> int:
+        return -(-self.M // self.kernels_per_shard)
+
+    def shard_range(self, s: int) -> tuple[int, int]:
+        """Kernel indices [first, stop) held by shard s."""
+        first = s * self.kernels_per_shard
+        return first, min(first + self.kernels_per_shard, self.M)
+
+    def read_shard(self, s: int) -> np.ndarray:
+        """All kernels of shard s as one (stop - first, n, n) array of the stored dtype.
+
+        Uncompressed banks are read with one plain file read and viewed through the shard index
+        (zarr's generic sharded read costs several times the bytes it reads); anything else goes
+        through zarr. Raises BankCorruptError when the shard file is truncated or its index is
+        damaged. Unwritten chunks read as zeros (zarr's fill value).
+        """
+        first, stop = self.shard_range(s)
+        if not self._plain_layout:
+            return self.gram[first:stop]
+        from mklscale.errors import BankCorruptError
+
+        S, C = self.kernels_per_shard, int(self._attrs["layout"]["kernels_per_chunk"])
+        n_inner = S // C
+        file = self.path / "gram" / "c" / str(s) / "0" / "0"
+        out_shape = (stop - first, self.n, self.n)
+        if not file.exists():
+            return np.zeros(out_shape, self.dtype)
+        raw = np.fromfile(file, dtype=np.uint8)
+        index_bytes = 16 * n_inner
+        if raw.size < index_bytes + 4:
+            raise BankCorruptError(f"shard {s} of {self.path} is truncated ({raw.size} bytes); kernels {first}..{stop - 1} need repair")
+        index_raw = raw[raw.size - index_bytes - 4: raw.size - 4]
+        if google_crc32c.value(index_raw.tobytes()) != int(raw[-4:].view("<u4")[0]):
+            raise BankCorruptError(f"shard {s} of {self.path} has a damaged index (truncated or overwritten); "
+                                   f"kernels {first}..{stop - 1} need repair")
+        index = index_raw.view("<u8").reshape(n_inner, 2)
+        chunk_bytes = C * self.n * self.n * self.dtype.itemsize
+        n_chunks = -(-(stop - first) // C)
+        offsets = index[:n_chunks, 0]
+        if (index[:n_chunks, 1] != chunk_bytes).any() or (offsets + chunk_bytes > raw.size - index_bytes - 4).any():
+            raise BankCorruptError(f"shard {s} of {self.path} is truncated or malformed; kernels {first}..{stop - 1} need repair")
+        data = raw[: raw.size - index_bytes - 4]
+        if np.array_equal(offsets, np.arange(n_chunks, dtype=np.uint64) * chunk_bytes):
+            return data[: n_chunks * chunk_bytes].view(self.dtype).reshape(-1, self.n, self.n)[: stop - first]
+        out = np.empty((n_chunks * C, self.n, self.n), self.dtype)
+        for c, off in enumerate(offsets):
+            out[c * C:(c + 1) * C] = data[int(off):int(off) + chunk_bytes].view(self.dtype).reshape(C, self.n, self.n)
+        return out[: stop - first]
+
+    @property
+    def _plain_layout(self) -> bool:
+        """True when gram is sharded (index at the end, crc32c) with raw little-endian inner chunks."""
+        from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
+
+        codecs = self.gram.metadata.codecs
+        return (
+            len(codecs) == 1 and isinstance(codecs[0], ShardingCodec)
+            and len(codecs[0].codecs) == 1 and isinstance(codecs[0].codecs[0], BytesCodec)
+            and self.dtype.byteorder in ("<", "=") and np.little_endian
+            and codecs[0].index_location.value == "end"
+            and [type(c) for c in codecs[0].index_codecs] == [BytesCodec, Crc32cCodec]
+            and self.gram.metadata.chunk_key_encoding.separator == "/"
+        )
+
+    def to_xarray(self):
+        """A lazily indexed xarray DataArray (kernel, i, j) with per-kernel coordinates."""
+        import dask.array as da
+        import xarray as xr
+
+        data = da.from_zarr(self.gram)
+        coords = {
+            "kernel": np.arange(self.M),
+            "name": ("kernel", np.array(self.names, dtype=object)),
+            "family": ("kernel", np.array([s.family for s in self.specs], dtype=object)),
+            "width": ("kernel", _param_column(self.specs, "width")),
+            "degree": ("kernel", _param_column(self.specs, "degree")),
+            "n_features_used": ("kernel", np.array([-1 if s.features is None else len(s.features) for s in self.specs])),
+            "complete": ("kernel", self.complete),
+        }
+        for name in PER_KERNEL_FLOATS:
+            coords[name] = ("kernel", self._meta(name))
+        return xr.DataArray(data, dims=("kernel", "i", "j"), coords=coords, name="gram",
+                            attrs={"normalize": str(self.normalize), "path": str(self.path)})
+
+    # ---- integrity ----------------------------------------------------------------------------
+    def verify(self, kernels: Sequence[int] | None = None, threads: int = 4, progress: bool = False) -> VerifyReport:
+        """Re-read every complete kernel, recompute its crc32c and compare with the recorded one."""
+        from tqdm.auto import tqdm
+
+        complete = self.complete
+        sel = np.arange(self.M) if kernels is None else np.array([self._check_index(m) for m in kernels])
+        incomplete = [int(m) for m in sel if not complete[m]]
+        todo = np.array([m for m in sel if complete[m]], dtype=np.int64)
+        expected = self.checksums
+        report = VerifyReport(checked=int(todo.size), incomplete=incomplete)
+        S = self.kernels_per_shard
+        groups = [todo[(todo // S) == s] for s in np.unique(todo // S)]
+
+        def check(ms: np.ndarray) -> list[tuple[int, str, str]]:
+            s = int(ms[0]) // S
+            try:
+                block = self.read_shard(s)
+            except Exception as exc:  # a truncated or garbled shard fails to decode
+                return [(int(m), self.specs[m].name, f"unreadable: {type(exc).__name__}: {exc}") for m in ms]
+            return [
+                (int(m), self.specs[m].name, "checksum mismatch")
+                for m in ms
+                if checksum(block[m - s * S]) != int(expected[m])
+            ]
+
+        with ThreadPoolExecutor(max(1, threads)) as pool:
+            for bad in tqdm(pool.map(check, groups), total=len(groups), disable=not progress, unit="shard", desc="verify"):
+                report.bad += bad
+        report.bad.sort()
+        return report
+
+    # ---- cross kernels ------------------------------------------------------------------------
+    def standardize(self, X: np.ndarray) -> np.ndarray:
+        """Apply the training standardisation recorded at build time to raw features X."""
+        X = validate_features(X, "X_new")
+        std = self._attrs.get("standardization")
+        d = self._group["X"].shape[1] if "X" in self._group else None
+        if d is not None and X.shape[1] != d:
+            raise InvalidInputError(f"X_new has {X.shape[1]} feature(s) but the bank was built on {d}")
+        if std is None:
+            return X
+        return (X - np.asarray(std["mean"])) / np.asarray(std["scale"])
+
+    def cross(self, X_new: np.ndarray | None, kernels: Sequence[int] | None = None) -> np.ndarray:
+        """K_m(X_new, X_train) with exactly the training normalisation: (len(kernels), n_new, n) float64.
+
+        For banks imported with ``from_arrays``, pass ``X_new=None`` to get the stored cross kernels.
+        ``cross(X_train_raw)`` reproduces the bank (to the stored dtype's rounding).
+        """
+        idx = list(range(self.M)) if kernels is None else [self._check_index(m) for m in kernels]
+        if X_new is None:
+            if "cross_gram" not in self._group:
+                raise InvalidInputError(f"bank {self.path} stores no cross kernels; pass X_new (raw features)")
+            return self._group["cross_gram"].get_orthogonal_selection((np.asarray(idx, dtype=np.int64), slice(None), slice(None))).astype(np.float64)
+        if "X" not in self._group:
+            raise SpecError(f"bank {self.path} was imported from Gram matrices and holds no features; "
+                            "it cannot compute cross kernels for new data (import them with cross_grams=)")
+        Xs = self.standardize(X_new)
+        Xt = self.X_train
+        factor = self.norm_factor
+        out = np.empty((len(idx), Xs.shape[0], self.n))
+        for k, m in enumerate(idx):
+            spec = self.specs[m]
+            out[k] = normalize_block(spec.compute(Xs, Xt), self.normalize, factor[m], spec, Xs, Xt)
+        return out
+
+
+# ---- helpers shared with build.py -----------------------------------------------------------------
+def normalize_block(K: np.ndarray, rule: str | None, factor: float, spec: KernelSpec, Xa: np.ndarray, Xb: np.ndarray) -> np.ndarray:
+    """Apply a normalisation rule to K(Xa, Xb).
+
+    trace: K * factor with factor = 1 / trace(K_train) (unit trace on the training set);
+    diag:  K_ij / sqrt(k(a_i, a_i) k(b_j, b_j)) (unit diagonal; zero diagonals left unscaled);
+    None:  unchanged.
+    """
+    if rule == "trace":
+        return K * factor
+    if rule == "diag":
+        da, db = _safe_diag(spec.diag(Xa)), _safe_diag(spec.diag(Xb))
+        return K / np.sqrt(np.outer(da, db))
+    return K
+
+
+def _safe_diag(d: np.ndarray) -> np.ndarray:
+    return np.where(d > 1e-300, d, 1.0)
+
+
+def validate_features(X, what: str = "X") -> np.ndarray:
+    X = np.asarray(X)
+    if X.dtype.kind not in "fiub":
+        raise InvalidInputError(f"{what} must be numeric, got dtype {X.dtype}")
+    X = X.astype(np.float64, copy=False)
+    if X.ndim != 2:
+        raise InvalidInputError(f"{what} must be a 2-D array (n_samples, n_features), got shape {X.shape}")
+    if X.shape[0] == 0 or X.shape[1] == 0:
+        raise InvalidInputError(f"{what} is empty (shape {X.shape}); it needs at least one row and one feature")
+    bad = ~np.isfinite(X)
+    if bad.any():
+        r, c = np.argwhere(bad)[0]
+        raise InvalidInputError(f"{what} contains {int(bad.sum())} NaN/inf value(s) (first at row {r}, column {c}); "
+                                "impute or drop them before building kernels")
+    return X
+
+
+def validate_dtype(dtype) -> np.dtype:
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt is None or dt.name not in DTYPES:
+        raise InvalidInputError(f"bank dtype must be one of {DTYPES}, got {dtype!r}")
+    return dt
+
+
+def _param_column(specs: list[KernelSpec], name: str) -> np.ndarray:
+    return np.array([float(dict(s.params).get(name, np.nan)) for s in specs])
+
+
+def _open_group_or_none(path: Path, mode: str) -> zarr.Group | None:
+    if not (path / "zarr.json").is_file():
+        return None
+    try:
+        group = zarr.open_group(path, mode=mode)
+    except Exception:
+        return None
+    info = group.attrs.get("mklscale")
+    if not isinstance(info, dict) or info.get("kind") != "kernel_bank":
+        return None
+    if int(info.get("schema_version", 0)) > SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"bank {path} was written with schema version {info['schema_version']}, newer than this "
+            f"mklscale reads ({SCHEMA_VERSION}); upgrade mklscale to open it"
+        )
+    return group
+
+
+def create_bank_group(
+    path: Path,
+    *,
+    specs: Sequence[KernelSpec],
+    n: int,
+    dtype: np.dtype,
+    attrs: dict,
+    X: np.ndarray | None,
+    chunk_mb: float,
+    shard_mb: float,
+    fill=None,
+) -> None:
+    """Create the bank's group and arrays in a temporary sibling folder and rename it into place,
+    so ``path`` either does not exist or holds a well-formed bank. ``fill(group)`` may write data
+    (``from_arrays``) before the rename."""
+    M = len(specs)
+    per_chunk, per_shard = layout_for(M, n, dtype.itemsize, chunk_mb, shard_mb)
+    tmp = path.with_name(f".{path.name}.partial-{uuid.uuid4().hex[:8]}")
+    try:
+        group = zarr.open_group(tmp, mode="w")
+        group.create_array("gram", shape=(M, n, n), chunks=(per_chunk, n, n), shards=(per_shard, n, n),
+                           dtype=dtype, compressors=None, fill_value=0, dimension_names=("kernel", "i", "j"))
+        group.create_array("complete", data=np.zeros(M, dtype=bool), chunks=(M,))
+        for name in PER_KERNEL_FLOATS:
+            group.create_array(name, data=np.full(M, np.nan), chunks=(M,))
+        group.create_array("checksum", data=np.zeros(M, dtype=np.uint32), chunks=(M,))
+        spec_array = group.create_array("spec", shape=(M,), dtype="str", chunks=(M,))
+        spec_array[:] = np.array([s.to_json() for s in specs], dtype=object)
+        if X is not None:
+            group.create_array("X", data=X, chunks=X.shape)
+        group.attrs.update({
+            **attrs,
+            "mklscale": {"kind": "kernel_bank", "schema_version": SCHEMA_VERSION},
+            "n": int(n), "M": int(M), "dtype": dtype.name,
+            "layout": {"kernels_per_chunk": per_chunk, "kernels_per_shard": per_shard},
+        })
+        if fill is not None:
+            fill(group)
+        os.replace(tmp, path) if not path.exists() else _replace_empty_dir(tmp, path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _replace_empty_dir(tmp: Path, path: Path) -> None:
+    path.rmdir()  # only an empty directory may be replaced; rmdir refuses anything else
+    os.replace(tmp, path)
+
+
+def _check_gram(name: str, K: np.ndarray, n: int, psd_tol: float) -> None:
+    if K.ndim != 2 or K.shape[0] != K.shape[1]:
+        raise InvalidInputError(f"Gram matrix {name!r} is not square: shape {K.shape}")
+    if K.shape[0] != n:
+        raise InvalidInputError(f"Gram matrix {name!r} is {K.shape[0]} x {K.shape[0]} but the first one is {n} x {n}")
+    if not np.isfinite(K).all():
+        raise InvalidInputError(f"Gram matrix {name!r} contains NaN or inf")
+    scale = max(1.0, float(np.abs(K).max()))
+    asym = float(np.abs(K - K.T).max())
+    if asym > 1e-6 * scale:
+        raise InvalidInputError(f"Gram matrix {name!r} is not symmetric (max |K - K^T| = {asym:.3g}); symmetrise it, e.g. (K + K.T) / 2")
+    eig = np.linalg.eigvalsh(K)
+    if eig[0] < -psd_tol * max(1.0, float(eig[-1])):
+        raise InvalidInputError(f"Gram matrix {name!r} is not positive semidefinite: smallest eigenvalue {eig[0]:.6g} "
+                                f"(largest {eig[-1]:.6g}); fix the kernel or clip negative eigenvalues before importing")
+
+
+def prepare_path(path: Path, overwrite: bool, fingerprint: str | None) -> bool:
+    """Decide what to do with the target path. Returns True when an existing bank with the same
+    fingerprint should be resumed; removes an existing bank if ``overwrite``; refuses anything
+    else that exists (a non-empty folder that is not a bank is never deleted)."""
+    if not path.exists():
+        parent = path.parent if str(path.parent) else Path(".")
+        if not parent.exists():
+            parent.mkdir(parents=True)
+        if not os.access(parent, os.W_OK):
+            from mklscale.errors import ReadOnlyStoreError
+            raise ReadOnlyStoreError(f"cannot create a bank in {parent}: the folder is not writable")
+        return False
+    if path.is_dir() and not any(path.iterdir()):
+        return False
+    if not KernelBank.is_bank(path):
+        raise NotABankError(f"{path} exists and is not an mklscale kernel bank; choose another path "
+                            "(mklscale never deletes a folder it did not create)")
+    if overwrite:
+        shutil.rmtree(path)
+        return False
+    existing = KernelBank.open(path).attrs.get("fingerprint")
+    if fingerprint is not None and existing == fingerprint:
+        return True
+    from mklscale.errors import BankMismatchError
+    raise BankMismatchError(f"{path} holds a bank built from different data, kernel specs or settings; "
+                            "pass overwrite=True (CLI: --overwrite) to replace it, or choose another path")
+
+
+def creation_info() -> dict:
+    import datetime
+    import platform
+
+    from mklscale import __version__
+    return {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "mklscale_version": __version__, "host": platform.node(), "python": platform.python_version(),
+            "zarr_version": zarr.__version__}
+
+
+def json_attr(obj) -> dict | list:
+    """Round-trip through JSON so attributes hold plain types only."""
+    return json.loads(json.dumps(obj))

@@ -1,0 +1,52 @@
+"""The one exception hierarchy of mklscale.
+
+Every error raised on bad input says what was wrong and what to do about it. Each class also
+derives from the builtin exception a caller would naturally catch (ValueError, FileExistsError...),
+so ``except ValueError`` keeps working for scikit-learn style code.
+"""
+
+from __future__ import annotations
+
+
+class MKLScaleError(Exception):
+    """Base class of every error mklscale raises on purpose."""
+
+
+class InvalidInputError(MKLScaleError, ValueError):
+    """An argument has the wrong shape, type, value range, or contains NaN/inf."""
+
+
+class SpecError(InvalidInputError):
+    """A kernel spec is malformed: unknown family, bad parameter, bad feature subset."""
+
+
+class BankError(MKLScaleError):
+    """Base class of errors about a kernel bank on disk."""
+
+
+class NotABankError(BankError, FileExistsError):
+    """A path exists but does not hold an mklscale kernel bank."""
+
+
+class BankMismatchError(BankError, ValueError):
+    """An existing bank was built from other data, specs or settings than the ones given."""
+
+
+class BankIncompleteError(BankError, RuntimeError):
+    """The bank has kernels that are not finished (or are corrupt) and the caller did not allow it."""
+
+
+class BankCorruptError(BankError, RuntimeError):
+    """Stored kernel data does not match its recorded checksum."""
+
+
+class SchemaVersionError(BankError, ValueError):
+    """A store or file was written by a newer mklscale schema than this one reads."""
+
+
+class ReadOnlyStoreError(BankError, PermissionError):
+    """The store cannot be written (read-only file system or permissions)."""
+
+
+class ConfigError(InvalidInputError):
+    """A TOML config has unknown keys, wrong types or impossible values."""
