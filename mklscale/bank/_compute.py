@@ -40,3 +40,35 @@ def dot(X, Z):
                 s += X[i, k] * Z[j, k]
             G[i, j] = s
     return G
+
+
+@numba.njit(cache=True, nogil=True)
+def sqdist_sym(X):
+    """sqdist(X, X), computing the upper triangle once and mirroring it (same sums, same order)."""
+    n, d = X.shape
+    D = np.empty((n, n), dtype=np.float64)
+    for i in range(n):
+        D[i, i] = 0.0
+        for j in range(i + 1, n):
+            s = 0.0
+            for k in range(d):
+                t = X[i, k] - X[j, k]
+                s += t * t
+            D[i, j] = s
+            D[j, i] = s
+    return D
+
+
+@numba.njit(cache=True, nogil=True)
+def dot_sym(X):
+    """dot(X, X) through the upper triangle, mirrored."""
+    n, d = X.shape
+    G = np.empty((n, n), dtype=np.float64)
+    for i in range(n):
+        for j in range(i, n):
+            s = 0.0
+            for k in range(d):
+                s += X[i, k] * X[j, k]
+            G[i, j] = s
+            G[j, i] = s
+    return G

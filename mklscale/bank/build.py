@@ -27,6 +27,7 @@ from mklscale.bank.store import (
     json_attr,
     kernel_stats,
     normalize_block,
+    write_shard_file,
     prepare_path,
     validate_dtype,
     validate_features,
@@ -45,8 +46,9 @@ def build_bank(
     standardize: bool = True,
     row_ids: Sequence[int] | None = None,
     chunk_mb: float = 16,
-    shard_mb: float = 256,
+    shard_mb: float = 64,
     progress: bool = True,
+    flush_every_s: float = 2.0,
 ) -> KernelBank:
     """Compute K_m(X, X) for every spec and store them as a bank at ``path``.
 
@@ -58,7 +60,9 @@ def build_bank(
 
     If ``path`` holds a bank built with the same X, specs and settings, the build resumes: only
     unfinished kernels are computed. A bank built from anything else is refused unless
-    ``overwrite=True``. Returns the opened bank.
+    ``overwrite=True``. Completion flags are written every ``flush_every_s`` seconds and at the
+    end (0 = after every shard). Returns the opened bank; its ``last_build_computed`` says how many
+    kernels this call computed.
     """
     X = validate_features(X, "X")
     specs = _validate_specs(specs, X.shape[1])
@@ -91,11 +95,12 @@ def build_bank(
     todo = [s for s in range(-(-len(specs) // S)) if not done[s * S:(s + 1) * S].all()]
     bank.last_build_computed = 0  # kernels computed by this call (tests check resumption with it)
     if todo:
-        writer = _MetadataWriter(bank)
+        writer = _MetadataWriter(bank, flush_every_s)
         runner = _run_distributed if client is not None else _run_threaded
         with _progress(len(specs), int(done.sum()), progress) as bar:
             try:
-                for first, stats in runner(client, str(path), specs, Xs, normalize, dt.name, S, todo):
+                layout = (int(bank.attrs["layout"]["kernels_per_chunk"]), S)
+                for first, stats in runner(client, str(path), specs, Xs, normalize, dt.name, layout, todo):
                     writer.record(first, stats)
                     bar.update(len(stats["checksum"]))
                     bank.last_build_computed += len(stats["checksum"])
@@ -105,13 +110,12 @@ def build_bank(
 
 
 # ---- the task --------------------------------------------------------------------------------------
-def build_shard(path: str, specs_json: str, Xs: np.ndarray, normalize, dtype: str, first: int) -> tuple[int, dict]:
-    """Compute, normalise and write the kernels of one shard; return their statistics.
+def build_shard(path: str, specs_json: str, Xs: np.ndarray, normalize, dtype: str, s: int,
+                layout: tuple[int, int]) -> tuple[int, dict]:
+    """Compute, normalise and write the kernels of shard s; return (first kernel, statistics).
 
     Kernels that share a pairwise base (same family kind and feature subset) reuse one base matrix.
     """
-    import zarr
-
     specs = specs_from_json(specs_json)
     n = Xs.shape[0]
     block = np.empty((len(specs), n, n), dtype=dtype)
@@ -129,17 +133,19 @@ def build_shard(path: str, specs_json: str, Xs: np.ndarray, normalize, dtype: st
         block[k] = normalize_block(K, normalize, factor, spec, Xs, Xs)
         stats["norm_factor"][k] = factor
         stats["trace"][k], stats["fro"][k], stats["lambda_max"][k], stats["checksum"][k] = kernel_stats(block[k])
-    zarr.open_array(Path(path) / "gram", mode="r+")[first:first + len(specs)] = block
-    return first, stats
+    per_chunk, per_shard = layout
+    write_shard_file(Path(path), s, block, per_chunk, per_shard)
+    return s * per_shard, stats
 
 
-def _run_threaded(client, path, specs, Xs, normalize, dtype, S, shards) -> Iterator[tuple[int, dict]]:
+def _run_threaded(client, path, specs, Xs, normalize, dtype, layout, shards) -> Iterator[tuple[int, dict]]:
     """Dask's threaded scheduler; results are handed to the driver as each task finishes."""
+    S = layout[1]
     import threading
 
     from dask.threaded import get
 
-    dsk = {("shard", s): (build_shard, path, specs_to_json(specs[s * S:(s + 1) * S]), Xs, normalize, dtype, s * S)
+    dsk = {("shard", s): (build_shard, path, specs_to_json(specs[s * S:(s + 1) * S]), Xs, normalize, dtype, s, layout)
            for s in shards}
     # posttask runs in the scheduling thread; results reach the driver through a queue.
     results = _ThreadedResults()
@@ -178,12 +184,13 @@ class _ThreadedResults:
             yield item
 
 
-def _run_distributed(client, path, specs, Xs, normalize, dtype, S, shards) -> Iterator[tuple[int, dict]]:
+def _run_distributed(client, path, specs, Xs, normalize, dtype, layout, shards) -> Iterator[tuple[int, dict]]:
     from distributed import as_completed
 
+    S = layout[1]
     X_future = client.scatter(Xs, broadcast=True)
     futures = [
-        client.submit(build_shard, path, specs_to_json(specs[s * S:(s + 1) * S]), X_future, normalize, dtype, s * S,
+        client.submit(build_shard, path, specs_to_json(specs[s * S:(s + 1) * S]), X_future, normalize, dtype, s, layout,
                       key=f"mklscale-build-{os.path.basename(path)}-{s}-{os.getpid()}-{time.monotonic_ns()}", pure=False)
         for s in shards
     ]

@@ -1,0 +1,109 @@
+"""Bank build throughput against a plain write of the same bytes, in the same run.
+
+    python benchmarks/bench_build.py                # M = 1000 Gaussian kernels, n = 1000 (4 GB float32)
+    python benchmarks/bench_build.py --quick        # a small smoke run
+
+The bank: ringnorm features (n rows, 20 features), Gaussian kernels on random feature subsets with
+widths 5 chi^2 + 0.1 (the SpicyMKL IDA recipe), unit-trace normalised, float32, built on the
+embedded default (Dask threads in this process). Every kernel costs its own distance matrix, exp,
+trace, Frobenius norm, largest eigenvalue and checksum.
+
+The baseline: numpy writes the same number of bytes, as the same number of files of the same size
+(one per shard), with the same number of threads, each file written with ndarray.tofile. Build and
+plain write alternate over the repeats so both see the same page-cache and disk state; the ratio
+reported is median(plain write time) / median(build time), i.e. build throughput / write throughput.
+Results go to benchmarks/results/bench_build.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import describe_machine  # noqa: E402
+
+from mklscale.bank import build_bank, families  # noqa: E402
+from mklscale.datasets import load  # noqa: E402
+
+
+def plain_write(folder: Path, n_files: int, file_bytes: int, threads: int) -> float:
+    """Write n_files files of file_bytes each with numpy; return seconds."""
+    folder.mkdir(parents=True, exist_ok=True)
+    block = np.random.default_rng(0).random(file_bytes // 4, dtype=np.float32)
+
+    def write(i: int) -> None:
+        block.tofile(folder / f"shard-{i}")
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(write, range(n_files)))
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--M", type=int, default=1000)
+    ap.add_argument("--n", type=int, default=1000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="M=100, n=300, 2 repeats")
+    ap.add_argument("--workdir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "mklscale-bench-build")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "bench_build.json")
+    args = ap.parse_args()
+    if args.quick:
+        args.M, args.n, args.repeats = 100, 300, 2
+        args.out = args.out.with_name("bench_build_quick.json")
+
+    X = load("ringnorm", n_samples=args.n, seed=0).X
+    specs = families.random_subsets(X.shape[1], args.M, seed=0)
+    threads = os.cpu_count() or 1
+    build_bank(X[:50], specs[:4], args.workdir / "warmup", progress=False, overwrite=True)  # numba compile
+    runs = []
+    for r in range(args.repeats):
+        shutil.rmtree(args.workdir / "bank", ignore_errors=True)
+        t0 = time.perf_counter()
+        bank = build_bank(X, specs, args.workdir / "bank", progress=False)
+        t_build = time.perf_counter() - t0
+        files = sorted((bank.path / "gram" / "c").rglob("*"))
+        files = [f for f in files if f.is_file()]
+        bytes_on_disk = sum(f.stat().st_size for f in files)
+        shutil.rmtree(args.workdir / "plain", ignore_errors=True)
+        t_plain = plain_write(args.workdir / "plain", len(files), bytes_on_disk // len(files), threads)
+        runs.append({"build_s": t_build, "plain_write_s": t_plain})
+        print(f"repeat {r}: build {t_build:.2f} s, plain write {t_plain:.2f} s")
+    t_build = statistics.median(x["build_s"] for x in runs)
+    t_plain = statistics.median(x["plain_write_s"] for x in runs)
+    gb = bank.nbytes / 1e9
+    result = {
+        "benchmark": "bench_build",
+        "machine": describe_machine(args.workdir),
+        "params": {"M": args.M, "n": args.n, "dtype": "float32", "family": "random_subsets (gaussian, IDA recipe)",
+                   "normalize": "trace", "threads": threads, "shards": bank.n_shards, "repeats": args.repeats},
+        "runs": runs,
+        "median": {
+            "build_s": t_build, "plain_write_s": t_plain,
+            "kernels_per_s": args.M / t_build, "build_GBps": gb / t_build, "plain_write_GBps": gb / t_plain,
+            "build_over_plain_write": t_plain / t_build,
+        },
+        "target": {"build_over_plain_write": 0.7},
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    m = result["median"]
+    print(f"M={args.M} n={args.n}: {m['kernels_per_s']:.1f} kernels/s, build {m['build_GBps']:.2f} GB/s, "
+          f"plain write {m['plain_write_GBps']:.2f} GB/s, ratio {m['build_over_plain_write']:.2f} (target >= 0.7)")
+    print(f"wrote {args.out}")
+    shutil.rmtree(args.workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

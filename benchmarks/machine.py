@@ -1,0 +1,37 @@
+"""A description of the machine a benchmark ran on, stored next to its results."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import shutil
+from pathlib import Path
+
+
+def describe_machine(workdir: Path | None = None) -> dict:
+    import dask
+    import numba
+    import numpy
+    import psutil
+    import zarr
+
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    disk = shutil.disk_usage(workdir if workdir and workdir.exists() else Path.cwd())
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_GB": round(psutil.virtual_memory().total / 2**30, 1),
+        "disk_free_GB": round(disk.free / 2**30, 1),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "numpy": numpy.__version__, "numba": numba.__version__, "dask": dask.__version__, "zarr": zarr.__version__,
+    }

@@ -1,0 +1,299 @@
+"""Kernel bank: values against direct numpy, cross kernels, resume after SIGKILL, verify, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mklscale.bank import KernelBank, KernelSpec, build_bank, families
+from mklscale.errors import (
+    BankMismatchError,
+    InvalidInputError,
+    NotABankError,
+    SpecError,
+)
+
+
+@pytest.fixture(scope="module")
+def X():
+    return np.random.default_rng(0).normal(size=(37, 4)) * [1.0, 3.0, 0.5, 2.0] + [0.0, 5.0, -1.0, 0.0]
+
+
+def _direct(spec: KernelSpec, Xs: np.ndarray) -> np.ndarray:
+    """Independent numpy formula for each family (not through the spec's code path)."""
+    cols = Xs if spec.features is None else Xs[:, list(spec.features)]
+    if spec.family == "gaussian":
+        d2 = ((cols[:, None, :] - cols[None, :, :]) ** 2).sum(-1)
+        return np.exp(-d2 / (2 * spec.param("width") ** 2))
+    if spec.family == "polynomial":
+        return (cols @ cols.T + spec.param("offset")) ** spec.param("degree")
+    return cols @ cols.T
+
+
+def _standardised(X):
+    return (X - X.mean(0)) / X.std(0)
+
+
+MIXED = (families.gaussian([0.3, 1.0, 4.0]) + families.gaussian([0.7], features=[1, 3])
+         + families.polynomial([1, 2, 3]) + families.polynomial([2], features=2) + families.linear(features=[0, 1]))
+
+
+@pytest.mark.parametrize("normalize", ["trace", "diag", None])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_values_match_direct_numpy(tmp_path, X, normalize, dtype):
+    kb = len(X) ** 2 * np.dtype(dtype).itemsize / 2**20  # one kernel, in MB
+    bank = build_bank(X, MIXED, tmp_path / "b", normalize=normalize, dtype=dtype, progress=False,
+                      chunk_mb=kb, shard_mb=2 * kb)  # one kernel a chunk, two a shard, last shard partial
+    assert bank.n_shards > 2 and len(bank) % bank.kernels_per_shard != 0
+    Xs = _standardised(X)
+    tol = 2e-6 if dtype == "float32" else 1e-12
+    for m, spec in enumerate(MIXED):
+        K = _direct(spec, Xs)
+        if normalize == "trace":
+            K = K / np.trace(K)
+        elif normalize == "diag":
+            d = np.diag(K)
+            K = K / np.sqrt(np.outer(d, d))
+        got = bank.kernel(m).astype(np.float64)
+        assert got.dtype == np.float64 and bank.kernel(m).dtype == np.dtype(dtype)
+        np.testing.assert_allclose(got, K, rtol=tol, atol=tol * np.abs(K).max())
+        if normalize == "trace":
+            assert bank.trace[m] == pytest.approx(1.0, rel=1e-5)
+        assert bank.fro[m] == pytest.approx(np.linalg.norm(got), rel=1e-9)
+        assert bank.lambda_max[m] == pytest.approx(np.linalg.eigvalsh(got)[-1], rel=1e-7)
+    assert bank.complete.all()
+    # the fast shard reader agrees with zarr's generic one on every shard
+    for s in range(bank.n_shards):
+        first, stop = bank.shard_range(s)
+        np.testing.assert_array_equal(bank.read_shard(s), bank.gram[first:stop])
+
+
+def test_cross_reproduces_bank_and_uses_training_normalisation(tmp_path, X):
+    for normalize in ("trace", "diag"):
+        bank = build_bank(X, MIXED, tmp_path / f"b-{normalize}", normalize=normalize, progress=False)
+        C = bank.cross(X)
+        assert C.shape == (len(MIXED), len(X), len(X))
+        np.testing.assert_allclose(C, bank.kernels(range(len(bank))), rtol=2e-6, atol=1e-7)
+        # new rows: compare one kernel with an independent computation using the TRAINING stats
+        Xn = np.random.default_rng(1).normal(size=(5, 4))
+        mean, scale = X.mean(0), X.std(0)
+        Xs, Zs = (X - mean) / scale, (Xn - mean) / scale
+        d2 = ((Zs[:, None, :] - Xs[None, :, :]) ** 2).sum(-1)
+        K = np.exp(-d2 / (2 * 0.3**2))
+        K = K / np.trace(np.exp(-((Xs[:, None] - Xs[None]) ** 2).sum(-1) / (2 * 0.3**2))) if normalize == "trace" else K
+        np.testing.assert_allclose(bank.cross(Xn, kernels=[0])[0], K, rtol=1e-10)
+
+
+def test_specs_round_trip_json_and_families():
+    specs = families.simplemkl(n_features=5)
+    assert len(specs) == 27 * 6 and len(set(specs)) == len(specs)
+    assert sum(s.features is None for s in specs) == 27
+    assert [KernelSpec.from_json(s.to_json()) for s in specs] == specs
+    a = families.random_subsets(n_features=8, n_kernels=50, seed=3)
+    assert a == families.random_subsets(n_features=8, n_kernels=50, seed=3)
+    assert a != families.random_subsets(n_features=8, n_kernels=50, seed=4)
+    widths = np.array([s.param("width") for s in a])
+    assert (widths >= 0.1).all() and np.median(widths) < 5  # 5 chi^2_1 + 0.1 has median ~2.4
+    assert KernelSpec.gaussian(0.5, features=[2, 0]).name == "gaussian(width=0.5)[0,2]"
+
+
+def test_to_xarray_labels(tmp_path, X):
+    bank = build_bank(X, MIXED, tmp_path / "b", progress=False)
+    da = bank.to_xarray()
+    assert da.dims == ("kernel", "i", "j") and da.shape == (len(MIXED), len(X), len(X))
+    assert list(da.coords["family"].values[:3]) == ["gaussian"] * 3
+    assert da.coords["width"].values[1] == 1.0 and np.isnan(da.coords["width"].values[5])
+    np.testing.assert_array_equal(da.isel(kernel=4).values, bank.kernel(4))
+
+
+def test_distributed_build_matches_threaded(tmp_path, X, cluster_client):
+    a = build_bank(X, MIXED, tmp_path / "threads", progress=False, chunk_mb=0.01, shard_mb=0.02)
+    b = build_bank(X, MIXED, tmp_path / "procs", client=cluster_client, progress=False, chunk_mb=0.01, shard_mb=0.02)
+    np.testing.assert_array_equal(a.checksums, b.checksums)
+    assert b.verify().ok
+
+
+def test_verify_detects_flipped_byte(tmp_path, X):
+    bank = build_bank(X, MIXED, tmp_path / "b", progress=False, chunk_mb=0.01, shard_mb=0.02)
+    assert bank.verify().ok
+    shard_file = bank.path / "gram" / "c" / "1" / "0" / "0"
+    data = bytearray(shard_file.read_bytes())
+    kernel_bytes = bank.n * bank.n * bank.dtype.itemsize
+    pos = kernel_bytes + 123  # inside the second kernel of shard 1
+    data[pos] ^= 0x40
+    shard_file.write_bytes(bytes(data))
+    report = KernelBank.open(bank.path).verify()
+    bad = bank.kernels_per_shard + 1
+    assert not report.ok and report.bad_indices == [bad]
+    assert MIXED[bad].name in str(report)
+
+
+def test_resume_after_sigkill_recomputes_only_unfinished(tmp_path):
+    X = np.random.default_rng(5).normal(size=(500, 6))
+    specs = families.random_subsets(6, 120, seed=1)
+    script = textwrap.dedent(f"""
+        import numpy as np, sys
+        from mklscale.bank import build_bank, families
+        X = np.load({str(tmp_path / 'X.npy')!r})
+        build_bank(X, families.random_subsets(6, 120, seed=1), sys.argv[1], progress=False,
+                   chunk_mb=1, shard_mb=1, flush_every_s=0)
+    """)
+    np.save(tmp_path / "X.npy", X)
+    target = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-c", script, str(target)])
+    done_at_kill = 0
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            done_at_kill = int(KernelBank.open(target).complete.sum())
+        except Exception:
+            done_at_kill = 0
+        if done_at_kill >= 10:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the build finished before it could be killed; make it larger"
+    before = KernelBank.open(target).complete
+    assert 0 < before.sum() < len(specs)
+
+    resumed = build_bank(X, specs, target, progress=False, chunk_mb=1, shard_mb=1)
+    assert resumed.last_build_computed == len(specs) - before.sum()
+    clean = build_bank(X, specs, tmp_path / "clean", progress=False, chunk_mb=1, shard_mb=1)
+    np.testing.assert_array_equal(resumed.checksums, clean.checksums)
+    assert resumed.verify().ok and resumed.complete.all()
+    again = build_bank(X, specs, target, progress=False)
+    assert again.last_build_computed == 0
+
+
+def test_from_arrays_imports_and_keeps_cross(tmp_path):
+    rng = np.random.default_rng(2)
+    A = rng.normal(size=(3, 10, 6))
+    grams = np.einsum("mik,mjk->mij", A, A)
+    cross = rng.normal(size=(3, 4, 10))
+    bank = KernelBank.from_arrays(grams, tmp_path / "imp", names=["a", "b", "c"], cross_grams=cross, dtype="float64")
+    assert len(bank) == 3 and bank.n == 10 and bank.names == ["a", "b", "c"] and bank.complete.all()
+    np.testing.assert_array_equal(bank.kernels([2, 0]), grams[[2, 0]])
+    np.testing.assert_array_equal(bank.cross(None, kernels=[1]), cross[[1]])
+    assert bank.verify().ok
+    with pytest.raises(SpecError, match="imported from Gram matrices"):
+        bank.cross(np.zeros((2, 3)))
+    t = KernelBank.from_arrays(grams, tmp_path / "imp-trace", normalize="trace")
+    np.testing.assert_allclose(np.trace(t.kernel(1)), 1.0, rtol=1e-6)
+
+
+# ---- bad input: each a clear error, nothing left behind ---------------------------------------------
+def _listing(p: Path) -> list[str]:
+    return sorted(str(x.relative_to(p)) for x in p.rglob("*")) if p.exists() else []
+
+
+@pytest.mark.parametrize("bad, match", [
+    (np.array([[1.0, np.nan], [0.0, 1.0]]), "NaN/inf"),
+    (np.array([[1.0, np.inf], [0.0, 1.0]]), "NaN/inf"),
+    (np.empty((0, 3)), "empty"),
+    (np.ones(5), "2-D"),
+    (np.array([["a", "b"]]), "numeric"),
+])
+def test_bad_features(tmp_path, bad, match):
+    with pytest.raises(InvalidInputError, match=match):
+        build_bank(bad, families.gaussian([1.0]), tmp_path / "b", progress=False)
+    assert _listing(tmp_path) == []
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: KernelSpec("rbf", (("width", 1.0),)), "unknown kernel family 'rbf'"),
+    (lambda: KernelSpec.gaussian(-1.0), "positive finite"),
+    (lambda: KernelSpec.gaussian(0.0), "positive finite"),
+    (lambda: KernelSpec.polynomial(0), "integer >= 1"),
+    (lambda: KernelSpec.polynomial(1.5), "integer >= 1"),
+    (lambda: KernelSpec("gaussian", (("sigma", 1.0),)), "unknown parameter"),
+    (lambda: KernelSpec.gaussian(1.0, features=[]), "empty"),
+    (lambda: families.gaussian([]), "empty"),
+    (lambda: families.random_subsets(0, 5), "positive integer"),
+])
+def test_bad_specs(make, match):
+    with pytest.raises(SpecError, match=match):
+        make()
+
+
+def test_spec_feature_out_of_range(tmp_path, X):
+    with pytest.raises(SpecError, match="only 4 feature"):
+        build_bank(X, [KernelSpec.gaussian(1.0, features=[7])], tmp_path / "b", progress=False)
+
+
+def test_cross_with_wrong_feature_count(tmp_path, X):
+    bank = build_bank(X, MIXED[:2], tmp_path / "b", progress=False)
+    with pytest.raises(InvalidInputError, match="has 3 feature"):
+        bank.cross(np.zeros((2, 3)))
+
+
+def test_dtype_must_be_float32_or_float64(tmp_path, X):
+    with pytest.raises(InvalidInputError, match="float32"):
+        build_bank(X, MIXED[:1], tmp_path / "b", dtype="float16", progress=False)
+    assert _listing(tmp_path) == []
+
+
+def test_existing_path_that_is_not_a_bank(tmp_path, X):
+    target = tmp_path / "stuff"
+    target.mkdir()
+    (target / "notes.txt").write_text("keep me")
+    with pytest.raises(NotABankError, match="not an mklscale kernel bank"):
+        build_bank(X, MIXED[:1], target, progress=False, overwrite=True)
+    assert (target / "notes.txt").read_text() == "keep me"
+    with pytest.raises(NotABankError):
+        KernelBank.open(target)
+
+
+def test_resume_with_different_specs_or_data_refuses(tmp_path, X):
+    target = tmp_path / "b"
+    build_bank(X, MIXED[:3], target, progress=False)
+    before = _listing(target)
+    checks = KernelBank.open(target).checksums
+    with pytest.raises(BankMismatchError, match="overwrite=True"):
+        build_bank(X, MIXED[:4], target, progress=False)
+    with pytest.raises(BankMismatchError):
+        build_bank(X + 1e-3, MIXED[:3], target, progress=False)
+    assert _listing(target) == before
+    np.testing.assert_array_equal(KernelBank.open(target).checksums, checks)
+    replaced = build_bank(X, MIXED[:4], target, progress=False, overwrite=True)
+    assert len(replaced) == 4
+
+
+@pytest.mark.parametrize("gram, match", [
+    (np.ones((1, 3, 4)), "not square"),
+    (np.array([[[1.0, 0.5], [0.0, 1.0]]]), "not symmetric"),
+    (np.array([[[1.0, np.nan], [np.nan, 1.0]]]), "NaN"),
+    (np.array([[[1.0, 2.0], [2.0, 1.0]]]), r"not positive semidefinite: smallest eigenvalue -1"),
+])
+def test_from_arrays_rejects_bad_matrices(tmp_path, gram, match):
+    with pytest.raises(InvalidInputError, match=match) as err:
+        KernelBank.from_arrays(gram, tmp_path / "b", names=["graphlet"])
+    assert "graphlet" in str(err.value)
+    assert _listing(tmp_path) == []
+
+
+def test_cli_build_info_verify(tmp_path):
+    out = tmp_path / "cli.zarr"
+    run = lambda *a: subprocess.run([sys.executable, "-m", "mklscale.cli", *a], capture_output=True, text=True)
+    r = run("bank", "build", "--dataset", "wine", "--family", "simplemkl", "--rows", "60", "--out", str(out), "--quiet")
+    assert r.returncode == 0, r.stderr
+    bank = KernelBank.open(out)
+    assert len(bank) == 27 * 14 and bank.n == 60
+    info = json.loads(run("bank", "info", str(out), "--json").stdout)
+    assert info["M"] == 27 * 14 and info["complete"] == info["M"]
+    assert run("bank", "verify", str(out), "--quiet").returncode == 0
+    np.save(tmp_path / "X.npy", np.random.default_rng(0).normal(size=(20, 3)))
+    r = run("bank", "build", "--features", str(tmp_path / "X.npy"), "--family", "gaussian", "--widths", "1", "2",
+            "--out", str(tmp_path / "f.zarr"), "--quiet")
+    assert r.returncode == 0 and len(KernelBank.open(tmp_path / "f.zarr")) == 2
+    r = run("bank", "build", "--dataset", "nope", "--out", str(tmp_path / "x"), "--quiet")
+    assert r.returncode == 2 and "unknown" in r.stderr.lower()
