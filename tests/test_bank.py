@@ -135,6 +135,11 @@ def test_verify_detects_flipped_byte(tmp_path, X):
     bad = bank.kernels_per_shard + 1
     assert not report.ok and report.bad_indices == [bad]
     assert MIXED[bad].name in str(report)
+    # a missing shard file names every kernel it held
+    bank.shard_file(0).unlink()
+    report = KernelBank.open(bank.path).verify()
+    assert report.bad_indices == list(range(bank.kernels_per_shard)) + [bad]
+    assert "missing" in str(report)
 
 
 def test_resume_after_sigkill_recomputes_only_unfinished(tmp_path):

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from mklscale.bank.spec import KernelSpec, specs_from_json, specs_to_json
 from mklscale.bank.store import (
@@ -160,9 +161,11 @@ def _run_threaded(client, path, specs, Xs, normalize, dtype, layout, shards) -> 
             results.finish()
 
     thread = threading.Thread(target=run, name="mklscale-build", daemon=True)
-    thread.start()
-    yield from results.drain()
-    thread.join()
+    # Dask already runs one task per core; BLAS threads on top of that only oversubscribe.
+    with threadpool_limits(1):
+        thread.start()
+        yield from results.drain()
+        thread.join()
     if error:
         raise error[0]
 

@@ -332,6 +332,10 @@ class KernelBank:
         first = s * self.kernels_per_shard
         return first, min(first + self.kernels_per_shard, self.M)
 
+    def shard_file(self, s: int) -> Path:
+        """The file holding shard s (zarr's default chunk key encoding)."""
+        return self.path / "gram" / "c" / str(s) / "0" / "0"
+
     def read_shard(self, s: int) -> np.ndarray:
         """All kernels of shard s as one (stop - first, n, n) array of the stored dtype.
 
@@ -347,7 +351,7 @@ class KernelBank:
 
         S, C = self.kernels_per_shard, int(self._attrs["layout"]["kernels_per_chunk"])
         n_inner = S // C
-        file = self.path / "gram" / "c" / str(s) / "0" / "0"
+        file = self.shard_file(s)
         out_shape = (stop - first, self.n, self.n)
         if not file.exists():
             return np.zeros(out_shape, self.dtype)
@@ -435,6 +439,8 @@ class KernelBank:
 
         def check(ms: np.ndarray) -> list[tuple[int, str, str]]:
             s = int(ms[0]) // S
+            if self._plain_layout and not self.shard_file(s).exists():
+                return [(int(m), self.specs[m].name, f"shard file {self.shard_file(s)} is missing") for m in ms]
             try:
                 block = self.read_shard(s)
             except Exception as exc:  # a truncated or garbled shard fails to decode
