@@ -128,12 +128,8 @@ class KernelSpec:
             )
         self.check_features(X.shape[1])
         cols = slice(None) if self.features is None else list(self.features)
-        Xs = np.ascontiguousarray(X[:, cols], dtype=np.float64)
-        square = self.base_key[0] == "sqdist"
-        if Z is X:  # a training Gram matrix: symmetric, half the work, bit-identical entries
-            return _compute.sqdist_sym(Xs) if square else _compute.dot_sym(Xs)
-        Zs = np.ascontiguousarray(Z[:, cols], dtype=np.float64)
-        return _compute.sqdist(Xs, Zs) if square else _compute.dot(Xs, Zs)
+        fn = _compute.sqdist if self.base_key[0] == "sqdist" else _compute.dot
+        return fn(X[:, cols], Z[:, cols])
 
     def from_base(self, B: np.ndarray) -> np.ndarray:
         """Map the pairwise base to kernel values (formulas in the module docstring)."""

@@ -127,7 +127,8 @@ def write_shard_file(bank_path: Path, s: int, block: np.ndarray, per_chunk: int,
 
 def checksum(block: np.ndarray) -> int:
     """crc32c of one kernel's stored bytes (C order, little endian)."""
-    return int(google_crc32c.value(np.ascontiguousarray(block).astype(block.dtype.newbyteorder("<")).tobytes()))
+    little = np.ascontiguousarray(block, dtype=block.dtype.newbyteorder("<"))  # no copy when already so
+    return int(google_crc32c.value(little.tobytes()))
 
 
 def layout_for(M: int, n: int, itemsize: int, chunk_mb: float = 16, shard_mb: float = 64) -> tuple[int, int]:
