@@ -1,0 +1,387 @@
+"""SpicyMKL (Suzuki & Tomioka, "SpicyMKL: a fast algorithm for multiple kernel learning with
+thousands of kernels"), out of core over an engine.
+
+Problem (7)/(42), solved in the finite representation of the representer theorem:
+
+    min_{alpha, b}  P(alpha, b) = sum_i loss(y_i, (sum_m K_m alpha_m)_i + b) + sum_m g~_C(||alpha_m||_{K_m})
+
+with g~_C from ``penalties`` (block 1-norm C x, elastic net C((1-lam) x + lam x^2/2), block q-norm
+C x^q/q) and the loss from ``losses`` (logistic, hinge, (1/2)(y-f)^2, eps-insensitive); b = 0 when
+``bias=False``. Dual (48): max_{1^T rho = 0} -L*(-rho) - sum_m g~_C*(||rho||_{K_m}).
+
+Methods
+-------
+"proximal" (SpicyMKL, §3 and §4.2): proximal minimisation = augmented Lagrangian on the dual.
+  Outer step t with per-block proximity parameters gamma_m, gamma_b ((8), footnote 2):
+    rho^t = argmin_rho phi(rho), phi = L*(-rho) + sum_m ghat(||alpha_m + gamma_m rho||; gamma_m C)/gamma_m
+                                 + (b + gamma_b 1^T rho)^2 / (2 gamma_b)                   ((25), (47))
+    alpha_m <- prox(alpha_m + gamma_m rho^t | g~_{gamma_m C}),  b <- b + gamma_b 1^T rho^t  ((11)-(12))
+  Hinge: slack augmented Lagrangian (§3.4.1); eps-insensitive: constrained conjugate (§3.4.2).
+  For these two piecewise-linear conjugates the inner objective also gets a proximal term
+  ||rho - rho^t||^2 / (2 tau), tau = 1, 10, 100, ... (capped): without it the Newton matrix is
+  singular wherever no kernel term and no box constraint is active (e.g. in the near-null space
+  of smooth Gaussian kernels) and the inner Newton stalls. This is the proximal method of
+  multipliers (Rockafellar 1976), which has the same fixed points as (8)-(12); the [CODE] adds
+  1e-8 I to the Newton matrix instead.
+  Inner minimisation: damped Newton (see _spicy_inner), stopped on the gradient, which is the
+  residual of f = -grad L*(-rho) at the next primal iterate. gamma schedule [CODE]: ck = smallest
+  maximal violation so far; a block whose violation exceeds ck/2 gets gamma *= 10, else += 10;
+  gamma is capped at 1e6 (beyond that alpha_m + gamma rho loses the digits the update needs).
+"one_step" (ElastMKL, §4.3; elastic net with lam > 0, block q-norm): Newton on the dual (48)
+  directly, 1^T rho = 0 kept exactly (the paper penalises C_b (1^T rho)^2). For hinge and
+  eps-insensitive the box constraints of L* still need the slack augmented Lagrangian (§3.4), so
+  the outer loop only updates those multipliers.
+
+Primal model returned (weights d, dual_coef c, bias b), f = sum_m d_m K_m c + b
+--------------------------------------------------------------------------------
+KKT of (42) (from the Lagrangian (14), erratum 6): at the optimum
+  sum_m K_m alpha_m* + b* 1 = f* = -grad_rho L*(-rho)|rho*   (i.e. rho*_i = -loss'(y_i, f*_i)),
+  alpha_m* maximises <rho*, alpha_m>_{K_m} - g~_C(||alpha_m||_{K_m}), so alpha_m* is a non-negative
+  multiple of rho*: alpha_m* = x_m rho*/||rho*||_{K_m} with ||rho*||_{K_m} = g~_C'(x_m), x_m = ||alpha_m*||.
+Hence alpha_m* = (x_m / g~_C'(x_m)) rho* = (d_m / C) rho* with d_m = 1/(2 g'(x_m^2)) the Table 3
+weight (g~_C'(x) = 2 C x g'(x^2)). So c = rho*/C is shared by all kernels and d_m is the kernel
+weight. The iterates of the proximal method are not exactly of this form (alpha_m^{t+1} =
+s_m (alpha_m^t + gamma_m rho^t) mixes different rho^t), so the returned model uses c = rho^t/C and
+the least-squares weight d_m = C <alpha_m, rho^t>_{K_m} / ||rho^t||^2_{K_m} (>= 0, exactly 0 when
+alpha_m = 0); it coincides with alpha at convergence. ``objective`` and ``gap`` are evaluated at
+the RETURNED model, so they certify what is returned, not an internal iterate. Without
+convergence (max_outer reached) the certified iterate with the smallest gap is returned.
+
+Out of core
+-----------
+Kernels with alpha_m = 0 only enter through ||rho||_{K_m}. The solver keeps a working set W of
+dense kernels (engine.blocks), initialised from one full quad_forms pass at the projected initial
+rho (kernels above the penalty threshold, largest first). It solves on W until the duality gap of
+the restricted problem is below tol, then certifies over all M kernels: if the bound
+||u||_K <= ||u_ref||_K + sqrt(lambda_max(K)) ||u - u_ref||_2 (u_ref from the last pass) proves every
+kernel outside W below the threshold, no pass is needed; otherwise one quad_forms pass computes the
+gap over all kernels and the violators (||rho~||_{K_m} > threshold), which join W (largest first,
+at most max(16, |W|) per round) with warm start. Penalties without a threshold (block q-norm,
+elastic net with lam = 1) have every kernel in the model, so W is the whole bank.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from mklscale.errors import InvalidInputError
+from mklscale.solvers import _certificate as cert
+from mklscale.solvers import _validation as check
+from mklscale.solvers._spicy_inner import InnerProblem, KernelTerm, newton
+from mklscale.solvers._spicy_loss_terms import make_loss_term
+from mklscale.solvers.losses import LOSSES, Loss, make_loss
+from mklscale.solvers.penalties import PENALTIES, Penalty, make_penalty
+from mklscale.solvers.result import MKLResult
+
+GAMMA_INIT = 10.0          # [CODE] initial gamma_m and per-sample slack gammas
+GAMMA_BIAS_INIT = 1.0      # [CODE] initial gamma_b
+GAMMA_FACTOR = 10.0        # [CODE] calpha
+TAU_INIT = 1.0            # proximal parameter on rho for hinge / eps-insensitive
+TAU_FACTOR = 10.0
+GAMMA_MAX = 1e6            # cap: beyond this the Newton systems lose accuracy, nothing is gained
+INITIAL_WORKING_SET = 32
+MIN_ADDITIONS = 16
+INNER_GTOL = 1e-10
+METHODS = ("auto", "proximal", "one_step")
+
+
+class _Bank:
+    """The engine, the kernels it can serve, and the reference vector/norms of the last full pass
+    (for the inactivity bound).
+
+    Kernels whose lambda_max or quadratic form is NaN (unfinished kernels of a bank opened with
+    allow_incomplete) are not part of the problem: they are never loaded and the certificate
+    covers the available kernels.
+    """
+
+    def __init__(self, engine, lambda_max: np.ndarray):
+        self.engine = engine
+        self.available = ~np.isnan(lambda_max)
+        self.sqrt_lambda = np.sqrt(np.where(self.available, lambda_max, 0.0))
+        self.ref_vector = None
+        self.ref_norms = None
+
+    def full_pass(self, u: np.ndarray) -> np.ndarray:
+        q = np.asarray(self.engine.quad_forms(u), dtype=np.float64)
+        self.available &= ~np.isnan(q)
+        norms = np.sqrt(np.maximum(np.where(self.available, q, 0.0), 0.0))
+        self.ref_vector, self.ref_norms = u.copy(), norms
+        return norms.copy()
+
+    def upper_bounds(self, u: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        shift = float(np.linalg.norm(u - self.ref_vector))
+        return self.ref_norms[idx] + self.sqrt_lambda[idx] * shift
+
+    def stats(self) -> tuple[int, int]:
+        s = self.engine.stats
+        return int(s.get("passes", 0)), int(s.get("bytes_read", 0))
+
+
+class _Spicy:
+    def __init__(self, engine, y, C, loss: Loss, penalty: Penalty, bias: bool, tol: float, max_outer: int,
+                 max_inner: int, working_set, method: str, verbose: bool):
+        self.n, self.M, lambda_max = check.check_engine(engine, allow_unavailable=True)
+        self.y = check.check_targets(y, self.n, loss.is_classification, loss.name)
+        self.C, self.loss, self.penalty, self.bias = C, loss, penalty, bias
+        self.tol, self.max_outer, self.max_inner = tol, max_outer, max_inner
+        self.method, self.verbose = method, verbose
+        self.bank = _Bank(engine, lambda_max)
+        self.threshold = penalty.threshold(C)
+        self.working_set_rule = check.check_working_set(working_set, self.M)
+        self.index = np.zeros(0, dtype=np.int64)   # working set W, in the order of the blocks
+        mode = "conjugate" if method == "one_step" else "proximal"
+        self.kernels = KernelTerm(self.n, penalty, C, mode)
+        self.loss_term = make_loss_term(loss, self.y, GAMMA_INIT)
+        self.b, self.gamma_b = 0.0, GAMMA_BIAS_INIT
+        # proximal term on rho for the piecewise-linear conjugates (see module docstring)
+        self.tau = TAU_INIT if loss.conjugate_kind == "slack" else np.inf
+        self.ck = np.inf
+        self.history: list[dict] = []
+        self.params: dict = {}
+        self.t0 = time.perf_counter()
+
+    # -- setup ---------------------------------------------------------------------------------
+    def _initial_rho(self) -> np.ndarray:
+        y = self.y
+        if self.method == "one_step" and self.bias:
+            # interior start with 1^T rho = 0 exactly (the equality-constrained Newton stays on it)
+            if self.loss.is_classification:
+                n_pos, n_neg = np.sum(y > 0), np.sum(y < 0)
+                return np.where(y > 0, n_neg / y.size, -n_pos / y.size)
+            rho = self.loss.initial_dual(y)
+            return rho - rho.mean()
+        return self.loss.initial_dual(y)
+
+    def _add_kernels(self, idx: np.ndarray, rho: np.ndarray, K_rho: np.ndarray) -> np.ndarray:
+        if idx.size == 0:
+            return K_rho
+        blocks = np.asarray(self.bank.engine.blocks(idx), dtype=np.float64)
+        gamma = float(np.min(self.kernels.gamma)) if self.kernels.size else GAMMA_INIT
+        self.kernels.add(blocks, gamma)
+        self.index = np.concatenate([self.index, idx])
+        return np.concatenate([K_rho, np.einsum("mij,j->mi", blocks, rho)])
+
+    def _initial_working_set(self, norms0: np.ndarray) -> np.ndarray:
+        rule = self.working_set_rule
+        if isinstance(rule, np.ndarray):
+            if self.threshold <= 0.0:
+                return np.flatnonzero(self.bank.available)
+            if not np.all(self.bank.available[rule]):
+                raise InvalidInputError("working_set names kernels the engine cannot serve (unfinished)")
+            return rule
+        if rule == "all" or self.threshold <= 0.0:
+            return np.flatnonzero(self.bank.available)
+        above = np.flatnonzero((norms0 > self.threshold) & self.bank.available)
+        return above[np.argsort(-norms0[above], kind="stable")][:INITIAL_WORKING_SET]
+
+    # -- one outer step ------------------------------------------------------------------------
+    def _proximal_update(self, point) -> list[np.ndarray]:
+        """alpha_m <- prox(alpha_m + gamma_m rho), b <- b + gamma_b 1^T rho; returns violations."""
+        k, rho = self.kernels, point.rho
+        violations = []
+        if k.size:
+            prox = self.penalty.prox(point.norms, k.gamma * self.C)
+            shrink = np.divide(prox, point.norms, out=np.zeros_like(prox), where=point.norms > 0.0)
+            v = k.alpha + k.gamma[:, None] * rho
+            new_alpha = shrink[:, None] * v
+            violations.append(np.linalg.norm(new_alpha - k.alpha, axis=1) / k.gamma)
+            k.alpha, k.K_alpha, k.alpha_K_alpha = new_alpha, shrink[:, None] * point.w, prox**2
+        if self.bias:
+            total = float(rho.sum())
+            violations.append(np.array([abs(total)]))
+            self.b += self.gamma_b * total
+        return violations
+
+    def _grow_gammas(self, kernel_viol, bias_viol, loss_viol):
+        """[CODE] schedule; blocks are judged against the ck of the previous iteration."""
+        parts = [v for v in (kernel_viol, bias_viol, loss_viol) if v is not None and v.size]
+        max_violation = float(max(np.max(v) for v in parts)) if parts else 0.0
+        ck = self.ck
+        if kernel_viol is not None and kernel_viol.size:
+            slow = kernel_viol > 0.5 * ck
+            g = self.kernels.gamma
+            g[slow] *= GAMMA_FACTOR
+            g[~slow] += GAMMA_FACTOR
+            np.minimum(g, GAMMA_MAX, out=g)
+        if bias_viol is not None and bias_viol.size:
+            self.gamma_b = self.gamma_b * GAMMA_FACTOR if bias_viol[0] > 0.5 * ck else self.gamma_b + GAMMA_FACTOR
+            self.gamma_b = min(self.gamma_b, GAMMA_MAX)
+        if loss_viol is not None and loss_viol.size:
+            self.loss_term.grow_gammas(loss_viol, ck, GAMMA_FACTOR, GAMMA_MAX)
+        self.ck = min(self.ck, max_violation)
+
+    def _model(self, problem, point):
+        """(weights on W, bias, f, block norms of the returned alpha_m = d_m rho/C)."""
+        rho, K_rho, C = point.rho, point.K_rho, self.C
+        if self.method == "one_step":
+            x = self.penalty.conjugate_derivative(point.norms, C)     # ||alpha_m|| = g~*'(||rho||)
+            d = np.divide(C * x, point.norms, out=np.zeros_like(x), where=point.norms > 0.0)
+            b = -float(problem.kkt_gradient(point).mean()) if self.bias else 0.0  # multiplier of 1^T rho = 0
+        else:
+            rho_K_rho = np.einsum("mi,i->m", K_rho, rho)
+            d = np.divide(C * (self.kernels.K_alpha @ rho), rho_K_rho, out=np.zeros_like(rho_K_rho),
+                          where=rho_K_rho > 0.0)
+            d = np.maximum(d, 0.0)
+            x = d * np.sqrt(np.maximum(rho_K_rho, 0.0)) / C
+            b = self.b
+        f = (d @ K_rho) / C + b if d.size else np.full(self.n, b)
+        return d, b, f, x
+
+    def _alpha_primal(self) -> float:
+        k = self.kernels
+        f = k.K_alpha.sum(axis=0) + self.b if k.size else np.full(self.n, self.b)
+        return cert.primal_value(self.loss, self.penalty, self.y, self.C, f, np.sqrt(k.alpha_K_alpha))
+
+    def _working_set_dual(self, rho):
+        rho_tilde = cert.project_dual(self.loss, self.y, rho, self.bias)
+        K_rt = self.kernels.matvec(rho_tilde)
+        norms_w = np.sqrt(np.maximum(K_rt @ rho_tilde, 0.0))
+        return rho_tilde, norms_w
+
+    def _certify(self, rho_tilde, norms_w):
+        """Dual value over ALL kernels and the violators outside W (bound first, then a pass)."""
+        outside = np.setdiff1d(np.flatnonzero(self.bank.available), self.index)
+        if outside.size == 0:
+            return cert.dual_value(self.loss, self.penalty, self.y, self.C, rho_tilde, norms_w)[0], outside
+        if np.all(self.bank.upper_bounds(rho_tilde, outside) <= self.threshold):
+            return cert.dual_value(self.loss, self.penalty, self.y, self.C, rho_tilde, norms_w)[0], outside[:0]
+        norms = self.bank.full_pass(rho_tilde)
+        norms[self.index] = norms_w
+        outside = outside[self.bank.available[outside]]
+        dual = cert.dual_value(self.loss, self.penalty, self.y, self.C, rho_tilde,
+                               np.concatenate([norms_w, norms[outside]]))[0]
+        above = outside[norms[outside] > self.threshold]
+        return dual, above[np.argsort(-norms[above], kind="stable")]
+
+    # -- main loop -----------------------------------------------------------------------------
+    def run(self) -> MKLResult:
+        rho = self._initial_rho()
+        norms0 = self.bank.full_pass(cert.project_dual(self.loss, self.y, rho, self.bias))
+        K_rho = self._add_kernels(self._initial_working_set(norms0), rho, np.zeros((0, self.n)))
+        converged, best = False, None
+        for t in range(self.max_outer):
+            problem, point, report = self._outer_step(rho, K_rho)
+            rho, K_rho = point.rho, point.K_rho
+            d, b, f, x = self._model(problem, point)
+            primal = cert.primal_value(self.loss, self.penalty, self.y, self.C, f, x)
+            rho_tilde, norms_w = self._working_set_dual(rho)
+            dual = cert.dual_value(self.loss, self.penalty, self.y, self.C, rho_tilde, norms_w)[0]
+            gap = cert.relative_gap(primal, dual)
+            certified = self.index.size == np.count_nonzero(self.bank.available)
+            violators = np.zeros(0, dtype=np.int64)
+            if gap <= self.tol or t == self.max_outer - 1:
+                dual, violators = self._certify(rho_tilde, norms_w)
+                gap, certified = cert.relative_gap(primal, dual), True
+            self._record(t, primal, dual, gap, certified, d, report, violators)
+            if certified and (best is None or gap <= best[4] or gap <= self.tol):
+                best = (d.copy(), b, rho.copy(), primal, gap, self.index.copy())
+            if certified and gap <= self.tol and violators.size == 0:
+                converged = True
+                break
+            if violators.size:
+                room = max(MIN_ADDITIONS, self.index.size)
+                K_rho = self._add_kernels(violators[:room], rho, K_rho)
+        return self._result(best, converged)
+
+    def _outer_step(self, rho, K_rho):
+        """Inner Newton solve, then the multiplier updates and the gamma schedule."""
+        bias_mode = ("equality" if self.method == "one_step" else "al") if self.bias else "none"
+        problem = InnerProblem(self.loss_term, self.kernels, bias_mode, self.b, self.gamma_b, rho.copy(), self.tau)
+        point, report = newton(problem, problem.evaluate(rho, K_rho), self.max_inner, INNER_GTOL)
+        self.tau = min(self.tau * TAU_FACTOR, GAMMA_MAX)
+        kernel_viol = bias_viol = loss_viol = None
+        if self.method == "proximal":
+            viol = self._proximal_update(point)
+            kernel_viol = viol[0] if self.kernels.size else None
+            bias_viol = viol[-1] if self.bias else None
+        if self.loss_term.has_multipliers:
+            loss_viol = self.loss_term.update_multipliers(point.rho)
+        self._grow_gammas(kernel_viol, bias_viol, loss_viol)
+        return problem, point, report
+
+    def _record(self, t, primal, dual, gap, certified, d, report, violators):
+        passes, bytes_read = self.bank.stats()
+        entry = {
+            "iteration": t + 1, "primal": float(primal), "dual": float(dual), "gap": float(gap),
+            "certified": bool(certified), "n_active": int(np.count_nonzero(d)),
+            "working_set": int(self.index.size), "violators": int(violators.size),
+            "passes": passes, "bytes_read": bytes_read, "seconds": time.perf_counter() - self.t0,
+            "inner_iterations": int(report.iterations),
+            "gamma_max": float(np.max(self.kernels.gamma)) if self.kernels.size else 0.0,
+        }
+        if self.method == "proximal":
+            entry["primal_alpha"] = self._alpha_primal()
+        self.history.append(entry)
+        if self.verbose:
+            print(f"[spicy] it {t + 1:3d} primal {primal:.10g} dual {dual:.10g} gap {gap:.3e}"
+                  f"{'' if certified else ' (W)'} active {entry['n_active']}/{self.index.size}/{self.M}"
+                  f" passes {passes} inner {report.iterations}", flush=True)
+
+    def _result(self, model, converged) -> MKLResult:
+        d, b, rho, primal, gap, index = model
+        weights = np.zeros(self.M)
+        weights[index[: d.size]] = d
+        return MKLResult(weights=weights, dual_coef=rho / self.C, bias=b, active=np.flatnonzero(weights),
+                         objective=primal, gap=gap, history=self.history, converged=converged,
+                         solver=f"spicy/{self.method}", params=dict(self.params))
+
+
+def fit(engine, y, C, loss="logistic", penalty="l1", lam=0.5, q=1.5, eps=0.1, bias=True, tol=1e-3,
+        max_outer=500, max_inner=50, working_set=None, method="auto", verbose=False) -> MKLResult:
+    """Solve problem (42) of SpicyMKL over the kernels of ``engine``; see the module docstring.
+
+    Parameters
+    ----------
+    engine : object with n, M, lambda_max, quad_forms, blocks, stats (mklscale engine API).
+    y : (n,) targets; labels in {-1, +1} for "logistic" and "hinge".
+    C : regularisation constant > 0.
+    loss : "logistic" | "hinge" | "square" ((1/2)(y - f)^2) | "eps_insensitive" (uses eps).
+    penalty : "l1" | "elastic_net" (uses lam in [0, 1]) | "block_q" (uses q > 1).
+    bias : fit an unregularised offset b.
+    tol : duality gap (P - D)/max(|P|, 1) to stop at, certified over all M kernels.
+    max_outer, max_inner : outer (proximal / multiplier) and inner (Newton) iteration limits.
+    working_set : None or "auto" (grow from violators), "all", or initial kernel indices.
+    method : "auto" (one_step when the penalty conjugate is smooth, else proximal), "proximal",
+        "one_step" (§4.3; elastic net with lam > 0 or block q-norm only).
+    verbose : print one line per outer iteration.
+
+    Returns
+    -------
+    MKLResult with f = sum_m weights[m] K_m dual_coef + bias, ``objective`` = P at that model and
+    ``gap`` its relative duality gap certified over all kernels.
+    """
+    return _build(engine, y, C, loss, penalty, lam, q, eps, bias, tol, max_outer, max_inner, working_set,
+                  method, verbose).run()
+
+
+def _build(engine, y, C, loss, penalty, lam, q, eps, bias, tol, max_outer, max_inner, working_set, method,
+           verbose) -> _Spicy:
+    """Validate the arguments and set up a solver (tests use it to inspect the iterates)."""
+    check.check_choice("loss", loss, LOSSES)
+    check.check_choice("penalty", penalty, PENALTIES)
+    check.check_choice("method", method, METHODS)
+    C = check.check_positive("C", C)
+    tol = check.check_positive("tol", tol)
+    max_outer = check.check_count("max_outer", max_outer)
+    max_inner = check.check_count("max_inner", max_inner)
+    if not isinstance(bias, (bool, np.bool_)):
+        raise InvalidInputError(f"bias must be True or False; got {bias!r}")
+    loss_obj = make_loss(loss, eps)
+    penalty_obj = make_penalty(penalty, lam, q)
+    if method == "auto":
+        method = "one_step" if penalty_obj.smooth_conjugate else "proximal"
+    if method == "one_step" and not penalty_obj.smooth_conjugate:
+        raise InvalidInputError("method='one_step' needs a twice-differentiable penalty conjugate "
+                                "(elastic_net with lam > 0, or block_q); use method='proximal'")
+    solver = _Spicy(engine, y, C, loss_obj, penalty_obj, bool(bias), tol, max_outer, max_inner,
+                    working_set, method, verbose)
+    ws = solver.working_set_rule
+    solver.params = {
+        "loss": loss, "penalty": penalty, "C": C, "bias": bool(bias), "tol": tol, "method": method,
+        "max_outer": max_outer, "max_inner": max_inner,
+        "working_set": ws.tolist() if isinstance(ws, np.ndarray) else ws,
+        **loss_obj.params(), **penalty_obj.params(),
+    }
+    return solver
