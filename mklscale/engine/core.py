@@ -1,0 +1,373 @@
+"""Engine: every quantity a solver needs from a kernel bank, computed in passes over its shards.
+
+    eng = Engine(bank, client=None, cache_bytes="2GB")
+    eng.quad_forms(u)                       # (M,)   q_m = u^T K_m u
+    eng.quad_forms(U)                       # (M, k) all k vectors in one pass
+    eng.quad_forms(U, kernels=idx, per_kernel=True)   # (len(idx),) u_p^T K_{idx[p]} u_p
+    eng.matvecs(u, kernels=idx)             # (len(idx), n) K_m u
+    eng.frobenius(T)                        # (M,)   <K_m, T>_F
+    eng.combine(w)                          # (n, n) sum_m w_m K_m over w_m != 0
+    eng.gram_of_kernels(idx)                # (p, p) <K_i, K_j>_F
+    eng.blocks(idx)                         # (p, n, n) float64 from the driver-side LRU cache
+    eng.stats                               # passes, bytes_read, seconds, ..., log: one entry per call
+    eng.n, eng.M, eng.lambda_max, eng.bank; eng.close() / with Engine(...) as eng
+
+A pass is a Dask graph with one task per group of kernels of one shard (``plan``); each task reads
+its kernels itself from the bank path (``tasks``, ``reader``) and folds them into float64 numbers
+with the numba kernels of ``kernels``. Results are placed by kernel index and every number has one
+fixed summation order, so they are bit-identical on the threaded default and on any cluster, with
+any number of workers, and when workers die mid-pass. Kernels held in the cache are computed in
+the driver with the same kernels, giving the same bits without touching the cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from mklscale.engine import kernels as K
+from mklscale.engine import tasks, validate
+from mklscale.engine.cache import BlockCache, parse_bytes
+from mklscale.engine.plan import TASK_BYTES, blocks_of, split_by_shard, tree_pairs
+from mklscale.engine.runner import Runner, Shared
+from mklscale.errors import BankIncompleteError, InvalidInputError
+
+#: Kernels summed one after another in combine before the fixed tree adds the block sums.
+COMBINE_BLOCK = 16
+#: Kernels per row/column block of gram_of_kernels (a task computes one block pair).
+GRAM_BLOCK = 64
+#: Bytes of row panels a gram task holds at once.
+GRAM_PANEL_BYTES = 32 * 2**20
+
+
+class Engine:
+    """Passes over a ``KernelBank`` (see the module docstring for the operations).
+
+    Parameters
+    ----------
+    bank : KernelBank or path
+    client : None (Dask's threaded scheduler in this process), a ``distributed.Client``, or a
+        scheduler address (a client is then created and closed with the engine).
+    cache_bytes : budget of the driver-side block cache, an int or a string like "2GB".
+    allow_incomplete : accept a bank with unfinished kernels; full passes then return NaN for
+        them and asking for one explicitly raises ``BankIncompleteError``.
+    progress : show a tqdm bar per pass (off by default).
+    threads : threads of the in-process scheduler (default: one per core).
+    task_bytes : kernel bytes per task.
+    """
+
+    def __init__(self, bank, client=None, cache_bytes="2GB", *, allow_incomplete: bool = False,
+                 progress: bool = False, threads: int | None = None, task_bytes: int = TASK_BYTES):
+        from mklscale.bank.store import KernelBank
+
+        if isinstance(bank, (str, os.PathLike)):
+            bank = KernelBank.open(bank)
+        if not isinstance(bank, KernelBank):
+            raise InvalidInputError(f"Engine needs a KernelBank or the path of one, got {type(bank).__name__}")
+        complete = bank.complete
+        if not complete.all() and not allow_incomplete:
+            missing = np.flatnonzero(~complete)
+            raise BankIncompleteError(
+                f"bank {bank.path} has {missing.size} unfinished kernel(s) (first: {missing[:10].tolist()}); "
+                "finish the build (run it again) or pass allow_incomplete=True to use only the complete kernels")
+        if threads is not None and (not isinstance(threads, (int, np.integer)) or threads < 1):
+            raise InvalidInputError(f"threads must be a positive integer or None, got {threads!r}")
+        if not isinstance(task_bytes, (int, np.integer)) or task_bytes < 1:
+            raise InvalidInputError(f"task_bytes must be a positive integer, got {task_bytes!r}")
+        self.bank = bank
+        self.n: int = bank.n
+        self.M: int = len(bank)
+        self._complete = complete
+        self._lambda_max = np.where(complete, np.asarray(bank.lambda_max, dtype=np.float64), np.nan)
+        self._path = str(bank.path.resolve())
+        self._kernel_bytes = self.n * self.n * bank.dtype.itemsize
+        self._task_bytes = int(task_bytes)
+        self._cache = BlockCache(parse_bytes(cache_bytes))
+        self._own_client = False
+        if isinstance(client, str):
+            from distributed import Client
+
+            client = Client(client)
+            self._own_client = True
+        self.client = client
+        self._runner = Runner(client, threads=threads, progress=progress)
+        self._local = Runner(None, threads=threads, progress=False)  # block fetches for the cache
+        tasks.remember_bank(bank)
+        self._stats = {"passes": 0, "bytes_read": 0, "kernels_read": 0, "cache_hits": 0, "seconds": 0.0,
+                       "calls": 0, "log": []}
+
+    # ---- properties ---------------------------------------------------------------------------
+    @property
+    def lambda_max(self) -> np.ndarray:
+        """(M,) float64 largest eigenvalue of every stored kernel (bank metadata); NaN for a kernel
+        not built yet (only with allow_incomplete)."""
+        return self._lambda_max.copy()
+
+    @property
+    def complete(self) -> np.ndarray:
+        return self._complete.copy()
+
+    @property
+    def progress(self) -> bool:
+        return self._runner.progress
+
+    @progress.setter
+    def progress(self, value: bool) -> None:
+        self._runner.progress = bool(value)
+
+    @property
+    def cache(self) -> BlockCache:
+        return self._cache
+
+    @property
+    def stats(self) -> dict:
+        """passes (calls that streamed the whole bank), bytes_read, kernels_read, cache_hits,
+        seconds, calls, and ``log``: one dict per call (op, kernels_read, cache_hits, bytes,
+        seconds, tasks, full_pass). A snapshot: later calls do not change it."""
+        return dict(self._stats, log=list(self._stats["log"]))
+
+    def __repr__(self) -> str:
+        where = "threaded" if self.client is None else f"client={self.client!r}"
+        return f"Engine({self.bank!r}, {where}, cache={self._cache.nbytes}/{self._cache.budget} bytes)"
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Drop the cache and close the client if the engine created it."""
+        self._cache.clear()
+        if self._own_client and self.client is not None:
+            self.client.close()
+        self.client = None
+        self._runner.client = None
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- bookkeeping --------------------------------------------------------------------------
+    def _record(self, op: str, t0: float, kernels_read: int, hits: int, n_tasks: int, full: bool) -> None:
+        seconds = time.perf_counter() - t0
+        nbytes = int(kernels_read) * self._kernel_bytes
+        s = self._stats
+        s["passes"] += int(full)
+        s["bytes_read"] += nbytes
+        s["kernels_read"] += int(kernels_read)
+        s["cache_hits"] += int(hits)
+        s["seconds"] += seconds
+        s["calls"] += 1
+        s["log"].append({"op": op, "kernels_read": int(kernels_read), "cache_hits": int(hits), "bytes": nbytes,
+                         "seconds": seconds, "tasks": int(n_tasks), "full_pass": bool(full)})
+
+    def _selection(self, kernels) -> tuple[np.ndarray, bool]:
+        """(indices, full): all complete kernels for None, else validated indices that must be complete."""
+        if kernels is None:
+            return np.flatnonzero(self._complete), True
+        idx = validate.kernel_indices(kernels, self.M)
+        bad = idx[~self._complete[idx]]
+        if bad.size:
+            raise BankIncompleteError(f"kernel(s) {np.unique(bad)[:10].tolist()} are not built yet; "
+                                      "finish the bank build or leave them out")
+        return idx, False
+
+    def _groups(self, kernels: np.ndarray) -> list[np.ndarray]:
+        return split_by_shard(kernels, self.bank.kernels_per_shard, self._kernel_bytes, self._task_bytes)
+
+    def _evaluate(self, op: str, kernels: np.ndarray, shape: tuple, task, shared=(), per_pos=None,
+                  local=None, full: bool = False) -> np.ndarray:
+        """One result of ``shape`` per entry of ``kernels`` (any order, repeats allowed).
+
+        Cached kernels (not on full passes) are computed in the driver with ``local(block, p)``;
+        the rest by tasks ``task(path, kernels_of_task, *shared, [per_pos rows])``.
+        """
+        t0 = time.perf_counter()
+        out = np.full((len(kernels),) + shape, np.nan)
+        hit = np.zeros(len(kernels), dtype=bool)
+        if not full and local is not None and len(self._cache):
+            for p, m in enumerate(kernels):
+                block = self._cache.get(m)
+                if block is not None:
+                    out[p] = local(block, p)
+                    hit[p] = True
+        todo = np.flatnonzero(~hit)
+        order = todo[np.argsort(kernels[todo], kind="stable")]
+        sorted_kernels = kernels[order]
+        groups = self._groups(sorted_kernels)
+        shared = tuple(Shared(a) for a in shared)
+        calls = []
+        for g in groups:
+            extra = () if per_pos is None else (np.ascontiguousarray(per_pos[order[g]]),)
+            calls.append((task, self._path, sorted_kernels[g], *shared, *extra))
+        for g, res in zip(groups, self._runner.run(op, calls)):
+            out[order[g]] = res
+        self._record(op, t0, len(order), int(hit.sum()), len(calls), full)
+        return out
+
+    def _full(self, kernels: np.ndarray, values: np.ndarray, shape: tuple) -> np.ndarray:
+        """Scatter results of the complete kernels into an (M, ...) array, NaN for the others."""
+        if len(kernels) == self.M:
+            return values
+        out = np.full((self.M,) + shape, np.nan)
+        out[kernels] = values
+        return out
+
+    # ---- operations ---------------------------------------------------------------------------
+    def quad_forms(self, U, kernels=None, per_kernel: bool = False) -> np.ndarray:
+        """Quadratic forms q = u^T K_m u, accumulated in float64 in one pass over the kernels.
+
+        - ``U`` (n,): (M,) for all kernels, or (len(kernels),) for a subset.
+        - ``U`` (k, n): (M, k) / (len(kernels), k), all k vectors from one read of each kernel.
+        - ``per_kernel=True``: ``U`` (len(kernels), n), one vector per kernel: (len(kernels),)
+          with entry p = U[p]^T K_{kernels[p]} U[p] (kernels=None means all M, U (M, n)).
+        """
+        if per_kernel:
+            idx, full = self._selection(np.arange(self.M) if kernels is None else kernels)
+            Up = validate.per_kernel_vectors(U, len(idx), self.n)
+            V, S = np.zeros((1, self.n)), np.zeros((8, 16))
+
+            def local(block, p):
+                u = Up[p:p + 1]
+                out = np.empty((1, 1))
+                K.quad_kernels(block[None], u, np.ascontiguousarray(u.T), out, V, S)
+                return out[0, 0]
+
+            return self._evaluate("quad_forms", idx, (), tasks.quad_each_task, per_pos=Up, local=local,
+                                  full=kernels is None)
+        U2, one = validate.vectors(U, self.n)
+        idx, full = self._selection(kernels)
+        k = U2.shape[0]
+        Ut = np.ascontiguousarray(U2.T)
+        V, S = np.zeros((k, self.n)), np.zeros((8, 16))
+
+        def local(block, p):
+            out = np.empty((1, k))
+            K.quad_kernels(block[None], U2, Ut, out, V, S)
+            return out[0]
+
+        res = self._evaluate("quad_forms", idx, (k,), tasks.quad_task, shared=(U2,), local=local, full=full)
+        if full:
+            res = self._full(idx, res, (k,))
+        return res[:, 0] if one else res
+
+    def matvecs(self, U, kernels=None, per_kernel: bool = False) -> np.ndarray:
+        """K_m u for the selected kernels (all M when ``kernels`` is None), float64.
+
+        ``U`` (n,) -> (len, n); ``U`` (k, n) -> (len, k, n); ``per_kernel=True`` with ``U``
+        (len(kernels), n) -> (len, n), row p = K_{kernels[p]} U[p].
+        """
+        n = self.n
+        if per_kernel:
+            idx, _ = self._selection(np.arange(self.M) if kernels is None else kernels)
+            Up = validate.per_kernel_vectors(U, len(idx), n)
+
+            def local(block, p):
+                out = np.empty((1, n))
+                K.matvec_rows(block, 0, Up[p:p + 1], out)
+                return out[0]
+
+            return self._evaluate("matvecs", idx, (n,), tasks.matvec_each_task, per_pos=Up,
+                                  local=local, full=kernels is None)
+        U2, one = validate.vectors(U, n)
+        idx, full = self._selection(kernels)
+        k = U2.shape[0]
+
+        def local(block, p):
+            out = np.empty((k, n))
+            K.matvec_rows(block, 0, U2, out)
+            return out
+
+        res = self._evaluate("matvecs", idx, (k, n), tasks.matvec_task, shared=(U2,), local=local, full=full)
+        if full:
+            res = self._full(idx, res, (k, n))
+        return res[:, 0] if one else res
+
+    def frobenius(self, T, kernels=None) -> np.ndarray:
+        """<K_m, T>_F = sum_ij K_m[i, j] T[i, j] for a dense (n, n) T: (M,) or (len(kernels),)."""
+        T2 = validate.square(T, self.n)
+        idx, full = self._selection(kernels)
+        res = self._evaluate("frobenius", idx, (), tasks.frob_task, shared=(T2,),
+                             local=lambda block, p: K.frob_rows(block, 0, T2, 0.0), full=full)
+        return self._full(idx, res, ()) if full else res
+
+    def combine(self, weights) -> np.ndarray:
+        """sum_m w_m K_m as an (n, n) float64 array, reading only the kernels with w_m != 0.
+
+        Order of the additions, fixed by the support alone (not by tasks, cache or cluster): the
+        support, in index order, is cut into blocks of COMBINE_BLOCK kernels; each block is summed
+        kernel after kernel from zero, and the block sums are added over a fixed pairwise tree.
+        """
+        t0 = time.perf_counter()
+        w = validate.weights(weights, self.M)
+        support = np.flatnonzero(w != 0)
+        self._selection(support)
+        groups = blocks_of(support, COMBINE_BLOCK)
+        if not groups:
+            self._record("combine", t0, 0, 0, 0, False)
+            return np.zeros((self.n, self.n))
+        if all(m in self._cache for m in support):
+            partials = []
+            for g in groups:
+                acc = np.zeros((self.n, self.n))
+                for m in g:
+                    K.axpy_rows(self._cache.get(m), 0, float(w[m]), acc)
+                partials.append(acc)
+            for level in tree_pairs(len(partials)):
+                partials = [tasks.add(partials[a], partials[b]) if b >= 0 else partials[a] for a, b in level]
+            self._record("combine", t0, 0, support.size, 0, False)
+            return partials[0]
+        calls = [(tasks.combine_task, self._path, g, w[g]) for g in groups]
+        result = self._runner.run("combine", calls, reduce_sum=True)[0]
+        self._record("combine", t0, support.size, 0, len(calls), support.size == self.M)
+        return result
+
+    def gram_of_kernels(self, kernels=None) -> np.ndarray:
+        """(p, p) matrix of <K_i, K_j>_F for the kernels given (all M for None), computed in
+        blocks of GRAM_BLOCK kernels; each task streams the same row panels of two blocks."""
+        t0 = time.perf_counter()
+        idx, _ = self._selection(kernels)
+        uniq, where = np.unique(idx, return_inverse=True)
+        p = uniq.size
+        G = np.zeros((p, p))
+        if p and all(m in self._cache for m in uniq):
+            A = np.stack([self._cache.get(m) for m in uniq])
+            K.gram_rows(A, A, G, True)
+            read, hits, n_tasks = 0, p, 0
+        else:
+            blocks = blocks_of(uniq, GRAM_BLOCK)
+            starts = np.cumsum([0] + [b.size for b in blocks])
+            pairs = [(a, b) for a in range(len(blocks)) for b in range(a, len(blocks))]
+            calls = [(tasks.gram_task, self._path, blocks[a], blocks[b], a == b, GRAM_PANEL_BYTES) for a, b in pairs]
+            for (a, b), res in zip(pairs, self._runner.run("gram_of_kernels", calls)):
+                G[starts[a]:starts[a + 1], starts[b]:starts[b + 1]] = res
+            read = sum(blocks[a].size + (blocks[b].size if a != b else 0) for a, b in pairs)
+            hits, n_tasks = 0, len(calls)
+        G = np.triu(G) + np.triu(G, 1).T  # computed for j >= i only; <K_i, K_j> is symmetric
+        self._record("gram_of_kernels", t0, read, hits, n_tasks, False)
+        return G[np.ix_(where, where)]
+
+    def blocks(self, kernels) -> np.ndarray:
+        """(len(kernels), n, n) float64 copies of the kernels, through the driver-side LRU cache.
+
+        Missing kernels are read in one go, grouped by shard. If the request alone exceeds the
+        cache budget the arrays are returned but not kept.
+        """
+        t0 = time.perf_counter()
+        idx, _ = self._selection(kernels)
+        uniq = np.unique(idx)
+        missing = np.array([m for m in uniq if m not in self._cache], dtype=np.int64)
+        fetched: dict[int, np.ndarray] = {}
+        groups = self._groups(missing)
+        if groups:
+            calls = [(tasks.fetch_task, self._path, missing[g]) for g in groups]
+            for g, res in zip(groups, self._local.run("blocks", calls)):
+                fetched.update(zip(missing[g].tolist(), res))
+        out = np.empty((len(idx), self.n, self.n))
+        for p, m in enumerate(idx):
+            block = fetched.get(int(m))
+            out[p] = block if block is not None else self._cache.get(m)
+        if uniq.size * self.n * self.n * 8 <= self._cache.budget:
+            self._cache.store(fetched, keep=uniq)
+        self._record("blocks", t0, missing.size, uniq.size - missing.size, len(groups), False)
+        return out
