@@ -1,0 +1,144 @@
+"""Shared numerical pieces of the Afkanpour solvers (sgd, gcd, baselines): the final fit on a learned
+kernel, the one-stage reduced objective with the squared loss, and centred alignment.
+
+Final fit (second stage of two-stage MKL, and of the baselines)
+---------------------------------------------------------------
+- regression ("kernel ridge with an unpenalised bias"): min_{c, b} ||K c + b 1 - y||^2 + lam c^T K c.
+  Stationarity gives the bordered system [[K + lam I, 1], [1^T, 0]] [c; b] = [y; 0]
+  (for K = 0 it still gives c = (y - mean(y)) / lam, b = mean(y)). Solved exactly, float64.
+- classification: scikit-learn's libsvm ``SVC(kernel="precomputed", C=C)`` through
+  ``mklscale.solvers._svm.fit_svc``: dual_coef = alpha o y on the support vectors, bias = intercept,
+  so f = K c + b in both cases.
+
+One-stage reduced objective (thesis (2.9), (4.7), Prop. 4.2, (4.12)), squared loss, rho_i = 1
+------------------------------------------------------------------------------------------------
+The thesis leaves open how its "ridge parameter" maps onto the loss scale. Convention used here
+(stated once, used by every solver in sgd.py and gcd.py):
+
+    J(w, theta) = (1 / (2 lam)) sum_t (f_w(x_t) - t_t)^2 + (1/2) sum_i ||w_i||^2 / theta_i
+    J(theta)    = min_w J(w, theta) = (1/2) t^T (K_theta + lam I)^{-1} t,   K_theta = sum_i theta_i K_i
+    alpha*      = (K_theta + lam I)^{-1} t,   f = K_theta alpha*     (= kernel ridge with ridge lam)
+    dJ/dtheta_i = -(1/2) alpha*^T K_i alpha*                          (4.12)
+
+with t = y - b the centred targets (b = mean(y) when fit_intercept, else 0): the thesis standardises
+y and adds a constant feature instead of a bias; the intercept here is the training mean.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.linalg
+
+from mklscale.errors import InvalidInputError
+from mklscale.solvers import _svm
+
+TASKS = ("regression", "classification")
+
+
+def kernel_ridge(K: np.ndarray, y: np.ndarray, lam: float) -> tuple[np.ndarray, float]:
+    """(c, b) minimising ||K c + b 1 - y||^2 + lam c^T K c (bordered system, see module docstring)."""
+    n = y.size
+    A = np.zeros((n + 1, n + 1))
+    A[:n, :n] = K + lam * np.eye(n)
+    A[:n, n] = 1.0
+    A[n, :n] = 1.0
+    sol = scipy.linalg.solve(A, np.append(y, 0.0), assume_a="sym")
+    return sol[:n], float(sol[n])
+
+
+def svm(K: np.ndarray, y: np.ndarray, C: float, tol: float = 1e-3) -> tuple[np.ndarray, float, bool]:
+    """(c, b, converged) of libsvm's soft-margin SVM on the precomputed Gram matrix K."""
+    _, v, intercept, converged = _svm.fit_svc(K, y, C, tol)
+    return v, intercept, converged
+
+
+def final_fit(K: np.ndarray, y: np.ndarray, task: str, lam: float, C: float) -> tuple[np.ndarray, float]:
+    """Kernel ridge (task="regression", ridge ``lam``) or SVM (task="classification", ``C``)."""
+    if task == "regression":
+        return kernel_ridge(K, y, lam)
+    c, b, _ = svm(K, y, C)
+    return c, b
+
+
+def combine_weights(engine, weights: np.ndarray) -> np.ndarray:
+    """(n, n) sum_m weights[m] K_m through the engine (only the kernels with non-zero weight are read)."""
+    return _svm.combine(engine, weights)
+
+
+def check_task(task: str, y: np.ndarray) -> str:
+    if task not in TASKS:
+        raise InvalidInputError(f"unknown task {task!r}; choose 'regression' (kernel ridge) or "
+                                "'classification' (SVM on labels in {-1, +1})")
+    if task == "classification":
+        labels = np.unique(y)
+        if labels.size != 2 or not np.all(np.isin(labels, (-1.0, 1.0))):
+            raise InvalidInputError(f"task='classification' needs labels in {{-1, +1}} with both present; "
+                                    f"got values {labels[:5].tolist()}. Map the classes to -1/+1")
+    return task
+
+
+# ---- one-stage reduced objective ------------------------------------------------------------
+def ridge_dual(K_theta: np.ndarray, t: np.ndarray, lam: float) -> tuple[np.ndarray, float]:
+    """(alpha*, J) with alpha* = (K_theta + lam I)^{-1} t and J = (1/2) t^T alpha* (Cholesky)."""
+    A = K_theta + lam * np.eye(t.size)
+    factor = scipy.linalg.cho_factor(A, lower=True, check_finite=False)
+    alpha = scipy.linalg.cho_solve(factor, t, check_finite=False)
+    return alpha, 0.5 * float(t @ alpha)
+
+
+def one_stage_objective(K_theta: np.ndarray, t: np.ndarray, lam: float) -> float:
+    """J(theta) = (1/2) t^T (K_theta + lam I)^{-1} t."""
+    return ridge_dual(K_theta, t, lam)[1]
+
+
+def exact_segment_search(A: np.ndarray, B: np.ndarray, t: np.ndarray, lam: float) -> tuple[float, float]:
+    """argmin over eta in [0, 1] of J(eta) = (1/2) t^T ((1 - eta) A + eta B + lam I)^{-1} t, exactly.
+
+    With C = A + lam I = L L^T and L^{-1} (B - A) L^{-T} = V diag(mu) V^T, z = V^T L^{-1} t:
+    J(eta) = (1/2) sum_j z_j^2 / (1 + eta mu_j), convex in eta (1 + eta mu_j > 0 on [0, 1] because
+    the matrix stays positive definite). J'(eta) = -(1/2) sum z_j^2 mu_j / (1 + eta mu_j)^2 is
+    increasing; its root in [0, 1] (or the endpoint) is found by bisection to machine precision.
+    Returns (eta, J(eta)).
+    """
+    L = np.linalg.cholesky(A + lam * np.eye(t.size))
+    Linv_E = scipy.linalg.solve_triangular(L, B - A, lower=True)
+    Mmat = scipy.linalg.solve_triangular(L, Linv_E.T, lower=True)
+    mu, V = np.linalg.eigh(0.5 * (Mmat + Mmat.T))
+    z2 = (V.T @ scipy.linalg.solve_triangular(L, t, lower=True)) ** 2
+
+    def value(eta):
+        return 0.5 * float(np.sum(z2 / (1.0 + eta * mu)))
+
+    def slope(eta):
+        return -0.5 * float(np.sum(z2 * mu / (1.0 + eta * mu) ** 2))
+
+    if slope(1.0) <= 0.0:
+        return 1.0, value(1.0)
+    if slope(0.0) >= 0.0:
+        return 0.0, value(0.0)
+    lo, hi = 0.0, 1.0
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        if slope(mid) < 0.0:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-15:
+            break
+    eta = 0.5 * (lo + hi)
+    return eta, value(eta)
+
+
+# ---- centred alignment ---------------------------------------------------------------------------
+def centre(K: np.ndarray) -> np.ndarray:
+    """C_n K C_n with C_n = I - (1/n) 1 1^T."""
+    row = K.mean(axis=0)
+    return K - row[None, :] - K.mean(axis=1)[:, None] + row.mean()
+
+
+def centred_alignment(K: np.ndarray, y: np.ndarray) -> float:
+    """A_c(K, y y^T) = <K_c, y_c y_c^T>_F / (||K_c||_F ||y_c||^2), y_c = y - mean(y) (thesis 2.2.2)."""
+    Kc = centre(K)
+    yc = y - y.mean()
+    denom = np.linalg.norm(Kc) * float(yc @ yc)
+    return float(yc @ Kc @ yc) / denom if denom > 0 else 0.0

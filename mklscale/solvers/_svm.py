@@ -1,0 +1,133 @@
+"""Shared pieces of the SVM-based MKL solvers (Citi elastic-net MKL, SMO-MKL).
+
+- ``combine``: sum_m w_m K_m through the engine (``engine.combine`` when it has one, else
+  accumulated from ``engine.blocks`` over the support, a few kernels at a time).
+- ``fit_svc``: scikit-learn's libsvm ``SVC(kernel="precomputed")`` on a combined Gram matrix, returned
+  in the papers' notation. libsvm solves min (1/2) v^T K v - 1^T alpha, 0 <= alpha <= C, y^T alpha = 0,
+  with v = alpha o y; ``dual_coef_`` holds v on the support vectors and the decision function is
+  f = K v + intercept_ (so the bias of Citi's (1), which enters with a minus sign, is -intercept_).
+- ``hinge_sum``, ``optimal_bias``: sum_i max(0, 1 - y_i (f0_i + b)) and its exact minimiser in b.
+- ``probe_vectors``, ``check_quad_forms``: the cheap PSD test of the solvers (see ``check_quad_forms``).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.svm import SVC
+
+from mklscale.errors import InvalidInputError
+from mklscale.solvers import _validation as check
+
+#: Kernels read per engine.blocks call when combining without engine.combine.
+COMBINE_CHUNK = 8
+#: A quadratic form below -PSD_RTOL * max(lambda_max(K), 1) * ||u||^2 proves K is not PSD: the tolerance
+#: of the bank's own import check (KernelBank.from_arrays, psd_tol), far above the float32 storage
+#: rounding of a valid kernel (its spectral norm is about sqrt(n) * 6e-8 * max |K_ij|).
+PSD_RTOL = 1e-6
+#: Seeded random probe vectors added to the first all-kernel pass of a solver.
+N_PROBES = 3
+
+
+def combine(engine, weights: np.ndarray) -> np.ndarray:
+    """(n, n) sum_m weights[m] K_m, reading only kernels with a non-zero weight."""
+    weights = np.asarray(weights, dtype=np.float64)
+    if hasattr(engine, "combine"):
+        return np.asarray(engine.combine(weights), dtype=np.float64)
+    support = np.flatnonzero(weights)
+    out = np.zeros((engine.n, engine.n))
+    for start in range(0, support.size, COMBINE_CHUNK):
+        idx = support[start:start + COMBINE_CHUNK]
+        out += np.einsum("m,mij->ij", weights[idx], engine.blocks(idx))
+    return out
+
+
+def fit_svc(K: np.ndarray, y: np.ndarray, C: float, tol: float, max_iter: int = -1):
+    """SVM on the precomputed Gram matrix K.
+
+    Returns (alpha, v, intercept, converged): alpha (n,) in [0, C] with y^T alpha = 0, v = alpha o y,
+    f = K v + intercept the decision values, and whether libsvm met its tolerance ``tol`` (libsvm
+    stops when max_{I_low} y_i grad_i - min_{I_up} y_i grad_i <= tol, i.e. OPT_6 with 2 eps = tol).
+    """
+    svc = SVC(C=C, kernel="precomputed", tol=tol, shrinking=True, max_iter=max_iter)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        svc.fit(K, y)
+    converged = not any(issubclass(w.category, ConvergenceWarning) for w in caught)
+    # classes_ is sorted ([-1, 1]) and scikit-learn orients dual_coef_/intercept_ so that f > 0
+    # means classes_[1] = +1: dual_coef_ is y_l alpha_l on the support vectors.
+    v = np.zeros(y.size)
+    v[svc.support_] = svc.dual_coef_[0]
+    alpha = np.clip(v * y, 0.0, C)
+    return alpha, alpha * y, float(svc.intercept_[0]), converged
+
+
+def hinge_sum(y: np.ndarray, f: np.ndarray) -> float:
+    """sum_i max(0, 1 - y_i f_i)."""
+    return float(np.sum(np.maximum(0.0, 1.0 - y * f)))
+
+
+def optimal_bias(f0: np.ndarray, y: np.ndarray) -> float:
+    """argmin_b sum_i max(0, 1 - y_i (f0_i + b)), exactly.
+
+    The function is convex and piecewise linear with breakpoints b_i = y_i - f0_i; its slope at b is
+    #{y_i = -1, b > b_i} - #{y_i = +1, b < b_i}, so a minimiser is the first breakpoint (in sorted order)
+    where the slope to its right becomes >= 0.
+    """
+    breaks = y - f0
+    order = np.argsort(breaks, kind="stable")
+    b_sorted, y_sorted = breaks[order], y[order]
+    n_pos = int(np.sum(y > 0))
+    # slope just right of b_sorted[k]: negatives at or left of k minus positives strictly right of k
+    neg_left = np.cumsum(y_sorted < 0)
+    pos_left = np.cumsum(y_sorted > 0)
+    slope_right = neg_left - (n_pos - pos_left)
+    k = int(np.argmax(slope_right >= 0))
+    return float(b_sorted[k])
+
+
+def check_engine(engine) -> tuple[int, int, np.ndarray]:
+    """(n, M, lambda_max) of the engine; a kernel with lambda_max < 0 is negative definite: named."""
+    lam = np.asarray(getattr(engine, "lambda_max", np.zeros(0)), dtype=np.float64).reshape(-1)
+    bad = np.flatnonzero(lam < 0.0)
+    if bad.size:
+        raise InvalidInputError(
+            f"kernel(s) {bad[:10].tolist()} of the bank are not positive semidefinite: largest eigenvalue "
+            f"{lam[bad][:10].tolist()} < 0. MKL needs PSD Gram matrices; rebuild those kernels from a valid "
+            "kernel function")
+    return check.check_engine(engine)
+
+
+def probe_vectors(n: int, seed: int = 0) -> np.ndarray:
+    """(N_PROBES, n) seeded standard normal vectors for the PSD probe."""
+    return np.random.default_rng(seed).standard_normal((N_PROBES, n))
+
+
+def check_quad_forms(values: np.ndarray, vectors: np.ndarray, lambda_max: np.ndarray,
+                     kernels: np.ndarray | None = None) -> None:
+    """Raise InvalidInputError naming the kernels whose quadratic forms prove they are not PSD.
+
+    ``values`` is (p,) or (p, k): u_j^T K_m u_j for the kernels ``kernels`` (all M when None) and the
+    k rows of ``vectors``. A PSD kernel has u^T K u >= 0 for every u, so a value below
+    -PSD_RTOL * max(lambda_max, 1) * ||u||^2 is a proof. The test is one-sided: it can only catch
+    kernels whose negative part shows up on the vectors a solver actually uses (its own iterates and
+    the seeded probes), never prove that a kernel is PSD. Banks imported with
+    ``KernelBank.from_arrays`` are eigen-checked at import; Gaussian, polynomial and linear specs are
+    PSD by construction.
+    """
+    values = np.asarray(values, dtype=np.float64)
+    values = values.reshape(values.shape[0], -1)
+    vectors = np.atleast_2d(np.asarray(vectors, dtype=np.float64))
+    kernels = np.arange(values.shape[0]) if kernels is None else np.asarray(kernels, dtype=np.int64)
+    scale = np.maximum(np.asarray(lambda_max, dtype=np.float64)[kernels], 1.0)
+    floor = -PSD_RTOL * scale[:, None] * np.sum(vectors ** 2, axis=1)[None, :]
+    bad = np.flatnonzero(np.any((values < floor) | ~np.isfinite(values), axis=1))
+    if bad.size:
+        worst = kernels[bad]
+        raise InvalidInputError(
+            f"kernel(s) {worst[:10].tolist()} of the bank are not positive semidefinite: u^T K u = "
+            f"{np.min(values[bad], axis=1)[:10].tolist()} < 0 for some vector u (or NaN/inf). MKL needs PSD "
+            "Gram matrices; rebuild those kernels from a valid kernel function, or clip their negative "
+            "eigenvalues before building the bank")

@@ -1,0 +1,280 @@
+"""SGD-1s: projected stochastic gradient for one-stage MKL with importance-sampled kernels
+(Afkanpour thesis Chapter 4, Algorithm 2; NOTES-afkanpour.md §2).
+
+Problem (2.9)/(4.7) with the squared loss, written with the convention of ``_final_fit``:
+
+    min_{theta in Delta_nu} J(theta) = (1/2) t^T (K_theta + lam I)^{-1} t,   K_theta = sum_i theta_i K_i / rho_i^2,
+    Delta_nu = {theta >= 0, ||theta||_nu <= 1},  alpha* = (K_theta + lam I)^{-1} t,  t = y - b,
+    g_i = dJ/dtheta_i = -(1/2) alpha*^T K_i alpha* / rho_i^2  (4.12)   (all <= 0)
+
+Iteration k (Algorithm 2, Psi = (1/2)||x||^2, theta^0 = 0):
+  1. alpha* from a Cholesky solve with the driver-side K_theta (kept up to date incrementally);
+  2. draw I ~ s_{k-1} and form g^ = (g_I / s_I) e_I (4.14), unbiased whenever s > 0 where g != 0;
+  3. theta <- Proj_{Delta_nu}(theta - eta g^), i.e. theta_I += eta (1/2) q_I / s_I, q_I = alpha*^T K_I alpha*/rho_I^2
+     (the printed "g^ = C e_I" drops the minus sign: the update INCREASES theta_I; the 1/2 of (4.12),
+     dropped in (4.18)/Algorithm 3, is kept here — it only rescales the step);
+     for nu = 2 the projection of a non-negative vector is theta / max(1, ||theta||_2) (a scaling, O(1)
+     with a lazy global factor); other nu (finite banks only) use the exact Euclidean projection onto
+     {theta >= 0, ||theta||_nu <= 1} (nested bisection) and rebuild K_theta with engine.combine.
+
+Sampling distributions s:
+- finite bank: s = (1 - mix) q^ref / sum q^ref + mix / M, with q^ref from ONE quad_forms pass at the
+  latest refresh (every ``refresh`` iterations). s is fixed before each draw, so the estimate stays
+  unbiased; between refreshes an iteration reads ONE sampled kernel (engine.blocks).
+- PolynomialFamily: Algorithm 3 draws exactly from q (s = q) without enumerating the index set.
+- Gaussian/Dirichlet families: Algorithm 4 (truncated normal around sigma*), s = its density
+  (thesis 4.2.2; no variance bound is proven there). Coordinates are point masses at the drawn widths.
+
+Step size: ``step`` a number = the constant eta of Algorithm 2 (the thesis' experiments use 1/sqrt(T)
+on their scale). step="auto" (default) = eta0 / (C_ref sqrt(T)) with C_ref = ||grad J||_1 at the
+latest refresh (finite bank; for the polynomial family the exact C of the current draw, for
+continuous families the running mean of the unbiased estimates (1/2) q / s of previous draws). With
+s = q every step then adds exactly eta0 / sqrt(T) to one coordinate: the step is invariant to the
+scale of y, lam and the kernels. (Corollary 4.3's eta = 1/sqrt(B T), B = C^2/2 max q/s, is the same
+rule with a fixed C; using the latest C is an F_{k-1}-measurable adaptive choice outside its proof.)
+
+Returned model: the averaged iterate theta_bar = (1/T) sum_{k=1}^T theta^{(k-1)} (the iterate the
+theory covers) by default, or the last one (``iterate="last"``); the other is summarised in
+``params``. f = K_theta alpha*(theta) + b: weights = theta / rho^2, dual_coef = alpha*, bias = b. For
+families, weights index the selected kernels in ``params["kernels"]`` (see ``sources``); polynomial
+multi-indices that are permutations of each other (the same kernel) are merged there.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from mklscale.errors import InvalidInputError
+from mklscale.solvers import _final_fit
+from mklscale.solvers._validation import check_count, check_positive, check_targets
+from mklscale.solvers.result import MKLResult
+from mklscale.solvers.sources import FiniteBank, PolynomialFamily, as_source
+
+
+def project_nonneg_nu_ball(v: np.ndarray, nu: float) -> np.ndarray:
+    """Euclidean projection of v onto {theta >= 0, ||theta||_nu <= 1} (nu >= 1, or inf)."""
+    v = np.maximum(np.asarray(v, dtype=np.float64), 0.0)
+    if math.isinf(nu):
+        return np.minimum(v, 1.0)
+    if np.sum(v ** nu) <= 1.0:
+        return v
+    if nu == 2.0:
+        return v / np.linalg.norm(v)
+    if nu == 1.0:  # theta = (v - tau)_+ with sum = 1 (sorting rule)
+        u = np.sort(v)[::-1]
+        css = np.cumsum(u)
+        k = np.nonzero(u - (css - 1.0) / np.arange(1, u.size + 1) > 0)[0][-1]
+        return np.maximum(v - (css[k] - 1.0) / (k + 1), 0.0)
+
+    # KKT: theta_i + mu theta_i^{nu-1} = v_i (theta_i in [0, v_i], increasing in theta_i), ||theta||_nu = 1
+    def theta_of(mu):
+        lo, hi = np.zeros_like(v), v.copy()
+        for _ in range(80):
+            mid = 0.5 * (lo + hi)
+            big = mid + mu * mid ** (nu - 1.0) > v
+            hi = np.where(big, mid, hi)
+            lo = np.where(big, lo, mid)
+        return 0.5 * (lo + hi)
+
+    mu_lo, mu_hi = 0.0, 1.0
+    while np.sum(theta_of(mu_hi) ** nu) > 1.0:
+        mu_hi *= 2.0
+    for _ in range(80):
+        mu = 0.5 * (mu_lo + mu_hi)
+        if np.sum(theta_of(mu) ** nu) > 1.0:
+            mu_lo = mu
+        else:
+            mu_hi = mu
+    return theta_of(mu_hi)
+
+
+class _Iterate:
+    """theta over sampled keys with a lazy global scale (theta_i = scale * u_i), K_theta, and the running
+    sums for the averaged iterate."""
+
+    def __init__(self, n):
+        self.u: dict = {}
+        self.kw: dict = {}            # 1 / rho_i^2 of each key
+        self.scale = 1.0
+        self.sumsq_u = 0.0
+        self.K = np.zeros((n, n))
+        self.K_sum = np.zeros((n, n))
+        self.acc: dict = {}           # sum over past iterations of theta_i, lazily: acc_i + u_i (G - G_last_i)
+        self.last_G: dict = {}
+        self.G = 0.0                  # sum of past scales
+        self.count = 0
+
+    def theta(self, key) -> float:
+        return self.scale * self.u.get(key, 0.0)
+
+    def accumulate(self) -> None:
+        """Add the current iterate to the running sums (called once per iteration, before the update)."""
+        self.K_sum += self.K
+        self.G += self.scale
+        self.count += 1
+
+    def _settle(self, key) -> None:
+        if key in self.u:
+            self.acc[key] = self.acc.get(key, 0.0) + self.u[key] * (self.G - self.last_G[key])
+        self.last_G[key] = self.G
+
+    def increase(self, key, amount: float, K_key: np.ndarray, weight: float) -> None:
+        self._settle(key)
+        old = self.u.get(key, 0.0)
+        new = old + amount / self.scale
+        self.u[key] = new
+        self.kw[key] = weight
+        self.sumsq_u += new * new - old * old
+        self.K += (amount * weight) * K_key
+
+    def project_nu2(self) -> None:
+        norm = self.scale * math.sqrt(max(self.sumsq_u, 0.0))
+        if norm > 1.0:
+            self.scale /= norm
+            self.K /= norm
+        if self.scale < 1e-4:
+            self._renormalise()
+
+    def _renormalise(self) -> None:
+        """Fold the global scale into u (it shrinks geometrically): keeps G - G_last free of cancellation."""
+        for k in list(self.u):
+            self._settle(k)
+        for k in self.u:
+            self.u[k] *= self.scale
+            self.last_G[k] = 0.0
+        self.sumsq_u = float(sum(v * v for v in self.u.values()))
+        self.scale, self.G = 1.0, 0.0
+
+    def set_theta(self, keys, values, K_new) -> None:
+        """Replace theta (general-nu projection): settle the sums first."""
+        for k in list(self.u):
+            self._settle(k)
+        self.scale, self.G = 1.0, 0.0
+        for k, v in zip(keys, values):
+            self.u[k] = float(v)
+            self.last_G[k] = 0.0
+        self.sumsq_u = float(np.sum(np.square(values)))
+        self.K = K_new
+
+    def averaged(self) -> dict:
+        for k in list(self.u):
+            self._settle(k)
+        return {k: self.acc.get(k, 0.0) / self.count for k in self.u}
+
+    def last(self) -> dict:
+        return {k: self.scale * v for k, v in self.u.items()}
+
+
+def fit(source, y, lam: float = 1.0, nu: float = 2, T: int = 1000, step="auto", seed: int = 0,
+        refresh: int = 50, mix: float = 0.1, eta0: float = 1.0, iterate: str = "average",
+        fit_intercept: bool = True, record_every: int | None = None, verbose: bool = False) -> MKLResult:
+    """SGD-1s (Algorithm 2) on a finite bank (an engine), a PolynomialFamily or a Gaussian/Dirichlet family.
+
+    See the module docstring for the problem, the sampling, the step rule and the returned model.
+    """
+    t0 = time.perf_counter()
+    src = as_source(source)
+    lam = check_positive("lam", lam)
+    try:
+        nu = float(nu)
+    except (TypeError, ValueError):
+        raise InvalidInputError(f"nu must be a number >= 1; got {nu!r}") from None
+    if not nu >= 1.0:
+        raise InvalidInputError(f"nu must be >= 1 (Delta_nu = {{theta >= 0, ||theta||_nu <= 1}}, nu = p/(2-p)); got {nu}")
+    if nu != 2.0 and not src.finite:
+        raise InvalidInputError("families support nu = 2 only (the projection is then a scaling); use nu=2")
+    T = check_count("T", T)
+    refresh = check_count("refresh", refresh)
+    if not (0.0 < float(mix) <= 1.0):
+        raise InvalidInputError(f"mix (uniform share of the sampling distribution) must be in (0, 1]; got {mix}")
+    mix = float(mix)
+    if step != "auto":
+        step = check_positive("step", step)
+    eta0 = check_positive("eta0", eta0)
+    if iterate not in ("average", "last"):
+        raise InvalidInputError(f"iterate must be 'average' or 'last'; got {iterate!r}")
+    y = check_targets(y, src.n, classification=False, loss_name="squared")
+    bias = float(y.mean()) if fit_intercept else 0.0
+    t = y - bias
+    rng = np.random.default_rng(seed)
+    record_every = record_every or max(1, T // 200)
+
+    state = _Iterate(src.n)
+    history, blocks_read = [], 0
+    s_ref, C_ref, C_est_sum, C_est_count = None, None, 0.0, 0
+    J = 0.5 * float(t @ t) / lam
+    for k in range(1, T + 1):
+        alpha, J = _final_fit.ridge_dual(state.K, t, lam)
+        state.accumulate()
+        if src.finite:
+            if s_ref is None or (k - 1) % refresh == 0:
+                q_all = np.maximum(src.quad_forms(alpha), 0.0)
+                C_ref = 0.5 * float(q_all.sum())
+                s_ref = (1.0 - mix) * (q_all / q_all.sum() if q_all.sum() > 0 else 1.0 / src.M) + mix / src.M
+            key = int(rng.choice(src.M, p=s_ref))
+            K_key = src.block(key)
+            blocks_read += 1
+            q, prob, weight = float(alpha @ K_key @ alpha), float(s_ref[key]), 1.0
+            C_step = C_ref
+        elif isinstance(src, PolynomialFamily):
+            key, K_key, q, prob, C_sum = src.sample(alpha, rng)
+            weight, C_step = src.weight(key), 0.5 * C_sum
+        else:
+            key, K_key, q, prob, _ = src.sample(alpha, rng)
+            weight = 1.0
+            C_step = C_est_sum / C_est_count if C_est_count else 0.5 * q / prob
+            C_est_sum, C_est_count = C_est_sum + 0.5 * q / prob, C_est_count + 1
+        eta = eta0 / (max(C_step, np.finfo(float).tiny) * math.sqrt(T)) if step == "auto" else step
+        state.increase(key, eta * 0.5 * q / prob, K_key, weight)
+        if nu == 2.0:
+            state.project_nu2()
+        else:
+            keys = list(state.u)
+            proj = project_nonneg_nu_ball([state.theta(kk) for kk in keys], nu)
+            w_full = np.zeros(src.M)
+            w_full[keys] = proj
+            state.set_theta(keys, proj, _final_fit.combine_weights(src.engine, w_full))
+        if k % record_every == 0 or k == T:
+            history.append({"iteration": k, "objective": J, "eta": eta, "C": C_step, "kernel": src.describe(key),
+                            "n_active": len(state.u), "blocks_read": blocks_read,
+                            "seconds": time.perf_counter() - t0, **_stats(src)})
+            if verbose:
+                print(f"sgd-1s it {k:6d} J={J:.8g} C={C_step:.4g} active={len(state.u)}")
+
+    K_avg = state.K_sum / state.count
+    avg, last = state.averaged(), state.last()
+    alpha_avg, J_avg = _final_fit.ridge_dual(K_avg, t, lam)
+    alpha_last, J_last = _final_fit.ridge_dual(state.K, t, lam)
+    chosen, alpha_out, J_out = (avg, alpha_avg, J_avg) if iterate == "average" else (last, alpha_last, J_last)
+    weights, extra = _result_weights(src, chosen, state.kw)
+    params = {"lam": lam, "nu": nu, "T": T, "step": step, "eta0": eta0, "seed": seed, "refresh": refresh, "mix": mix,
+              "iterate": iterate, "fit_intercept": fit_intercept, "objective_average": J_avg,
+              "objective_last": J_last, "blocks_read": blocks_read, **extra}
+    return MKLResult(weights=weights, dual_coef=alpha_out, bias=bias, active=np.flatnonzero(weights),
+                     objective=J_out, gap=float("nan"), history=history, converged=True, solver="sgd-1s",
+                     params=params)
+
+
+def _stats(src) -> dict:
+    if isinstance(src, FiniteBank):
+        s = src.engine.stats
+        return {"passes": int(s.get("passes", 0)), "bytes_read": int(s.get("bytes_read", 0))}
+    return {"passes": 0, "bytes_read": 0}
+
+
+def _result_weights(src, theta: dict, kw: dict):
+    if src.finite:
+        w = np.zeros(src.M)
+        for k, v in theta.items():
+            w[k] = v * kw[k]
+        return w, {}
+    merged: dict = {}
+    for k, v in theta.items():
+        canon = tuple(sorted(k)) if isinstance(src, PolynomialFamily) else k
+        merged[canon] = merged.get(canon, 0.0) + v * kw[k]
+    keys = [k for k, v in merged.items() if v != 0.0]
+    return (np.array([merged[k] for k in keys], dtype=np.float64),
+            {"kernels": [src.describe(k) for k in keys]})
