@@ -31,6 +31,7 @@ def describe_machine(workdir: Path | None = None) -> dict:
         "cores": os.cpu_count(),
         "memory_GB": round(psutil.virtual_memory().total / 2**30, 1),
         "disk_free_GB": round(disk.free / 2**30, 1),
+        "load_average_at_record": [round(x, 2) for x in os.getloadavg()],
         "os": platform.platform(),
         "python": platform.python_version(),
         "numpy": numpy.__version__, "numba": numba.__version__, "dask": dask.__version__, "zarr": zarr.__version__,

@@ -33,6 +33,7 @@ import time
 import numpy as np
 import scipy.optimize
 
+from mklscale.solvers._threads import single_blas_thread_for_small_n
 from mklscale.solvers import _final_fit
 from mklscale.solvers._validation import check_engine, check_positive, check_targets
 from mklscale.solvers.result import MKLResult
@@ -73,6 +74,7 @@ def _finish(engine, weights, y, task, lam, C, solver, params, t0, history_extra,
                      params={"task": task, "lam": lam, "C": C, "alignment": align, **params})
 
 
+@single_blas_thread_for_small_n
 def uniform(engine, y, task: str = "auto", lam: float = 1.0, C: float = 1.0) -> MKLResult:
     """UNIFORM: weights 1/M, then kernel ridge (regression, ridge ``lam``) or SVM (classification, ``C``).
 
@@ -112,6 +114,7 @@ def alignment_qp(b: np.ndarray, Mc: np.ndarray) -> tuple[np.ndarray, float]:
     return mu, kkt
 
 
+@single_blas_thread_for_small_n
 def alignment(engine, y, task: str = "auto", lam: float = 1.0, C: float = 1.0) -> MKLResult:
     """AMKL: maximise centred alignment by the QP (2.12) (module docstring), then the final fit.
 

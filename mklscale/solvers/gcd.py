@@ -54,6 +54,7 @@ import time
 import numpy as np
 
 from mklscale.errors import InvalidInputError
+from mklscale.solvers._threads import single_blas_thread_for_small_n
 from mklscale.solvers import _final_fit
 from mklscale.solvers._final_fit import centre
 from mklscale.solvers._validation import check_choice, check_count, check_positive, check_targets
@@ -105,6 +106,7 @@ def _targets(y, n, fit_intercept):
 
 
 # ---- GCD-1s --------------------------------------------------------------------------------------------
+@single_blas_thread_for_small_n
 def fit_one_stage(source, y, lam: float = 1.0, max_iter: int = 100, tol: float = 1e-4,
                   fit_intercept: bool = True, reg: float = 0.0, verbose: bool = False) -> MKLResult:
     """GCD-1s / CKL (Algorithm 6) on a finite bank (engine) or a continuous family; see the module docstring.
@@ -156,6 +158,7 @@ def _entry(it, J, gap, eta, key, src, t0) -> dict:
 
 
 # ---- GCD-2s --------------------------------------------------------------------------------------------
+@single_blas_thread_for_small_n
 def fit_two_stage(source, y, criterion: str = "alignment", task: str = "auto", lam: float = 1.0, C: float = 1.0,
                   max_iter: int = 50, delta: float = 1e-3, eps: float = 1e-6, eta_max: float = 1.0,
                   beta: float | None = None, step: str = "exact", tol: float = 1e-6, reg: float = 0.0,

@@ -48,6 +48,7 @@ import time
 import numpy as np
 
 from mklscale.errors import InvalidInputError
+from mklscale.solvers._threads import single_blas_thread_for_small_n
 from mklscale.solvers import _final_fit
 from mklscale.solvers._validation import check_count, check_positive, check_targets
 from mklscale.solvers.result import MKLResult
@@ -168,6 +169,7 @@ class _Iterate:
         return {k: self.scale * v for k, v in self.u.items()}
 
 
+@single_blas_thread_for_small_n
 def fit(source, y, lam: float = 1.0, nu: float = 2, T: int = 1000, step="auto", seed: int = 0,
         refresh: int = 50, mix: float = 0.1, eta0: float = 1.0, iterate: str = "average",
         fit_intercept: bool = True, record_every: int | None = None, verbose: bool = False) -> MKLResult:

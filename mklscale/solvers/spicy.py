@@ -67,6 +67,7 @@ import time
 import numpy as np
 
 from mklscale.errors import InvalidInputError
+from mklscale.solvers._threads import single_blas_thread_for_small_n
 from mklscale.solvers import _certificate as cert
 from mklscale.solvers import _validation as check
 from mklscale.solvers._spicy_inner import InnerProblem, KernelTerm, newton
@@ -328,6 +329,7 @@ class _Spicy:
                          solver=f"spicy/{self.method}", params=dict(self.params))
 
 
+@single_blas_thread_for_small_n
 def fit(engine, y, C, loss="logistic", penalty="l1", lam=0.5, q=1.5, eps=0.1, bias=True, tol=1e-3,
         max_outer=500, max_inner=50, working_set=None, method="auto", verbose=False) -> MKLResult:
     """Solve problem (42) of SpicyMKL over the kernels of ``engine``; see the module docstring.
