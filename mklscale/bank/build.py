@@ -131,7 +131,10 @@ def build_shard(path: str, specs_json: str, Xs: np.ndarray, normalize, dtype: st
         if normalize == "trace":
             tr = float(np.trace(K))
             factor = 1.0 / tr if tr > 0 else 1.0
-        block[k] = normalize_block(K, normalize, factor, spec, Xs, Xs)
+            K *= factor  # in place: the same values normalize_block gives, one temporary fewer
+        elif normalize is not None:
+            K = normalize_block(K, normalize, factor, spec, Xs, Xs)
+        block[k] = K
         stats["norm_factor"][k] = factor
         stats["trace"][k], stats["fro"][k], stats["lambda_max"][k], stats["checksum"][k] = kernel_stats(block[k])
     per_chunk, per_shard = layout

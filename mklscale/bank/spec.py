@@ -133,11 +133,13 @@ class KernelSpec:
 
     def from_base(self, B: np.ndarray) -> np.ndarray:
         """Map the pairwise base to kernel values (formulas in the module docstring)."""
-        if self.family == "gaussian":
+        if self.family == "gaussian":  # one temporary, updated in place (B stays shared)
             w = float(self.param("width"))
-            return np.exp(B * (-1.0 / (2.0 * w * w)))
+            K = B * (-1.0 / (2.0 * w * w))
+            return np.exp(K, out=K)
         if self.family == "polynomial":
-            return (B + float(self.param("offset"))) ** int(self.param("degree"))
+            K = B + float(self.param("offset"))
+            return np.power(K, int(self.param("degree")), out=K)
         return B.copy()  # linear
 
     def compute(self, X: np.ndarray, Z: np.ndarray | None = None) -> np.ndarray:
