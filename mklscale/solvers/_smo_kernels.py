@@ -1,0 +1,283 @@
+"""Numba kernels of SMO-MKL (Bach, Lanckriet & Jordan 2004): G(alpha) of the Moreau-Yosida regularised
+support kernel machine, its gradient weights, and the SMO inner loop. See ``smo.py`` for the problem.
+
+Notation (per kernel l of the working set): q_l = alpha^T D(y) K_l D(y) alpha, d_l and a_l the SKM
+and MY parameters, gamma_l = sqrt(q_l) / d_l, w_l = d_l^2 / a_l^2.
+
+Figure 3 / Appendix C:
+    gamma(alpha) = argmin_g (1/2) g^2 + (1/2) sum_l w_l max(0, gamma_l - g)^2
+                 = v / (u + 1), u = sum_{l in S} w_l, v = sum_{l in S} w_l gamma_l over the top set S,
+    found by adding kernels in decreasing gamma_l until -(u + 1) gamma_next + v > 0 (gamma_{j0} = 0;
+    at alpha = 0 every gamma_l = 0, the test never fires and gamma = 0).
+    G(alpha) = (1/2) gamma^2 + (1/2) sum_l w_l max(0, gamma_l - gamma)^2 - e^T alpha
+    eta_l = (1/a_l^2)(1 - gamma/gamma_l) if gamma_l >= gamma (and gamma_l > 0), else 0
+    grad G = sum_l eta_l D(y) K_l D(y) alpha - e, i.e. y_i (grad G)_i = sum_l eta_l z_li - y_i with
+    z_l = K_l D(y) alpha (cached for every kernel of the working set).
+    eta~_l = eta_l / (1 - a_l^2 eta_l), and sum_l d_l^2 eta~_l = 1 (Appendix B).
+
+SMO step on the pair (i, j) (direction alpha_i -= y_i t, alpha_j += y_j t, keeps y^T alpha; [DERIVED]):
+    q_l(t) = q_l + 2 t Delta_l + t^2 H_l, Delta_l = z_lj - z_li, H_l = K_l,ii + K_l,jj - 2 K_l,ij
+    phi(t) = G(alpha(t)),  phi'(t) = sum_l eta_l(t) (Delta_l + t H_l) + y_i - y_j
+    phi is convex and C^1, phi'(0) = y_j gradG_j - y_i gradG_i < 0 for a violating pair, so the
+    line search is the root of phi' on [0, t_max], found by Brent's method (Brent 1973, the zeroin
+    algorithm of scipy.optimize.brentq), or t_max when phi'(t_max) <= 0.
+Working set: maximal violating pair on OPT_6 with the index sets as corrected in NOTES-pfbs-smo.md:
+    i = argmax_{I_M u I_0- u I_C+} y_i gradG_i,  j = argmin_{I_M u I_0+ u I_C-} y_j gradG_j,
+    stop when the difference is <= 2 eps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+BRENT_MAX_ITER = 200
+SMO_CONVERGED, SMO_MAX_STEPS, SMO_STALLED = 0, 1, 2
+SMO_STATUS = {SMO_CONVERGED: "converged", SMO_MAX_STEPS: "max_steps", SMO_STALLED: "stalled"}
+REFRESH_EVERY = 64
+
+
+@njit(cache=True)
+def my_gamma(gammas, w):
+    """gamma(alpha) of Figure 3 for gamma_l = ``gammas`` and w_l = d_l^2 / a_l^2."""
+    p = gammas.size
+    order = np.argsort(gammas)
+    u = 0.0
+    v = 0.0
+    for k in range(p - 1, -1, -1):
+        jk = order[k]
+        u += w[jk]
+        v += w[jk] * gammas[jk]
+        prev = gammas[order[k - 1]] if k > 0 else 0.0
+        if v - (u + 1.0) * prev > 0.0:
+            break
+    return v / (u + 1.0)
+
+
+@njit(cache=True)
+def kernel_gammas(q, d, out):
+    """out_l = sqrt(max(q_l, 0)) / d_l."""
+    for l in range(q.size):
+        out[l] = np.sqrt(max(q[l], 0.0)) / d[l]
+
+
+@njit(cache=True)
+def my_weights(gammas, gamma, a, out):
+    """eta_l = (1/a_l^2)(1 - gamma/gamma_l) for gamma_l >= gamma, gamma_l > 0; else 0."""
+    for l in range(gammas.size):
+        g = gammas[l]
+        if g > 0.0 and g >= gamma:
+            out[l] = (1.0 - gamma / g) / (a[l] * a[l])
+        else:
+            out[l] = 0.0
+
+
+@njit(cache=True)
+def my_value(q, d, a, sum_alpha):
+    """G(alpha) from the quadratic forms q (Figure 3)."""
+    p = q.size
+    gammas = np.empty(p)
+    kernel_gammas(q, d, gammas)
+    w = (d / a) ** 2
+    gamma = my_gamma(gammas, w)
+    total = 0.5 * gamma * gamma
+    for l in range(p):
+        excess = gammas[l] - gamma
+        if excess > 0.0:
+            total += 0.5 * w[l] * excess * excess
+    return total - sum_alpha
+
+
+@njit(cache=True)
+def _line_derivative(t, q, delta, curv, d, a, w, dy, gammas, eta, qt):
+    """phi'(t) = sum_l eta_l(t) (Delta_l + t H_l) + y_i - y_j (dy = y_i - y_j)."""
+    for l in range(q.size):
+        qt[l] = q[l] + t * (2.0 * delta[l] + t * curv[l])
+    kernel_gammas(qt, d, gammas)
+    gamma = my_gamma(gammas, w)
+    my_weights(gammas, gamma, a, eta)
+    total = dy
+    for l in range(q.size):
+        total += eta[l] * (delta[l] + t * curv[l])
+    return total
+
+
+@njit(cache=True)
+def line_search(q, delta, curv, d, a, dy, t_max):
+    """argmin_{t in [0, t_max]} phi(t) for the convex C^1 phi above: t_max if phi'(t_max) <= 0, else
+    the root of phi' by Brent's method (scipy.optimize.brentq's algorithm, xtol = 4 eps t_max)."""
+    p = q.size
+    w = (d / a) ** 2
+    gammas = np.empty(p)
+    eta = np.empty(p)
+    qt = np.empty(p)
+    f_hi = _line_derivative(t_max, q, delta, curv, d, a, w, dy, gammas, eta, qt)
+    if f_hi <= 0.0:
+        return t_max
+    f_lo = _line_derivative(0.0, q, delta, curv, d, a, w, dy, gammas, eta, qt)
+    if f_lo >= 0.0:
+        return 0.0
+    xtol = 4.0 * 2.220446049250313e-16 * t_max
+    rtol = 4.0 * 2.220446049250313e-16
+    xpre, xcur = 0.0, t_max
+    fpre, fcur = f_lo, f_hi
+    xblk, fblk, spre, scur = 0.0, 0.0, 0.0, 0.0
+    for _ in range(BRENT_MAX_ITER):
+        if fpre * fcur < 0.0:
+            xblk, fblk = xpre, fpre
+            spre = scur = xcur - xpre
+        if abs(fblk) < abs(fcur):
+            xpre, xcur, xblk = xcur, xblk, xcur
+            fpre, fcur, fblk = fcur, fblk, fcur
+        delta_tol = 0.5 * (xtol + rtol * abs(xcur))
+        sbis = 0.5 * (xblk - xcur)
+        if fcur == 0.0 or abs(sbis) < delta_tol:
+            break
+        if abs(spre) > delta_tol and abs(fcur) < abs(fpre):
+            if xpre == xblk:  # secant
+                stry = -fcur * (xcur - xpre) / (fcur - fpre)
+            else:  # inverse quadratic interpolation
+                dpre = (fpre - fcur) / (xpre - xcur)
+                dblk = (fblk - fcur) / (xblk - xcur)
+                stry = -fcur * (fblk * dblk - fpre * dpre) / (dblk * dpre * (fblk - fpre))
+            if 2.0 * abs(stry) < min(abs(spre), 3.0 * abs(sbis) - delta_tol):
+                spre, scur = scur, stry
+            else:
+                spre, scur = sbis, sbis
+        else:
+            spre, scur = sbis, sbis
+        xpre, fpre = xcur, fcur
+        if abs(scur) > delta_tol:
+            xcur += scur
+        else:
+            xcur += delta_tol if sbis > 0.0 else -delta_tol
+        fcur = _line_derivative(xcur, q, delta, curv, d, a, w, dy, gammas, eta, qt)
+    return min(max(xcur, 0.0), t_max)
+
+
+@njit(cache=True)
+def scaled_gradient(Z, y, eta, out):
+    """out_i = y_i (grad G)_i = sum_l eta_l z_li - y_i."""
+    p, n = Z.shape
+    for i in range(n):
+        out[i] = -y[i]
+    for l in range(p):
+        e = eta[l]
+        if e != 0.0:
+            for i in range(n):
+                out[i] += e * Z[l, i]
+
+
+@njit(cache=True)
+def violating_pair(g, y, alpha, C):
+    """(i, j, g_i - g_j) with i = argmax g over I_M u I_0- u I_C+ ("low" set) and j = argmin g over
+    I_M u I_0+ u I_C- ("up" set); i = j = -1 when a set is empty."""
+    i_best, j_best = -1, -1
+    g_max, g_min = -np.inf, np.inf
+    for k in range(g.size):
+        a = alpha[k]
+        free = a > 0.0 and a < C
+        if free or (a <= 0.0 and y[k] < 0.0) or (a >= C and y[k] > 0.0):
+            if g[k] > g_max:
+                g_max, i_best = g[k], k
+        if free or (a <= 0.0 and y[k] > 0.0) or (a >= C and y[k] < 0.0):
+            if g[k] < g_min:
+                g_min, j_best = g[k], k
+    return i_best, j_best, g_max - g_min
+
+
+@njit(cache=True)
+def _weights_and_gradient(Z, y, q, d, a, w, gammas, eta, g):
+    kernel_gammas(q, d, gammas)
+    my_weights(gammas, my_gamma(gammas, w), a, eta)
+    scaled_gradient(Z, y, eta, g)
+
+
+@njit(cache=True)
+def _exact_forms(Z, y, alpha, q):
+    p, n = Z.shape
+    for l in range(p):
+        acc = 0.0
+        for k in range(n):
+            acc += y[k] * alpha[k] * Z[l, k]
+        q[l] = acc
+
+
+@njit(cache=True)
+def smo_solve(K, y, alpha, Z, q, d, a, C, eps, max_steps):
+    """SMO on min G(alpha), 0 <= alpha <= C, y^T alpha = 0, for the working-set kernels K (p, n, n).
+
+    Updates alpha, Z (z_l = K_l D(y) alpha) and q in place. Returns (steps, final violation, code):
+    code SMO_CONVERGED (maximal violation of OPT_6 <= 2 eps), SMO_MAX_STEPS, or SMO_STALLED (the
+    line search along the maximal violating pair gives t = 0: rounding level).
+    After a step q_l(t) comes from the quadratic-in-t formula, so the new eta is known before z is
+    touched and the z update and the new gradient share one sweep; q is recomputed exactly from z
+    every REFRESH_EVERY steps.
+    """
+    p, n = Z.shape
+    gammas = np.empty(p)
+    eta = np.empty(p)
+    g = np.empty(n)
+    delta = np.empty(p)
+    curv = np.empty(p)
+    w = (d / a) ** 2
+    _weights_and_gradient(Z, y, q, d, a, w, gammas, eta, g)
+    steps = 0
+    while True:
+        i, j, violation = violating_pair(g, y, alpha, C)
+        if i < 0 or j < 0 or violation <= 2.0 * eps:
+            return steps, violation, SMO_CONVERGED
+        if steps >= max_steps:
+            return steps, violation, SMO_MAX_STEPS
+        # alpha_i -= y_i t (i in the low set may move that way), alpha_j += y_j t
+        t_i = alpha[i] if y[i] > 0.0 else C - alpha[i]
+        t_j = C - alpha[j] if y[j] > 0.0 else alpha[j]
+        t_max = min(t_i, t_j)
+        for l in range(p):
+            delta[l] = Z[l, j] - Z[l, i]
+            curv[l] = K[l, i, i] + K[l, j, j] - 2.0 * K[l, i, j]
+        t = line_search(q, delta, curv, d, a, y[i] - y[j], t_max)
+        steps += 1
+        if t <= 0.0:
+            return steps, violation, SMO_STALLED
+        alpha[i] -= y[i] * t
+        alpha[j] += y[j] * t
+        if t == t_i:  # land exactly on the bound that limited the step
+            alpha[i] = 0.0 if y[i] > 0.0 else C
+        if t == t_j:
+            alpha[j] = C if y[j] > 0.0 else 0.0
+        alpha[i] = min(max(alpha[i], 0.0), C)
+        alpha[j] = min(max(alpha[j], 0.0), C)
+        for l in range(p):
+            q[l] = q[l] + t * (2.0 * delta[l] + t * curv[l])
+        kernel_gammas(q, d, gammas)
+        my_weights(gammas, my_gamma(gammas, w), a, eta)
+        for k in range(n):
+            g[k] = -y[k]
+        for l in range(p):
+            e = eta[l]
+            Ki = K[l, i]
+            Kj = K[l, j]
+            Zl = Z[l]
+            for k in range(n):
+                Zl[k] += t * (Kj[k] - Ki[k])
+                g[k] += e * Zl[k]
+        if steps % REFRESH_EVERY == 0:
+            _exact_forms(Z, y, alpha, q)
+            _weights_and_gradient(Z, y, q, d, a, w, gammas, eta, g)
+
+
+@njit(cache=True)
+def refresh_cache(K, y, alpha, Z, q):
+    """Recompute z_l = K_l D(y) alpha and q_l = alpha^T D(y) K_l D(y) alpha exactly."""
+    p, n = Z.shape
+    v = y * alpha
+    for l in range(p):
+        acc = 0.0
+        for i in range(n):
+            s = 0.0
+            for k in range(n):
+                s += K[l, i, k] * v[k]
+            Z[l, i] = s
+            acc += v[i] * s
+        q[l] = acc

@@ -1,0 +1,257 @@
+"""Elastic-net constrained MKL (Citi), out of core over an engine.
+
+Problem (1)-(2) of the paper, hinge loss, y in {-1, +1}:
+
+    min_{theta in Theta, b, f_k}  (1/2) sum_k ||f_k||^2 / theta_k + C sum_l max(0, 1 - y_l (sum_k f_k(x_l) - b))
+    Theta = {theta >= 0 : eta ||theta||_1 + (1 - eta) ||theta||_2^2 <= 1},  eta in [0, 1]   (0/0 = 0)
+
+eta = 1 is the squared block-1 (L1) MKL, the same problem as SMO-MKL's (P) with d_j = 1; eta = 0 is the
+squared-L2 ball.
+
+Algorithm 1 (block coordinate descent, §2.2-2.3), with the errata of NOTES-citi.md applied:
+  theta <- 1 / s(1)
+  repeat
+    SVM on G = sum_k theta_k G_k (scikit-learn SVC, precomputed) -> alpha, b
+    u_k = (alpha o y)^T G_k (alpha o y) for ALL k                     (7)   one engine pass
+    O_up  = 1^T alpha - (1/2) u^T theta                               (8)   [FIX: the printed
+    O_low = 1^T alpha - (1/2) u^T theta_chk, theta_chk = SolveElNetLP(u)      Algorithm 1 drops the 1/2]
+    stop if O_up / O_low - 1 < tol
+    beta = theta o theta o u;  theta <- SolveElNetWSR(beta, theta)      (3)-(4)
+Algorithm 2 (WSR, §3.2): x <- sqrt(beta / grad s(x)) (13a) with s the rescaling norm (10); for eta < 0.25
+  (13a) is alternated with x <- (x beta / grad s(x))^(1/3) (21) (§3.5); stop when s/g - 1 < eps_WSR (20),
+  tested only after a (13a) step (the bound g^2 <= h(x*) behind (20) holds for (13a) images).
+Algorithm 3 (LP, §4.1): max u^T theta over Theta; eta = 1 -> e_argmax(u); else the pruning iteration
+  with radius r = sqrt(|Zbar| d^2 + 2d + 1), d = eta / (2 - 2 eta) [FIX: printed |Z|; the face
+  theta_Z = 0 of the ball (26) has |Zbar| free coordinates].
+
+Costs per outer iteration: one ``engine.combine(theta)`` (every kernel, since theta > 0), one SVM,
+one ``quad_forms(alpha o y)`` pass for all u_k; WSR and LP are O(M).
+
+Weights never reach exactly zero (theta stays strictly positive from a positive start, §2.2), so
+``weights`` is dense; the number of "selected kernels" (theta_k > selection_threshold * max theta) is
+reported per iteration in ``history[i]["n_selected"]``. ``gap`` is the paper's relative gap
+O_up / O_low - 1 (inf while O_low <= 0); ``objective`` is the primal (1) evaluated at the returned model,
+which equals O_up when the SVM is solved exactly. The returned theta is always the one the SVM was
+solved with (the last WSR update is skipped when max_iter or max_seconds ends the run). The model is
+f = sum_k theta_k G_k (alpha o y) + bias with bias = -b of (1) (libsvm's intercept).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from mklscale.errors import InvalidInputError
+from mklscale.solvers._threads import single_blas_thread_for_small_n
+from mklscale.solvers import _svm
+from mklscale.solvers import _validation as check
+from mklscale.solvers.result import MKLResult
+
+#: Below this eta, update (21) is alternated with (13a) (§3.5).
+ALTERNATE_BELOW_ETA = 0.25
+
+
+# ---------------------------------------------------------------------------------- §3: WSR
+
+def rescaling_norm(x: np.ndarray, eta: float) -> float:
+    """s(x) = (eta/2) ||x||_1 + sqrt((eta^2/4) ||x||_1^2 + (1 - eta) ||x||_2^2)  (10), x >= 0."""
+    n1 = float(np.sum(x))
+    return 0.5 * eta * n1 + float(np.sqrt((0.5 * eta * n1) ** 2 + (1.0 - eta) * float(np.dot(x, x))))
+
+
+def _grad_rescaling_norm(x: np.ndarray, eta: float) -> np.ndarray:
+    """q = grad s(x) = eta/2 + ((eta/2)^2 ||x||_1 + (1 - eta) x) / r  (13b), r the square root in (10)."""
+    n1 = float(np.sum(x))
+    r = float(np.sqrt((0.5 * eta * n1) ** 2 + (1.0 - eta) * float(np.dot(x, x))))
+    return 0.5 * eta + ((0.5 * eta) ** 2 * n1 + (1.0 - eta) * x) / r
+
+
+def solve_wsr(beta, theta0, eta: float, tol: float = 1e-8, max_iter: int = 1000) -> tuple[np.ndarray, int]:
+    """Algorithm 2: argmin_{theta in Theta} sum_k beta_k / theta_k for beta >= 0, from theta0 > 0.
+
+    Kernels with beta_k = 0 (f_k = 0, e.g. underflow) get theta_k = 0 and are left out of g.
+    Returns (theta, iterations) with theta on the boundary of Theta (eta ||theta||_1 +
+    (1 - eta) ||theta||_2^2 = 1).
+    """
+    beta = np.asarray(beta, dtype=np.float64)
+    x = np.where(beta > 0.0, np.asarray(theta0, dtype=np.float64), 0.0)
+    pos = beta > 0.0
+    if not np.any(pos):
+        raise InvalidInputError("every kernel has ||f_k|| = 0 (all u_k = 0): the kernels are zero on the "
+                                "support vectors; check the bank")
+    if np.any(x[pos] <= 0.0):
+        x[pos] = 1.0  # (13a) only needs x > 0 on the support of beta
+    alternate = eta < ALTERNATE_BELOW_ETA
+    last_was_13a = False
+    iterations = 0
+    for m in range(1, max_iter + 1):
+        iterations = m
+        s = rescaling_norm(x, eta)
+        g = float(np.sum(beta[pos] / x[pos]))
+        if m > 1 and last_was_13a and s / g - 1.0 < tol:
+            break
+        q = _grad_rescaling_norm(x, eta)
+        if alternate and m % 2 == 1:
+            x[pos] = np.cbrt(x[pos] * beta[pos] / q[pos])      # (21)
+            last_was_13a = False
+        else:
+            x[pos] = np.sqrt(beta[pos] / q[pos])               # (13a)
+            last_was_13a = True
+    return x / rescaling_norm(x, eta), iterations
+
+
+# ----------------------------------------------------------------------------------- §4: LP
+
+def solve_lp(u, eta: float) -> np.ndarray:
+    """Algorithm 3: argmax_{theta in Theta} u^T theta for u >= 0, u != 0 (exact, at most M rounds)."""
+    u = np.asarray(u, dtype=np.float64)
+    if not np.any(u > 0.0):
+        raise InvalidInputError("the elastic-net LP needs some u_k > 0; every kernel gives u_k = 0")
+    if eta == 1.0:
+        theta = np.zeros(u.size)
+        theta[int(np.argmax(u))] = 1.0
+        return theta
+    d = eta / (2.0 - 2.0 * eta)
+    free = np.ones(u.size, dtype=bool)       # Zbar
+    theta = np.zeros(u.size)
+    while True:
+        radius = np.sqrt(np.count_nonzero(free) * d * d + 2.0 * d + 1.0)   # [FIX] |Zbar|
+        theta[:] = 0.0
+        theta[free] = radius * u[free] / np.linalg.norm(u[free]) - d
+        negative = theta < 0.0
+        if not np.any(negative):
+            return theta
+        theta[negative] = 0.0
+        free &= ~negative
+
+
+def constraint_value(theta, eta: float) -> float:
+    """eta ||theta||_1 + (1 - eta) ||theta||_2^2 (<= 1 on Theta)."""
+    theta = np.asarray(theta, dtype=np.float64)
+    return float(eta * np.sum(theta) + (1.0 - eta) * np.dot(theta, theta))
+
+
+# ----------------------------------------------------------------------------- Algorithm 1
+
+def primal_objective(theta, u, y, C: float, f: np.ndarray) -> float:
+    """(1) at f_k = theta_k G_k (alpha o y): (1/2) sum_k theta_k u_k + C sum_l hinge(y_l, f_l), f the
+    decision values sum_k f_k + intercept (||f_k||^2 / theta_k = theta_k u_k)."""
+    return 0.5 * float(np.dot(theta, u)) + C * _svm.hinge_sum(y, f)
+
+
+@single_blas_thread_for_small_n
+def fit(engine, y, C, eta, tol: float = 1e-4, max_iter: int = 200, wsr_tol: float = 1e-10,
+        wsr_max_iter: int = 10_000, svm_tol: float = 1e-6, selection_threshold: float = 1e-3,
+        max_seconds: float | None = None, seed: int = 0, verbose: bool = False) -> MKLResult:
+    """Solve the elastic-net constrained MKL problem (1)-(2) by Algorithm 1 (see the module docstring).
+
+    Parameters
+    ----------
+    engine : mklscale engine (n, M, lambda_max, quad_forms, blocks, stats; combine if available).
+    y : (n,) labels in {-1, +1}, both present.
+    C : SVM constant > 0.
+    eta : elastic-net mix in [0, 1] (1: L1 / simplex, 0: squared L2 ball).
+    tol : eps_MKL, stop when the relative gap O_up / O_low - 1 < tol.
+    max_iter : outer iterations.
+    wsr_tol, wsr_max_iter : eps_WSR and the iteration limit of Algorithm 2.
+    svm_tol : libsvm stopping tolerance of the inner SVM.
+    selection_threshold : theta_k > selection_threshold * max(theta) counts as "selected".
+    max_seconds : optional wall-time budget; the run ends (not converged) after the outer iteration
+        that exceeds it, returning the model of that iteration.
+    seed : seed of the PSD probe vectors of the first pass.
+
+    Returns
+    -------
+    MKLResult with weights theta (dense: the method gives no exact zeros), dual_coef alpha o y and
+    bias b such that f = sum_k theta_k K_k (alpha o y) + b; history per outer iteration with primal,
+    upper (O_up), dual (O_low), gap, n_active, n_selected, passes, bytes_read, seconds, wsr_iterations,
+    svm_converged.
+    """
+    n, M, lambda_max = _svm.check_engine(engine)
+    y = check.check_targets(y, n, classification=True, loss_name="hinge")
+    C = check.check_positive("C", C)
+    eta = _check_eta(eta)
+    tol = check.check_positive("tol", tol)
+    max_iter = check.check_count("max_iter", max_iter)
+    wsr_tol = check.check_positive("wsr_tol", wsr_tol)
+    wsr_max_iter = check.check_count("wsr_max_iter", wsr_max_iter)
+    svm_tol = check.check_positive("svm_tol", svm_tol)
+    selection_threshold = check.check_positive("selection_threshold", selection_threshold, allow_zero=True)
+    max_seconds = None if max_seconds is None else check.check_positive("max_seconds", max_seconds)
+    params = {"C": C, "eta": eta, "tol": tol, "max_iter": max_iter, "wsr_tol": wsr_tol,
+              "wsr_max_iter": wsr_max_iter, "svm_tol": svm_tol, "selection_threshold": selection_threshold,
+              "max_seconds": max_seconds, "seed": seed}
+
+    theta = np.ones(M) / rescaling_norm(np.ones(M), eta)
+    probes = _svm.probe_vectors(n, seed)
+    history: list[dict] = []
+    converged = False
+    t_start = time.perf_counter()
+    passes0, bytes0 = _stats(engine)
+    for iteration in range(1, max_iter + 1):
+        t0 = time.perf_counter()
+        p0, b0 = _stats(engine)
+        K = _svm.combine(engine, theta)
+        alpha, v, intercept, svm_ok = _svm.fit_svc(K, y, C, svm_tol)
+        f = K @ v + intercept
+        del K
+        u = _all_quad_forms(engine, v, probes if iteration == 1 else None, lambda_max)
+        upper = float(np.sum(alpha)) - 0.5 * float(np.dot(u, theta))
+        lower = float(np.sum(alpha)) - 0.5 * float(np.dot(u, solve_lp(u, eta)))
+        gap = upper / lower - 1.0 if lower > 0.0 else np.inf
+        primal = primal_objective(theta, u, y, C, f)
+        stop = gap < tol
+        last = iteration == max_iter or (max_seconds is not None and time.perf_counter() - t_start > max_seconds)
+        wsr_iterations = 0
+        if not stop and not last:
+            new_theta, wsr_iterations = solve_wsr(theta * theta * u, theta, eta, wsr_tol, wsr_max_iter)
+        p1, b1 = _stats(engine)
+        history.append({
+            "iteration": iteration, "primal": primal, "upper": upper, "dual": lower, "gap": gap,
+            "n_active": int(np.count_nonzero(theta)),
+            "n_selected": int(np.count_nonzero(theta > selection_threshold * np.max(theta))),
+            "passes": p1 - p0, "bytes_read": b1 - b0, "seconds": time.perf_counter() - t0,
+            "wsr_iterations": wsr_iterations, "svm_converged": svm_ok,
+        })
+        if verbose:
+            print(f"[citi] it {iteration:3d}  O_up {upper:.8g}  O_low {lower:.8g}  gap {gap:.3e}  "
+                  f"selected {history[-1]['n_selected']}/{M}")
+        if stop:
+            converged = True
+            break
+        if last:
+            break
+        theta = new_theta
+    passes1, bytes1 = _stats(engine)
+    status = "converged" if converged else ("max_iter" if len(history) == max_iter else "max_seconds")
+    params.update({"status": status, "iterations": len(history), "n_selected": history[-1]["n_selected"],
+                   "passes": passes1 - passes0, "bytes_read": bytes1 - bytes0,
+                   "seconds": time.perf_counter() - t_start, "upper": upper, "lower": lower})
+    return MKLResult(weights=theta, dual_coef=v, bias=intercept, active=np.flatnonzero(theta),
+                     objective=primal, gap=gap, history=history, converged=converged,
+                     solver="citi_elasticnet", params=params)
+
+
+def _check_eta(eta) -> float:
+    try:
+        eta = float(eta)
+    except (TypeError, ValueError):
+        raise InvalidInputError(f"eta must be a number in [0, 1]; got {eta!r}") from None
+    if not (0.0 <= eta <= 1.0):
+        raise InvalidInputError(f"eta must lie in [0, 1] (1: L1 constraint, 0: squared L2 ball); got {eta}")
+    return eta
+
+
+def _all_quad_forms(engine, v: np.ndarray, probes, lambda_max: np.ndarray) -> np.ndarray:
+    """u_k = v^T K_k v for all kernels in ONE pass (with the PSD probes on the first call), checked."""
+    U = v if probes is None else np.vstack([v, probes])
+    values = np.asarray(engine.quad_forms(U), dtype=np.float64)
+    _svm.check_quad_forms(values, U, lambda_max)
+    values = values.reshape(values.shape[0], -1)
+    return np.maximum(values[:, 0], 0.0)
+
+
+def _stats(engine) -> tuple[int, int]:
+    s = engine.stats
+    return int(s.get("passes", 0)), int(s.get("bytes_read", 0))

@@ -1,0 +1,391 @@
+"""SMO-MKL (Bach, Lanckriet & Jordan 2004): the support kernel machine by SMO on its Moreau-Yosida
+regularisation, with continuation, out of core over an engine.
+
+Problem (P) (§2.2), y in {-1, +1}, d_j > 0 (1 by default):
+
+    min_{w, b, xi >= 0} (1/2) (sum_j d_j ||w_j||)^2 + C sum_i xi_i   s.t.  y_i (sum_j <w_j, phi_j(x_i)> + b) >= 1 - xi_i
+
+Its dual (D_K): min (1/2) gamma^2 - e^T alpha s.t. 0 <= alpha <= C, y^T alpha = 0,
+q_j(alpha) = alpha^T D(y) K_j D(y) alpha <= gamma^2 d_j^2, so for every feasible alpha
+    D(alpha) = e^T alpha - (1/2) max_j q_j / d_j^2  <=  optimum of (P)   (weak duality).
+It is the QCQP (L) of Lanckriet et al. with tr K_j / c = d_j^2 (note: d_j^2, not d_j), and
+optimum(P) = -optimum(L) / 2. With d_j = 1 it is also Citi's elastic-net MKL with eta = 1.
+
+MY-regularised SKM (R) (§4): (P) + (1/2) sum_j a_j^2 ||w_j||^2; its dual is min G(alpha) on the same
+box and hyperplane, G differentiable (Appendix C; computed in ``_smo_kernels``), solved by SMO
+(§4.2): maximal violating pair on OPT_6 (index sets I_M u I_0- u I_C+ / I_M u I_0+ u I_C-, as
+corrected in NOTES-pfbs-smo.md), line search by Brent's method on the root of the derivative along
+the pair (the paper: "one-dimensional root finding, such as Brent's method"), q_l(t) quadratic in t
+from the cached z_l = K_l D(y) alpha. The SMO loop is compiled with numba.
+
+Continuation (§4.4):
+  kappa = 1: the plain SVM on sum_j K_j / d_j^2 (libsvm via scikit-learn, to eps2/2)
+  repeat: kappa <- mu kappa; SMO on (R)(kappa) to eps2/2 from the previous alpha; weights
+          w = scale * eta~(alpha) (Appendix C) with sum_j d_j^2 w_j = 1;
+          stop when (OPT_3) holds with w (no LP solve):
+            (a) every kernel with w_j > 0 is eps1-active: max_k q_k/d_k^2 - q_j/d_j^2 <= 2 eps1,
+            (b) (OPT_4) max_{I_M u I_0- u I_C+} g_i <= min_{I_M u I_0+ u I_C-} g_i + 2 eps2,
+                g = K(w) D(y) alpha - y, K(w) = sum_j w_j K_j,
+          and, when ``tol`` is given, the relative duality gap (P(w, alpha, b) - D(alpha)) / P <= tol
+          (an addition to the paper: (OPT_3) bounds KKT residuals, not the objective; when (OPT_3)
+          holds but the gap does not, the SMO precision is tightened by mu along with kappa, since
+          the gap is then limited by eps2 / 2 as much as by kappa).
+  Stage parameters, ``continuation``:
+    "target" (default): a_j = kappa d_j, d_j fixed; scale = 1. Every stage is the MY regularisation
+        of the target (P) itself, so Theorem 1's errors are O(kappa^2) (eps1 ~ 2 n C kappa^2,
+        eps2 ~ eps + C kappa^2 max_j M_j / d_j^2).
+    "paper": a_j = kappa d_j, d_j(kappa) = (1 - kappa) d_j (the paper's a = kappa, d = 1 - kappa);
+        scale = (1 - kappa)^2. Stage kappa is then the MY regularisation of (P) with C / (1 - kappa)^2,
+        an O(kappa) bias: (OPT_4) for the target decreases only like 4 kappa, and since SMO steps grow
+        like ~1/kappa^2 the run stalls before eps2 = 1e-4 (measured: n = 120, 6 kernels, opt4 = 1.6e-2
+        at kappa = 3.9e-3 and 120 000 steps per stage, where "target" met (OPT_3) at kappa = 7.8e-3).
+
+Final weights: w (exact zeros outside the support of eta~); dual_coef = D(y) alpha; bias = the exact
+minimiser of the hinge sum for f0 = K(w) D(y) alpha (it can only lower the primal value).
+
+Out of core: SMO runs on a working set W of kernels held as dense blocks (``engine.blocks``).
+After the kappa = 1 stage one pass gives q_j for all kernels; W starts as the kernels with the
+largest q_j / d_j^2, all of them when they fit (``max_working_set``, by default what fits in 2 GiB
+of float64 blocks). A kernel of W whose eta_j stayed 0 for ``drop_after`` successive stages is
+dropped. When (OPT_3) holds on W, ONE pass over all kernels (quad_forms of D(y) alpha) certifies the
+dropped ones: j outside W is a violator if gamma_j = sqrt(q_j) / d_j(kappa) > gamma(alpha) (it
+would get eta_j > 0). Without violators the solution on W is the MY solution over all M kernels,
+so (OPT_3) and the duality gap hold over all M kernels; otherwise the violators join W (even beyond
+``max_working_set``, which is a target) and the continuation restarts at kappa = mu from the
+current alpha (at small kappa SMO needs very many steps to move the newcomers' gamma_j). The same
+check also runs once earlier, at the first stage where (a) holds on W (the support has settled,
+kappa is still large, so a kernel dropped too early comes back cheaply): with no violators a run
+makes 3 passes after the kappa = 1 SVM (the first, this early check, the final certification).
+
+Quantities reported: ``objective`` = P(w, alpha, b) (primal (P) at the returned model,
+||w_j|| = w_j sqrt(q_j)); ``gap`` = (P - D) / |P| with D over all kernels; history per kappa stage.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from mklscale.errors import InvalidInputError
+from mklscale.solvers._threads import single_blas_thread_for_small_n
+from mklscale.solvers import _smo_kernels as kern
+from mklscale.solvers import _svm
+from mklscale.solvers import _validation as check
+from mklscale.solvers.result import MKLResult
+
+#: eps1 / n of the paper's experiments (§4.4).
+EPS1_PER_SAMPLE = 5e-4
+
+
+#: Continuation schedules (see the module docstring).
+CONTINUATIONS = ("target", "paper")
+#: Default byte budget of the kernels held in the working set.
+WORKING_SET_BYTES = 2 * 2**30
+
+
+@single_blas_thread_for_small_n
+def fit(engine, y, C, eps1: float | None = None, eps2: float = 1e-4, mu: float = 0.5, d=None,
+        tol: float | None = None, continuation: str = "target", kappa_min: float = 1e-5,
+        max_stages: int = 60, max_steps: int | None = None, max_working_set: int | None = None,
+        drop_after: int = 2, seed: int = 0, verbose: bool = False) -> MKLResult:
+    """Solve the support kernel machine (P) by SMO-MKL (see the module docstring).
+
+    Parameters
+    ----------
+    engine : mklscale engine (n, M, lambda_max, quad_forms, blocks, stats; combine if available).
+    y : (n,) labels in {-1, +1}, both present.
+    C : SVM constant > 0.
+    eps1 : eps1 of (OPT_3) (absolute); None gives the paper's 5e-4 n.
+    eps2 : eps2 of (OPT_3)/(OPT_4); each SMO stage is solved to eps2 / 2.
+    mu : kappa <- mu kappa between stages, in (0, 1).
+    d : (M,) positive per-kernel weights d_j of (P) (None: all 1).
+    tol : optional relative duality gap required in addition to (OPT_3) (None: the paper's test only).
+    continuation : "target" (a_j = kappa d_j, d_j fixed) or "paper" (a_j = kappa d_j,
+        d_j(kappa) = (1 - kappa) d_j); see the module docstring.
+    kappa_min : stop (not converged) below this kappa (eta = (1 - gamma/gamma_j)/a_j^2 loses about
+        log10(1/kappa^2) digits).
+    max_stages : limit on SMO stages (kappa halvings plus re-solves after re-adding kernels).
+    max_steps : SMO steps per stage (None: 1000 n); a stage that hits it ends the run (not converged)
+        and the model of the last stage whose SMO converged is returned (certified over all kernels).
+    max_working_set : most kernels held at once (None: as many as fit in 2 GiB of float64 blocks).
+    drop_after : drop a kernel of the working set after this many successive stages with eta_j = 0.
+    seed : seed of the PSD probe vectors of the first pass.
+
+    Returns
+    -------
+    MKLResult: weights w (sum_j d_j^2 w_j = 1, exact zeros out of the model), dual_coef D(y) alpha,
+    bias b, f = sum_j w_j K_j D(y) alpha + b; history per stage (kappa, primal, dual, gap, n_active,
+    n_working, smo_steps, smo_eps, violation, smo_converged, opt4, eps1_excess, n_violators, passes,
+    bytes_read, seconds); params["status"] is "converged", "max_steps" / "stalled" (an SMO stage did
+    not reach its precision), "kappa_min" or "max_stages".
+    """
+    n, M, lambda_max = _svm.check_engine(engine)
+    y = check.check_targets(y, n, classification=True, loss_name="hinge")
+    C = check.check_positive("C", C)
+    eps1 = EPS1_PER_SAMPLE * n if eps1 is None else check.check_positive("eps1", eps1)
+    eps2 = check.check_positive("eps2", eps2)
+    mu = check.check_positive("mu", mu)
+    if not mu < 1.0:
+        raise InvalidInputError(f"mu must lie in (0, 1) (kappa <- mu kappa); got {mu}")
+    d = _check_d(d, M)
+    tol = None if tol is None else check.check_positive("tol", tol)
+    continuation = check.check_choice("continuation", continuation, CONTINUATIONS)
+    kappa_min = check.check_positive("kappa_min", kappa_min)
+    max_stages = check.check_count("max_stages", max_stages)
+    max_steps = 1000 * n if max_steps is None else check.check_count("max_steps", max_steps)
+    if max_working_set is None:
+        max_working_set = int(min(M, max(1, WORKING_SET_BYTES // (8 * n * n))))
+    max_working_set = check.check_count("max_working_set", max_working_set)
+    drop_after = check.check_count("drop_after", drop_after)
+    params = {"C": C, "eps1": eps1, "eps2": eps2, "mu": mu, "d": d, "tol": tol, "continuation": continuation,
+              "kappa_min": kappa_min, "max_stages": max_stages, "max_steps": max_steps,
+              "max_working_set": max_working_set, "drop_after": drop_after, "seed": seed}
+    solver = _SMO(engine, y, C, d, lambda_max, eps1, eps2, mu, tol, continuation, kappa_min, max_stages,
+                  max_steps, max_working_set, drop_after, seed, verbose)
+    return solver.run(params)
+
+
+def _check_d(d, M: int) -> np.ndarray:
+    if d is None:
+        return np.ones(M)
+    try:
+        d = np.asarray(d, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        raise InvalidInputError("d must be an array of M positive numbers") from None
+    if d.size != M or not np.all(np.isfinite(d)) or np.any(d <= 0.0):
+        raise InvalidInputError(f"d must hold M = {M} finite positive numbers (one d_j per kernel); got "
+                                f"{d.size} values, min {np.min(d) if d.size else 'n/a'}")
+    return d
+
+
+def dual_value(alpha: np.ndarray, q: np.ndarray, d: np.ndarray) -> float:
+    """D(alpha) = e^T alpha - (1/2) max_j q_j / d_j^2 (a lower bound on (P) for feasible alpha)."""
+    return float(np.sum(alpha)) - 0.5 * float(np.max(q / (d * d)))
+
+
+def primal_value(weights: np.ndarray, q: np.ndarray, d: np.ndarray, y: np.ndarray, C: float,
+                 f: np.ndarray) -> float:
+    """(P) at w_j = weights_j phi_j^T D(y) alpha: (1/2)(sum_j d_j weights_j sqrt(q_j))^2 + C hinge(f)."""
+    block = float(np.sum(d * weights * np.sqrt(np.maximum(q, 0.0))))
+    return 0.5 * block * block + C * _svm.hinge_sum(y, f)
+
+
+def stage_parameters(d: np.ndarray, kappa: float, continuation: str):
+    """(d(kappa), a(kappa), scale) of the MY stage kappa; scale maps eta~ to target weights."""
+    if continuation == "paper":
+        return (1.0 - kappa) * d, kappa * d, (1.0 - kappa) ** 2
+    return d, kappa * d, 1.0
+
+
+def skm_weights(q: np.ndarray, d: np.ndarray, kappa: float, continuation: str):
+    """(eta, w, gamma) at stage kappa from the quadratic forms q of the working set: eta of
+    Appendix C and the target weights w = scale * eta~ (sum_j d_j^2 w_j = 1)."""
+    dk, ak, scale = stage_parameters(d, kappa, continuation)
+    gammas = np.empty(q.size)
+    kern.kernel_gammas(q, dk, gammas)
+    gamma = kern.my_gamma(gammas, (dk / ak) ** 2)
+    eta = np.empty(q.size)
+    kern.my_weights(gammas, gamma, ak, eta)
+    eta_tilde = np.where(eta > 0.0, eta / np.maximum(1.0 - ak * ak * eta, 1e-300), 0.0)
+    return eta, scale * eta_tilde, gamma
+
+
+class _SMO:
+    def __init__(self, engine, y, C, d, lambda_max, eps1, eps2, mu, tol, continuation, kappa_min,
+                 max_stages, max_steps, max_working_set, drop_after, seed, verbose):
+        self.engine, self.y, self.C, self.d, self.lambda_max = engine, y, C, d, lambda_max
+        self.eps1, self.eps2, self.mu, self.tol = eps1, eps2, mu, tol
+        self.continuation, self.kappa_min = continuation, kappa_min
+        self.max_stages, self.max_steps, self.max_working_set = max_stages, max_steps, max_working_set
+        self.drop_after, self.seed, self.verbose = drop_after, seed, verbose
+        self.n, self.M = y.size, d.size
+        self.history: list[dict] = []
+
+    # ---- engine access --------------------------------------------------------------------------
+    def _stats(self) -> tuple[int, int]:
+        s = self.engine.stats
+        return int(s.get("passes", 0)), int(s.get("bytes_read", 0))
+
+    def _full_pass(self, alpha: np.ndarray, with_probes: bool) -> np.ndarray:
+        """q_j = alpha^T D(y) K_j D(y) alpha for ALL kernels in one pass (checked for PSD)."""
+        v = self.y * alpha
+        U = np.vstack([v, _svm.probe_vectors(self.n, self.seed)]) if with_probes else v
+        values = np.asarray(self.engine.quad_forms(U), dtype=np.float64)
+        _svm.check_quad_forms(values, U, self.lambda_max)
+        return np.maximum(values.reshape(self.M, -1)[:, 0], 0.0)
+
+    def _load(self, kernels: np.ndarray, alpha: np.ndarray):
+        """Blocks of ``kernels`` and their caches z_l = K_l D(y) alpha, q_l."""
+        K = np.ascontiguousarray(self.engine.blocks(kernels), dtype=np.float64)
+        Z = np.empty((kernels.size, self.n))
+        q = np.empty(kernels.size)
+        kern.refresh_cache(K, self.y, alpha, Z, q)
+        _svm.check_quad_forms(q, self.y * alpha, self.lambda_max, kernels)
+        return K, Z, q
+
+    # ---- checks ---------------------------------------------------------------------------------
+    def _stage_test(self, alpha, Z, q, d, w):
+        """(opt4 violation, eps1 excess, f0): (OPT_4) left minus right side (<= 2 eps2 required) and
+        max_k q_k/d_k^2 - min_{w_j > 0} q_j/d_j^2 - 2 eps1 (<= 0 required), over the kernels given."""
+        g = np.empty(self.n)
+        kern.scaled_gradient(Z, self.y, w, g)
+        _, _, opt4 = kern.violating_pair(g, self.y, alpha, self.C)
+        f0 = g + self.y  # K(w) D(y) alpha
+        scaled = q / (d * d)
+        support = w > 0.0
+        excess = float(np.max(scaled) - np.min(scaled[support])) - 2.0 * self.eps1 if np.any(support) else np.inf
+        return float(opt4), excess, f0
+
+    def _evaluate(self, alpha, q, d, w, f0):
+        """(primal, dual, gap, bias) over the kernels given."""
+        bias = _svm.optimal_bias(f0, self.y)
+        primal = primal_value(w, q, d, self.y, self.C, f0 + bias)
+        dual = dual_value(alpha, q, d)
+        return primal, dual, (primal - dual) / max(abs(primal), 1e-300), bias
+
+    # ---- main loop ------------------------------------------------------------------------------
+    def run(self, params: dict) -> MKLResult:
+        t_start = time.perf_counter()
+        passes0, bytes0 = self._stats()
+        y, C, d = self.y, self.C, self.d
+
+        # kappa = 1: the SVM on sum_j K_j / d_j^2, to eps2 / 2 (libsvm tol = 2 (eps2 / 2))
+        t0, p0 = time.perf_counter(), self._stats()
+        K_sum = _svm.combine(self.engine, 1.0 / (d * d))
+        alpha, _, _, svm_ok = _svm.fit_svc(K_sum, y, C, self.eps2)
+        del K_sum
+        q_all = self._full_pass(alpha, with_probes=True)
+        self._record(1.0, alpha, q_all, d, None, None, self.M, 0, np.nan, svm_ok, t0, p0)
+
+        # the working set: the kernels with the largest q_j / d_j^2, all of them when they fit
+        W = np.sort(np.argsort(-(q_all / (d * d)), kind="stable")[: self.max_working_set])
+        K, Z, q = self._load(W, alpha)
+        zero_streak = np.zeros(W.size, dtype=np.int64)
+        kappa = self.mu
+        smo_eps = 0.5 * self.eps2
+        early_checked = False
+        status = "max_stages"
+        final = None
+        for _ in range(self.max_stages):
+            if kappa < self.kappa_min:
+                status = "kappa_min"
+                break
+            t0, p0 = time.perf_counter(), self._stats()
+            dW = d[W]
+            dk, ak, _ = stage_parameters(dW, kappa, self.continuation)
+            steps, violation, code = kern.smo_solve(K, y, alpha, Z, q, dk, ak, C, smo_eps, self.max_steps)
+            kern.refresh_cache(K, y, alpha, Z, q)
+            smo_ok = code == kern.SMO_CONVERGED
+            eta, w, _ = skm_weights(q, dW, kappa, self.continuation)
+            opt4, excess, f0 = self._stage_test(alpha, Z, q, dW, w)
+            primal, dual, gap, _ = self._evaluate(alpha, q, dW, w, f0)
+            paper_test = smo_ok and opt4 <= 2.0 * self.eps2 and excess <= 0.0
+            if smo_ok or final is None:  # a stage that failed is not kept when an earlier one converged
+                final = (alpha.copy(), W.copy(), w, f0, kappa)
+            violators = np.zeros(0, dtype=np.int64)
+            certified = False
+            early = smo_ok and excess <= 0.0 and not early_checked
+            if paper_test or early:  # certify the kernels outside W with ONE pass over the bank
+                early_checked = True
+                q_all = self._full_pass(alpha, with_probes=False)
+                violators = self._violators(q_all, W, kappa, q, dW)
+                # without violators D, P and (OPT_3) over all kernels equal those on W
+                certified = paper_test and violators.size == 0
+            self._record(kappa, alpha, q, dW, w, (opt4, excess, primal, dual, gap), W.size, steps,
+                         violation, smo_ok, t0, p0, n_violators=int(violators.size), smo_eps=smo_eps)
+            if certified and (self.tol is None or gap <= self.tol):
+                status = "converged"
+                break
+            if not smo_ok:
+                status = kern.SMO_STATUS[code]
+                break
+            if violators.size:
+                # restart the continuation: at small kappa SMO moves a newcomer's gamma_j very slowly
+                K, Z, q, W, zero_streak = self._add(K, Z, q, W, zero_streak, violators, alpha)
+                kappa, smo_eps = self.mu, 0.5 * self.eps2
+                continue
+            zero_streak = np.where(eta > 0.0, 0, zero_streak + 1)
+            K, Z, q, W, zero_streak = self._drop(K, Z, q, W, zero_streak)
+            kappa *= self.mu
+            if certified:  # only the gap is missing: it is limited by the SMO precision as well
+                smo_eps *= self.mu
+
+        weights = np.zeros(self.M)
+        if final is None:  # no MY stage ran: the SVM on the sum of kernels, weights 1/(M d_j^2)
+            K_sum = _svm.combine(self.engine, 1.0 / (d * d))
+            f0 = K_sum @ (y * alpha) / self.M
+            weights[:] = 1.0 / (self.M * d * d)
+            kappa = 1.0
+        else:
+            alpha, W_final, w, f0, kappa = final
+            weights[W_final] = w
+        if status != "converged":  # certify the returned model over all kernels (one pass)
+            q_all = self._full_pass(alpha, with_probes=False)
+        bias = _svm.optimal_bias(f0, y)
+        primal = primal_value(weights, q_all, d, y, C, f0 + bias)
+        dual = dual_value(alpha, q_all, d)
+        gap = (primal - dual) / max(abs(primal), 1e-300)
+        passes1, bytes1 = self._stats()
+        params = dict(params, kappa=kappa, stages=len(self.history) - 1, status=status,
+                      passes=passes1 - passes0, bytes_read=bytes1 - bytes0,
+                      seconds=time.perf_counter() - t_start, dual=dual, n_working=int(W.size))
+        return MKLResult(weights=weights, dual_coef=y * alpha, bias=bias, active=np.flatnonzero(weights),
+                         objective=primal, gap=gap, history=self.history, converged=status == "converged",
+                         solver="smo_mkl", params=params)
+
+    # ---- working set ----------------------------------------------------------------------------
+    def _violators(self, q_all, W, kappa, q_W, d_W) -> np.ndarray:
+        """Kernels outside W with gamma_j > gamma(alpha) at this kappa, largest first."""
+        dk, ak, _ = stage_parameters(d_W, kappa, self.continuation)
+        gammas = np.empty(q_W.size)
+        kern.kernel_gammas(q_W, dk, gammas)
+        gamma = kern.my_gamma(gammas, (dk / ak) ** 2)
+        outside = np.setdiff1d(np.arange(self.M), W)
+        g_out = np.sqrt(q_all[outside]) / stage_parameters(self.d[outside], kappa, self.continuation)[0]
+        bad = outside[g_out > gamma]
+        return bad[np.argsort(-g_out[g_out > gamma], kind="stable")]
+
+    def _add(self, K, Z, q, W, zero_streak, new, alpha):
+        room = max(self.max_working_set - W.size, 1)
+        new = new[:room]
+        K_new, Z_new, q_new = self._load(new, alpha)
+        W = np.concatenate([W, new])
+        order = np.argsort(W, kind="stable")
+        K = np.ascontiguousarray(np.concatenate([K, K_new])[order])
+        Z = np.ascontiguousarray(np.concatenate([Z, Z_new])[order])
+        q = np.concatenate([q, q_new])[order]
+        zero_streak = np.concatenate([zero_streak, np.zeros(new.size, dtype=np.int64)])[order]
+        return K, Z, q, W[order], zero_streak
+
+    def _drop(self, K, Z, q, W, zero_streak):
+        keep = zero_streak < self.drop_after
+        if not np.any(keep):
+            keep[int(np.argmax(q / self.d[W] ** 2))] = True
+        if np.all(keep):
+            return K, Z, q, W, zero_streak
+        return (np.ascontiguousarray(K[keep]), np.ascontiguousarray(Z[keep]), q[keep], W[keep],
+                zero_streak[keep])
+
+    # ---- history --------------------------------------------------------------------------------
+    def _record(self, kappa, alpha, q, d, w, tests, n_working, steps, violation, smo_ok, t0, p0,
+                n_violators=0, smo_eps=np.nan):
+        p1 = self._stats()
+        if tests is None:
+            opt4 = excess = primal = np.nan
+            dual = dual_value(alpha, q, d)
+            gap = np.nan
+            n_active = self.M
+        else:
+            opt4, excess, primal, dual, gap = tests
+            n_active = int(np.count_nonzero(w))
+        entry = {"kappa": kappa, "primal": primal, "dual": dual, "gap": gap, "n_active": n_active,
+                 "n_working": int(n_working), "smo_steps": int(steps), "smo_eps": smo_eps,
+                 "violation": float(violation),
+                 "smo_converged": bool(smo_ok), "opt4": opt4, "eps1_excess": excess,
+                 "n_violators": n_violators, "passes": p1[0] - p0[0], "bytes_read": p1[1] - p0[1],
+                 "seconds": time.perf_counter() - t0}
+        self.history.append(entry)
+        if self.verbose:
+            print(f"[smo] kappa {kappa:.3e}  W {n_working:4d}  active {n_active:4d}  steps {steps:7d}  "
+                  f"P {primal:.10g}  D {dual:.10g}  gap {gap:.2e}  opt4 {opt4:.2e}  eps1 {excess:.2e}")
