@@ -49,6 +49,10 @@ class DenseEngine:
             return np.arange(self.M)
         return self._indices(kernels)
 
+    def _check_per_kernel(self, U, idx) -> None:
+        if U.shape != (idx.size, self.n):
+            raise ValueError(f"per_kernel U must have shape ({idx.size}, {self.n}), got {U.shape}")
+
     def quad_forms(self, U, kernels=None, per_kernel=False):
         U = np.asarray(U, dtype=np.float64)
         self.stats["quad_form_calls"] += 1
@@ -56,8 +60,7 @@ class DenseEngine:
         self.stats["bytes_read"] += self._kernel_bytes(idx.size)
         grams = self._grams[idx]
         if per_kernel:
-            if U.shape != (idx.size, self.n):
-                raise ValueError(f"per_kernel U must have shape ({idx.size}, {self.n}), got {U.shape}")
+            self._check_per_kernel(U, idx)
             return np.einsum("mi,mij,mj->m", U, grams, U)
         if U.ndim == 1:
             if U.shape[0] != self.n:
@@ -73,8 +76,7 @@ class DenseEngine:
         self.stats["bytes_read"] += self._kernel_bytes(idx.size)
         grams = self._grams[idx]
         if per_kernel:
-            if U.shape != (idx.size, self.n):
-                raise ValueError(f"per_kernel U must have shape ({idx.size}, {self.n}), got {U.shape}")
+            self._check_per_kernel(U, idx)
             return np.einsum("mij,mj->mi", grams, U)
         if U.ndim == 1:
             return np.einsum("mij,j->mi", grams, U)

@@ -31,9 +31,12 @@ import zarr
 
 from mklscale.bank.spec import KernelSpec
 from mklscale.errors import (
+    BankCorruptError,
     BankIncompleteError,
+    BankMismatchError,
     InvalidInputError,
     NotABankError,
+    ReadOnlyStoreError,
     SchemaVersionError,
     SpecError,
 )
@@ -337,6 +340,34 @@ class KernelBank:
         """The file holding shard s (zarr's default chunk key encoding)."""
         return self.path / "gram" / "c" / str(s) / "0" / "0"
 
+    @property
+    def shard_index_bytes(self) -> int:
+        """Bytes at the end of every shard file: the (offset, nbytes) index and its crc32c."""
+        return 16 * (self.kernels_per_shard // int(self._attrs["layout"]["kernels_per_chunk"])) + 4
+
+    def chunk_offsets(self, s: int, file_size: int, tail: bytes) -> np.ndarray:
+        """Byte offsets (int64) of the inner chunks of shard s, from the file's last
+        ``shard_index_bytes`` bytes ``tail``, after checking the index's crc32c and that every chunk
+        holding kernels of the bank is present, full size and inside the file.
+
+        Raises BankCorruptError naming the shard and its kernels otherwise.
+        """
+        first, stop = self.shard_range(s)
+        where = f"shard {s} of {self.path} (kernels {first}..{stop - 1})"
+        if file_size < self.shard_index_bytes:
+            raise BankCorruptError(f"{where} is truncated ({file_size} bytes); those kernels need repair")
+        index_raw = bytes(tail[:-4])
+        if google_crc32c.value(index_raw) != int.from_bytes(bytes(tail[-4:]), "little"):
+            raise BankCorruptError(f"{where} has a damaged index (truncated or overwritten); those kernels need repair")
+        C = int(self._attrs["layout"]["kernels_per_chunk"])
+        n_chunks = -(-(stop - first) // C)
+        index = np.frombuffer(index_raw, dtype="<u8").reshape(-1, 2)[:n_chunks]
+        chunk_bytes = C * self.n * self.n * self.dtype.itemsize
+        if (index[:, 1] != chunk_bytes).any() or (index[:, 0] + chunk_bytes > file_size - self.shard_index_bytes).any():
+            raise BankCorruptError(f"{where} is truncated or malformed (a chunk is missing or has the wrong size); "
+                                   "those kernels need repair")
+        return index[:, 0].astype(np.int64)
+
     def read_shard(self, s: int) -> np.ndarray:
         """All kernels of shard s as one (stop - first, n, n) array of the stored dtype.
 
@@ -348,46 +379,19 @@ class KernelBank:
         first, stop = self.shard_range(s)
         if not self._plain_layout:
             return self.gram[first:stop]
-        from mklscale.errors import BankCorruptError
-
-        S, C = self.kernels_per_shard, int(self._attrs["layout"]["kernels_per_chunk"])
-        n_inner = S // C
         file = self.shard_file(s)
-        out_shape = (stop - first, self.n, self.n)
         if not file.exists():
-            return np.zeros(out_shape, self.dtype)
+            return np.zeros((stop - first, self.n, self.n), self.dtype)
         raw = np.fromfile(file, dtype=np.uint8)
-        index_bytes = 16 * n_inner
-        if raw.size < index_bytes + 4:
-            raise BankCorruptError(f"shard {s} of {self.path} is truncated ({raw.size} bytes); kernels {first}..{stop - 1} need repair")
-        index_raw = raw[raw.size - index_bytes - 4: raw.size - 4]
-        if google_crc32c.value(index_raw.tobytes()) != int(raw[-4:].view("<u4")[0]):
-            raise BankCorruptError(f"shard {s} of {self.path} has a damaged index (truncated or overwritten); "
-                                   f"kernels {first}..{stop - 1} need repair")
-        index = index_raw.view("<u8").reshape(n_inner, 2)
+        offsets = self.chunk_offsets(s, raw.size, raw[raw.size - self.shard_index_bytes:].tobytes())
+        C = int(self._attrs["layout"]["kernels_per_chunk"])
         chunk_bytes = C * self.n * self.n * self.dtype.itemsize
-        n_chunks = -(-(stop - first) // C)
-        offsets = index[:n_chunks, 0]
-        if (index[:n_chunks, 1] != chunk_bytes).any() or (offsets + chunk_bytes > raw.size - index_bytes - 4).any():
-            raise BankCorruptError(f"shard {s} of {self.path} is truncated or malformed; kernels {first}..{stop - 1} need repair")
-        data = raw[: raw.size - index_bytes - 4]
-        if np.array_equal(offsets, np.arange(n_chunks, dtype=np.uint64) * chunk_bytes):
-            return data[: n_chunks * chunk_bytes].view(self.dtype).reshape(-1, self.n, self.n)[: stop - first]
-        out = np.empty((n_chunks * C, self.n, self.n), self.dtype)
+        if np.array_equal(offsets, np.arange(len(offsets)) * chunk_bytes):
+            return raw[: len(offsets) * chunk_bytes].view(self.dtype).reshape(-1, self.n, self.n)[: stop - first]
+        out = np.empty((len(offsets) * C, self.n, self.n), self.dtype)
         for c, off in enumerate(offsets):
-            out[c * C:(c + 1) * C] = data[int(off):int(off) + chunk_bytes].view(self.dtype).reshape(C, self.n, self.n)
+            out[c * C:(c + 1) * C] = raw[off:off + chunk_bytes].view(self.dtype).reshape(C, self.n, self.n)
         return out[: stop - first]
-
-    def write_shard(self, s: int, block: np.ndarray) -> None:
-        """Write all kernels of shard s (``block`` of shape (stop - first, n, n)) in one atomic write."""
-        first, stop = self.shard_range(s)
-        if block.shape != (stop - first, self.n, self.n):
-            raise InvalidInputError(f"shard {s} needs a block of shape {(stop - first, self.n, self.n)}, got {block.shape}")
-        block = np.ascontiguousarray(block, dtype=self.dtype)
-        if not self._plain_layout:
-            self.gram[first:stop] = block
-            return
-        write_shard_file(self.path, s, block, int(self._attrs["layout"]["kernels_per_chunk"]), self.kernels_per_shard)
 
     @property
     def _plain_layout(self) -> bool:
@@ -638,7 +642,6 @@ def prepare_path(path: Path, overwrite: bool, fingerprint: str | None) -> bool:
         if not parent.exists():
             parent.mkdir(parents=True)
         if not os.access(parent, os.W_OK):
-            from mklscale.errors import ReadOnlyStoreError
             raise ReadOnlyStoreError(f"cannot create a bank in {parent}: the folder is not writable")
         return False
     if path.is_dir() and not any(path.iterdir()):
@@ -652,7 +655,6 @@ def prepare_path(path: Path, overwrite: bool, fingerprint: str | None) -> bool:
     existing = KernelBank.open(path).attrs.get("fingerprint")
     if fingerprint is not None and existing == fingerprint:
         return True
-    from mklscale.errors import BankMismatchError
     raise BankMismatchError(f"{path} holds a bank built from different data, kernel specs or settings; "
                             "pass overwrite=True (CLI: --overwrite) to replace it, or choose another path")
 

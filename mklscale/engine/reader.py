@@ -19,7 +19,6 @@ import os
 import threading
 from collections.abc import Iterator, Sequence
 
-import google_crc32c
 import numpy as np
 
 from mklscale.errors import BankCorruptError
@@ -44,35 +43,22 @@ class _Shard:
 
     def __init__(self, bank, s: int):
         self.s = s
-        self.path = bank.path / "gram" / "c" / str(s) / "0" / "0"
+        self.path = bank.shard_file(s)
         first, stop = bank.shard_range(s)
         self.first = first
         self.per_chunk = int(bank.attrs["layout"]["kernels_per_chunk"])
         self.kernel_bytes = bank.n * bank.n * bank.dtype.itemsize
-        where = f"shard {s} of {bank.path} (kernels {first}..{stop - 1})"
         try:
             self.file = open(self.path, "rb", buffering=0)
         except FileNotFoundError:
-            raise BankCorruptError(f"{where}: the shard file is missing although its kernels are marked complete; "
-                                   "rebuild the bank (or run `mklscale bank verify`)") from None
+            raise BankCorruptError(f"shard {s} of {bank.path} (kernels {first}..{stop - 1}): the shard file is missing "
+                                   "although its kernels are marked complete; rebuild the bank (or run "
+                                   "`mklscale bank verify`)") from None
         try:
-            n_inner = bank.kernels_per_shard // self.per_chunk
-            index_bytes = 16 * n_inner
             size = os.fstat(self.file.fileno()).st_size
-            if size < index_bytes + 4:
-                raise BankCorruptError(f"{where} is truncated ({size} bytes); those kernels need repair")
-            tail = bytearray(index_bytes + 4)
-            self._read_exact(size - index_bytes - 4, memoryview(tail))
-            if google_crc32c.value(bytes(tail[:index_bytes])) != int.from_bytes(tail[index_bytes:], "little"):
-                raise BankCorruptError(f"{where} has a damaged index (truncated or overwritten); those kernels need repair")
-            index = np.frombuffer(bytes(tail[:index_bytes]), dtype="<u8").reshape(n_inner, 2)
-            n_chunks = -(-(stop - first) // self.per_chunk)
-            chunk_bytes = self.per_chunk * self.kernel_bytes
-            self.offsets = index[:n_chunks, 0].astype(np.int64, copy=False) if n_chunks else np.empty(0, np.int64)
-            lengths = index[:n_chunks, 1]
-            if (lengths != chunk_bytes).any() or (index[:n_chunks, 0] + chunk_bytes > size - index_bytes - 4).any():
-                raise BankCorruptError(f"{where} is truncated or malformed (a chunk is missing or has the wrong size); "
-                                       "those kernels need repair")
+            tail = bytearray(min(size, bank.shard_index_bytes))
+            self._read_exact(size - len(tail), memoryview(tail))
+            self.offsets = bank.chunk_offsets(s, size, bytes(tail))
         except BaseException:
             self.file.close()
             raise
