@@ -50,3 +50,11 @@ class ReadOnlyStoreError(BankError, PermissionError):
 
 class ConfigError(InvalidInputError):
     """A TOML config has unknown keys, wrong types or impossible values."""
+
+
+class ClusterUnavailableError(MKLScaleError, RuntimeError):
+    """A Dask scheduler or batch system named by a cluster config cannot be reached or started in time."""
+
+
+class ModelFileError(MKLScaleError, ValueError):
+    """A saved model is missing, truncated, inconsistent or of a newer schema than this mklscale reads."""
