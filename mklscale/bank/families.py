@@ -6,6 +6,9 @@
   all variables together: M = 27 (d + 1).
 - ``random_subsets``: the SpicyMKL IDA recipe (§6.2): Gaussian kernels on random feature subsets
   with random width s = 5 chi^2 + 0.1.
+
+``resolve`` turns the short descriptions users write (a family name, a mapping from a TOML
+``[bank]`` table or an estimator's ``kernels=`` argument, or a list of them) into specs.
 """
 
 from __future__ import annotations
@@ -78,6 +81,61 @@ def random_subsets(
         width = 5.0 * float(rng.chisquare(1)) + 0.1
         specs.append(KernelSpec.gaussian(width, None if size == d else feats))
     return specs
+
+
+#: The parameters each family description accepts in ``resolve`` (besides ``family`` itself).
+FAMILY_PARAMS: dict[str, tuple[str, ...]] = {
+    "simplemkl": ("widths", "degrees"),
+    "gaussian": ("widths", "features"),
+    "polynomial": ("degrees", "offset", "features"),
+    "linear": ("features",),
+    "random_subsets": ("n_kernels", "seed", "max_subset"),
+}
+
+
+def resolve(kernels, n_features: int) -> list[KernelSpec]:
+    """Specs from a short description, for data with ``n_features`` columns.
+
+    ``kernels`` is a family name ("simplemkl", "gaussian", "polynomial", "linear",
+    "random_subsets"; defaults as in the functions above, gaussian widths 0.5 1 2 5, polynomial
+    degrees 1 2 3, random_subsets 100 kernels), a mapping ``{"family": name, **parameters}`` with the
+    parameters of :data:`FAMILY_PARAMS`, a ``KernelSpec``, or a list mixing these (concatenated in
+    order; duplicates are an error, since two equal kernels only split a weight).
+    """
+    d = _positive_int(n_features, "n_features")
+    if isinstance(kernels, (str, dict, KernelSpec)):
+        kernels = [kernels]
+    if not isinstance(kernels, (list, tuple)) or not kernels:
+        raise SpecError("kernels must be a family name, a mapping {'family': ..., ...}, a KernelSpec or a "
+                        f"non-empty list of them; got {kernels!r}")
+    specs: list[KernelSpec] = []
+    for item in kernels:
+        specs += [item] if isinstance(item, KernelSpec) else _family_specs(item, d)
+    if len(set(specs)) != len(specs):
+        raise SpecError("the kernel list has duplicate specs; remove the repeated family or parameter values")
+    return specs
+
+
+_DEFAULTS = {"gaussian": {"widths": (0.5, 1.0, 2.0, 5.0)}, "polynomial": {"degrees": SIMPLEMKL_DEGREES},
+             "random_subsets": {"n_kernels": 100}}
+
+
+def _family_specs(item, d: int) -> list[KernelSpec]:
+    entry = {"family": item} if isinstance(item, str) else item
+    if not isinstance(entry, dict) or "family" not in entry:
+        raise SpecError(f"a kernel family description needs a 'family' key; got {item!r}")
+    family = entry["family"]
+    if family not in FAMILY_PARAMS:
+        raise SpecError(f"unknown kernel family {family!r}; choose one of {', '.join(FAMILY_PARAMS)}")
+    params = {k: v for k, v in entry.items() if k != "family"}
+    unknown = sorted(set(params) - set(FAMILY_PARAMS[family]))
+    if unknown:
+        raise SpecError(f"kernel family {family!r} does not take {', '.join(unknown)}; its parameters are "
+                        f"{', '.join(FAMILY_PARAMS[family]) or 'none'}")
+    params = {**_DEFAULTS.get(family, {}), **params}
+    if family in ("simplemkl", "random_subsets"):
+        return globals()[family](d, **params)
+    return globals()[family](**params)
 
 
 def _nonempty(values: Iterable, what: str) -> list:

@@ -23,14 +23,14 @@ from mklscale.errors import InvalidInputError
 _NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 
 
-def _json_safe(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """Numbers, strings, lists and dicts only; non-finite floats become "inf"/"-inf"/"nan"."""
     if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     if isinstance(value, np.ndarray):
-        return [_json_safe(v) for v in value.tolist()]
+        return [json_safe(v) for v in value.tolist()]
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     if isinstance(value, (int, np.integer)):
@@ -129,16 +129,16 @@ class MKLResult:
     def to_dict(self) -> dict:
         """A JSON-safe dict (arrays as lists, non-finite floats as strings); see :meth:`from_dict`."""
         return {
-            "weights": _json_safe(self.weights),
-            "dual_coef": _json_safe(self.dual_coef),
-            "bias": _json_safe(self.bias),
-            "active": _json_safe(self.active),
-            "objective": _json_safe(self.objective),
-            "gap": _json_safe(self.gap),
-            "history": _json_safe(self.history),
+            "weights": json_safe(self.weights),
+            "dual_coef": json_safe(self.dual_coef),
+            "bias": json_safe(self.bias),
+            "active": json_safe(self.active),
+            "objective": json_safe(self.objective),
+            "gap": json_safe(self.gap),
+            "history": json_safe(self.history),
             "converged": self.converged,
             "solver": self.solver,
-            "params": _json_safe(self.params),
+            "params": json_safe(self.params),
         }
 
     @classmethod

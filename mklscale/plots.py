@@ -1,0 +1,422 @@
+"""Figures of an MKL run, drawn from the plain data of ``results.json``.
+
+Every function takes lists / dicts / arrays exactly as ``mklscale run`` writes them (never solver
+objects), an optional matplotlib ``ax`` to draw into, and returns the Axes it drew on (its figure is
+``ax.figure``). Without ``ax`` a new :class:`matplotlib.figure.Figure` is made directly, without
+pyplot, so no global figure state is kept and any backend (Agg included) can save it.
+
+Numbers may be JSON numbers or the strings "inf", "-inf", "nan" that results.json uses for
+non-finite floats (see :func:`mklscale.solvers.result.json_safe`); :func:`number` reads both.
+Points that a log axis cannot show (zero, negative, non-finite) are left out rather than drawn.
+
+matplotlib is the optional extra ``plot``: this module imports without it, and each figure raises
+``ImportError`` with an install hint when it is missing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+_NON_FINITE = {"inf": math.inf, "+inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+#: width of a figure in inches, and the height of one row of a horizontal bar chart
+FIG_WIDTH = 7.5
+ROW_HEIGHT = 0.26
+
+
+# ---- plain-data helpers (no matplotlib needed) ---------------------------------------------------
+
+def number(value: Any) -> float | None:
+    """A float from a JSON number or "inf"/"-inf"/"nan"; None for anything else (missing, text, bool)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return float(value)
+    if isinstance(value, str):
+        return _NON_FINITE.get(value.strip().lower())
+    return None
+
+
+def positive_points(xs: Iterable[Any], ys: Iterable[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """The (x, y) pairs a log-y axis can show: x and y finite, y > 0."""
+    pairs = [(number(x), number(y)) for x, y in zip(xs, ys)]
+    keep = [(x, y) for x, y in pairs
+            if x is not None and y is not None and math.isfinite(x) and math.isfinite(y) and y > 0]
+    if not keep:
+        return np.zeros(0), np.zeros(0)
+    x, y = zip(*keep)
+    return np.array(x, dtype=float), np.array(y, dtype=float)
+
+
+def series_by_head(label: str, history: Sequence[Mapping]) -> dict[str, list[Mapping]]:
+    """Split a solver's history by ``head`` (one-vs-rest) into {"label" or "label [head]": entries}."""
+    groups: dict[str, list[Mapping]] = {}
+    for entry in history or ():
+        if not isinstance(entry, Mapping):
+            continue
+        head = entry.get("head")
+        key = label if head is None else f"{label} [{head}]"
+        groups.setdefault(key, []).append(entry)
+    return groups
+
+
+def kernel_label(kernel: Mapping) -> str:
+    """A short row label for a kept kernel: its parameters and feature subset, e.g. ``width=2 [3,5]``.
+
+    The family is left out (the weights figure groups rows by family); a kernel without parameters
+    (linear, or unknown) falls back to its name.
+    """
+    params = kernel.get("params") or {}
+    if not isinstance(params, Mapping) or not params:
+        return str(kernel.get("name", "?"))
+    args = ", ".join(f"{k}={_short(v)}" for k, v in params.items() if k != "offset" or number(v) != 1.0)
+    features = _features(kernel)
+    feats = "all" if features is None else ",".join(str(f) for f in features)
+    if len(feats) > 18:
+        feats = feats[:15] + "..."
+    return f"{args} [{feats}]"
+
+
+def _features(kernel: Mapping) -> list | None:
+    """The kernel's feature subset as a list, or None for all features."""
+    features = kernel.get("features")
+    if features is None or isinstance(features, list):
+        return features
+    return list(features) if isinstance(features, tuple) else [features]
+
+
+def _numbers(values: Iterable[Any]) -> tuple[float, ...]:
+    """Sortable numbers (non-numbers sort last)."""
+    return tuple(x if (x := number(v)) is not None else math.inf for v in values)
+
+
+def _short(value: Any) -> str:
+    x = number(value)
+    if x is None:
+        return str(value)
+    return f"{x:g}"
+
+
+def _family(kernel: Mapping) -> str:
+    return str(kernel.get("family") or "other")
+
+
+def _sort_key(kernel: Mapping) -> tuple:
+    """Order kernels by family, then by the numeric value of their parameters, then by features."""
+    params = kernel.get("params")
+    values = _numbers(v for _, v in sorted(params.items())) if isinstance(params, Mapping) else ()
+    features = _features(kernel)
+    return (_family(kernel), values, features is not None, _numbers(features or ()))
+
+
+# ---- matplotlib plumbing ---------------------------------------------------------------------------
+
+def _new_axes(figsize: tuple[float, float], ax=None):
+    """``ax`` itself, or the Axes of a fresh pyplot-free Figure of size ``figsize`` (inches)."""
+    if ax is not None:
+        return ax
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ImportError("mklscale plots need matplotlib, which is not installed; install the 'plot' extra "
+                          "(pip install 'mklscale[plot]' or pip install matplotlib)") from None
+    fig = Figure(figsize=figsize, layout="constrained")
+    return fig.add_subplot()
+
+
+def _colors(count: int) -> list:
+    """``count`` distinct colours: tab10, then tab20, then a sampled colormap."""
+    from matplotlib import colormaps
+
+    if count <= 10:
+        return [colormaps["tab10"](i) for i in range(count)]
+    if count <= 20:
+        return [colormaps["tab20"](i) for i in range(count)]
+    return [colormaps["turbo"](x) for x in np.linspace(0.05, 0.95, count)]
+
+
+def _styles(count: int) -> list[dict]:
+    """``count`` distinguishable line styles: the 10 tab10 colours, then again dashed, dotted, dash-dotted."""
+    colors = _colors(min(count, 10))
+    dashes = ("-", "--", ":", "-.")
+    return [{"color": colors[i % 10], "linestyle": dashes[(i // 10) % len(dashes)]} for i in range(count)]
+
+
+def _empty(ax, message: str):
+    """Say on the axes that there is nothing to draw (instead of an empty frame)."""
+    ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, color="0.4")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    return ax
+
+
+def _legend(ax, count: int, max_entries: int = 14, below: bool = False, **kwargs) -> None:
+    """A legend outside the plot (right, or ``below`` it) when there are few enough entries to read."""
+    if not 0 < count <= max_entries:
+        return
+    size = "small" if count <= 14 else "x-small"
+    if below:  # a figure legend under everything: constrained layout makes room for it
+        handles, labels = ax.get_legend_handles_labels()
+        ax.figure.legend(handles, labels, loc="outside lower center", ncols=min(count, 6), fontsize=size,
+                         frameon=False, **kwargs)
+    else:
+        ax.legend(fontsize=size, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                  borderaxespad=0.0, **kwargs)
+
+
+# ---- (1) kernel weights ---------------------------------------------------------------------------
+
+def kernel_weights(kernels: Sequence[Mapping], ax=None, title: str | None = None, max_kernels: int = 50):
+    """Horizontal bars of the kept kernels' weights, grouped by family and sorted by parameter.
+
+    ``kernels`` are results.json kernel entries (name, family, params, features, weight, head).
+    One row per kernel, labelled with its parameters and feature subset; rows of one family share
+    a colour and are named by family right of the axes. One-vs-rest entries (``head`` set) get one
+    bar per head in each row, coloured by head. Only the ``max_kernels`` largest weights are drawn
+    (the title then says how many were left out).
+    """
+    rows, heads = _weight_rows(kernels, max_kernels)
+    height = 1.3 + ROW_HEIGHT * max(len(rows), 2) * (1 if len(heads) <= 1 else 1 + 0.25 * len(heads))
+    ax = _new_axes((FIG_WIDTH, min(height, 30.0)), ax)
+    shown = len(rows)
+    total = len({str(k.get("name")) for k in kernels})
+    head_text = f" ({total} kept" + (f", {shown} largest shown)" if shown < total else ")")
+    ax.set_title((title or "kernel weights") + head_text)
+    if not rows:
+        return _empty(ax, "no kernel kept")
+    _draw_weight_bars(ax, rows, heads)
+    _label_families(ax, rows)
+    ax.set_xlabel("kernel weight d_m")
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.grid(True, axis="x", alpha=0.3)
+    return ax
+
+
+def _weight_rows(kernels: Sequence[Mapping], max_kernels: int) -> tuple[list[dict], list]:
+    """One row per kernel name (weights per head), the ``max_kernels`` heaviest, in family order."""
+    by_name: dict[str, dict] = {}
+    heads: list = []
+    for k in kernels or ():
+        weight = number(k.get("weight"))
+        if weight is None or not math.isfinite(weight):
+            continue
+        head = k.get("head")
+        if head not in heads:
+            heads.append(head)
+        row = by_name.setdefault(str(k.get("name")), {"kernel": k, "weights": {}})
+        row["weights"][head] = weight
+    heaviest = sorted(by_name.values(), key=lambda r: -max(abs(w) for w in r["weights"].values()))
+    return sorted(heaviest[:max_kernels], key=lambda r: _sort_key(r["kernel"])), heads
+
+
+def _draw_weight_bars(ax, rows: list[dict], heads: list) -> None:
+    """Bars for every row: one colour per family (single head) or per head (one-vs-rest)."""
+    y = np.arange(len(rows))
+    if len(heads) <= 1:
+        families = sorted({_family(r["kernel"]) for r in rows})
+        color = dict(zip(families, _colors(len(families))))
+        widths = [next(iter(r["weights"].values())) for r in rows]
+        ax.barh(y, widths, height=0.7, color=[color[_family(r["kernel"])] for r in rows])
+        for yi, w in zip(y, widths):
+            ax.annotate(f"{w:.3g}", (w, yi), xytext=(3, 0), textcoords="offset points", va="center",
+                        fontsize="x-small")
+    else:
+        bar = 0.8 / len(heads)
+        for i, (head, c) in enumerate(zip(heads, _colors(len(heads)))):
+            widths = [r["weights"].get(head, 0.0) for r in rows]
+            ax.barh(y - 0.4 + bar * (i + 0.5), widths, height=bar, color=c, label=f"head {head}")
+        _legend(ax, len(heads), max_entries=20, below=True)
+    ax.set_yticks(y, [kernel_label(r["kernel"]) for r in rows], fontsize="small")
+    ax.margins(x=0.12)
+
+
+def _label_families(ax, rows: list[dict]) -> None:
+    """Separate the families by a line and name each one right of the axes, beside its block of rows."""
+    blocks: list[tuple[str, int, int]] = []
+    for i, r in enumerate(rows):
+        family = _family(r["kernel"])
+        if blocks and blocks[-1][0] == family:
+            blocks[-1] = (family, blocks[-1][1], i)
+        else:
+            blocks.append((family, i, i))
+    for family, first, last in blocks:
+        if first > 0:
+            ax.axhline(first - 0.5, color="0.5", linewidth=0.8)
+        ax.annotate(family, xy=(1.0, (first + last) / 2), xycoords=("axes fraction", "data"),
+                    xytext=(4, 0), textcoords="offset points", rotation=270 if last - first >= 5 else 0,
+                    ha="left", va="center", fontsize="small", fontweight="bold", color="0.3")
+
+
+# ---- (2) and (3) convergence ----------------------------------------------------------------------
+
+def duality_gap(histories: Mapping[str, Sequence[Mapping]], ax=None, tolerances: Mapping[str, Any] | None = None):
+    """Relative duality gap versus wall time (log y), one line per solver, or per head (one-vs-rest).
+
+    ``histories`` maps a solver label to its results.json history (entries with "seconds" and
+    "gap"; entries without them, and gaps <= 0 or non-finite, are skipped). ``tolerances``
+    optionally maps solver labels to their stopping tolerance, drawn as a dashed line.
+    """
+    ax = _new_axes((FIG_WIDTH, 4.2), ax)
+    ax.set_title("duality gap versus time")
+    lines = [(label, key, positive_points([e.get("seconds") for e in entries], [e.get("gap") for e in entries]))
+             for label, h in histories.items() for key, entries in series_by_head(label, h).items()]
+    lines = [line for line in lines if line[2][1].size]
+    if not lines:
+        return _empty(ax, "no duality gap recorded")
+    tolerances = tolerances or {}
+    for (label, key, (t, gap)), style in zip(lines, _styles(len(lines))):
+        ax.plot(t, gap, marker="." if gap.size < 60 else None, label=key, **style)
+        tol = number(tolerances.get(label))
+        if tol is not None and math.isfinite(tol) and tol > 0:
+            ax.axhline(tol, color=style["color"], linestyle="--", linewidth=0.8)
+    ax.set_yscale("log")
+    ax.set_xlabel("wall time (s)")
+    ax.set_ylabel("relative duality gap")
+    ax.grid(True, which="both", alpha=0.3)
+    _legend(ax, len(lines))
+    return ax
+
+
+def active_set(histories: Mapping[str, Sequence[Mapping]], ax=None):
+    """Number of active kernels per iteration, one step line per solver (or per head).
+
+    Uses each entry's "iteration" (else its position) and "n_active". The y axis turns
+    logarithmic when the sizes span more than two decades (zeros are then left out), the x axis
+    when some runs are over 20 times longer than others.
+    """
+    ax = _new_axes((FIG_WIDTH, 4.2), ax)
+    ax.set_title("active-set size per iteration")
+    lines = [(key, _iteration_points(entries)) for label, h in histories.items()
+             for key, entries in series_by_head(label, h).items()]
+    lines = [(key, pts) for key, pts in lines if pts.size]
+    if not lines:
+        return _empty(ax, "no active-set sizes recorded")
+    sizes = np.concatenate([pts[:, 1] for _, pts in lines])
+    log_y = sizes.max() > 100 * max(sizes[sizes > 0].min(initial=1.0), 1.0)
+    for (key, pts), style in zip(lines, _styles(len(lines))):
+        pts = pts[pts[:, 1] > 0] if log_y else pts
+        ax.step(pts[:, 0], pts[:, 1], where="post", label=key, marker="." if len(pts) < 60 else None, **style)
+    if log_y:
+        ax.set_yscale("log")
+    else:
+        ax.set_ylim(bottom=0)
+        ax.yaxis.get_major_locator().set_params(integer=True)
+    lengths = [pts[:, 0].max() for _, pts in lines]
+    if min(lengths) >= 1 and max(lengths) > 20 * min(lengths):
+        ax.set_xscale("log")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("active kernels")
+    ax.grid(True, which="both", alpha=0.3)
+    _legend(ax, len(lines))
+    return ax
+
+
+def _iteration_points(entries: Sequence[Mapping]) -> np.ndarray:
+    """(k, 2) array of finite (iteration, n_active) pairs; the position stands in for a missing iteration."""
+    pts = [(number(e.get("iteration", i + 1)), number(e.get("n_active"))) for i, e in enumerate(entries)]
+    pts = [p for p in pts if None not in p and math.isfinite(p[0]) and math.isfinite(p[1])]
+    return np.array(pts, dtype=float).reshape(-1, 2)
+
+
+# ---- (4) regularisation path ------------------------------------------------------------------------
+
+def regularisation_path(path: Mapping, ax=None, title: str | None = None, max_legend: int = 24):
+    """Weight of every ever-active kernel versus the path parameter (log x), from a results.json "path".
+
+    ``path`` has "parameter" (e.g. "tau"), "values", "kernel_names" and "weights" (one list per
+    value, one weight per kernel name). Non-positive parameter values cannot go on the log axis
+    and are left out. With ``scores`` (e.g. cross-validated R^2) the best value is marked. The
+    legend names the ``max_legend`` kernels with the largest weights.
+    """
+    ax = _new_axes((FIG_WIDTH, 4.5), ax)
+    parameter = str(path.get("parameter") or "parameter")
+    names = [str(n) for n in path.get("kernel_names") or ()]
+    values = np.array([_finite_or_nan(v) for v in path.get("values") or ()], dtype=float)
+    weights = np.array([[_finite_or_nan(w) for w in row] for row in path.get("weights") or ()], dtype=float)
+    ax.set_title(title or f"regularisation path over {parameter}: {len(names)} kernels ever active")
+    keep = np.isfinite(values) & (values > 0)
+    if not names or weights.ndim != 2 or weights.shape != (values.size, len(names)) or not keep.any():
+        return _empty(ax, "no path recorded")
+    labelled = set(np.argsort(-np.nanmax(np.abs(weights), axis=0), kind="stable")[:max_legend].tolist())
+    for j, (name, style) in enumerate(zip(names, _styles(len(names)))):
+        ax.plot(values[keep], weights[keep, j], marker=".", linewidth=1.2, label=name if j in labelled else None,
+                **style)
+    _mark_best(ax, values, path.get("scores"), path.get("score_name"))
+    ax.set_xscale("log")
+    ax.set_xlabel(parameter)
+    ax.set_ylabel("kernel weight d_m")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, which="both", alpha=0.3)
+    title = None if len(names) <= max_legend else f"{max_legend} largest of {len(names)}"
+    _legend(ax, len(ax.get_legend_handles_labels()[1]), max_legend + 1, title=title, title_fontsize="small")
+    return ax
+
+
+def _finite_or_nan(value: Any) -> float:
+    x = number(value)
+    return math.nan if x is None or not math.isfinite(x) else x
+
+
+def _mark_best(ax, values: np.ndarray, scores, score_name) -> None:
+    """A dotted vertical line at the parameter value with the best score (higher is better,
+    except for names containing "rmse", "mse", "error" or "loss")."""
+    if not scores or len(scores) != values.size:
+        return
+    s = np.array([_finite_or_nan(v) for v in scores])
+    ok = np.isfinite(s) & np.isfinite(values) & (values > 0)
+    if not ok.any():
+        return
+    name = str(score_name or "score")
+    lower_better = any(w in name.lower() for w in ("rmse", "mse", "error", "loss"))
+    pick = np.where(ok, s if not lower_better else -s, -np.inf)
+    best = int(np.argmax(pick))
+    ax.axvline(values[best], color="0.3", linestyle=":", linewidth=1.2,
+               label=f"best {name} = {s[best]:.4g}")
+
+
+# ---- (5) metrics ----------------------------------------------------------------------------------
+
+def metrics(solvers: Sequence[Mapping], ax=None, metric: str | None = None):
+    """Horizontal bars of a test metric per solver (and its train counterpart in a lighter shade).
+
+    ``solvers`` are results.json solver entries; entries without the metric (e.g. failed runs) are
+    left out. ``metric`` defaults to the first "test_*" metric any solver reports.
+    """
+    metric = metric or first_test_metric(solvers)
+    rows = [(str(s.get("name")), (s.get("metrics") or {})) for s in solvers]
+    rows = [(name, m) for name, m in rows if math.isfinite(_finite_or_nan(m.get(metric)))]
+    ax = _new_axes((FIG_WIDTH, 1.3 + 0.45 * max(len(rows), 2)), ax)
+    ax.set_title(f"{metric or 'metric'} per solver")
+    if metric is None or not rows:
+        return _empty(ax, "no metric recorded")
+    train = "train_" + metric[5:] if metric.startswith("test_") else None
+    y = np.arange(len(rows))
+    test_values = [_finite_or_nan(m.get(metric)) for _, m in rows]
+    train_values = [_finite_or_nan(m.get(train)) for _, m in rows] if train else []
+    has_train = any(math.isfinite(v) for v in train_values)
+    h = 0.38 if has_train else 0.7
+    bars = ax.barh(y - (h / 2 if has_train else 0), test_values, height=h, color="C0", label=metric)
+    ax.bar_label(bars, fmt="%.4g", padding=3, fontsize="x-small")
+    if has_train:
+        bars = ax.barh(y + h / 2, np.nan_to_num(train_values), height=h, color="C0", alpha=0.4, label=train)
+        ax.bar_label(bars, labels=[f"{v:.4g}" if math.isfinite(v) else "" for v in train_values], padding=3,
+                     fontsize="x-small")
+        _legend(ax, 2)
+    ax.set_yticks(y, [name for name, _ in rows], fontsize="small")
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.margins(x=0.15)
+    ax.set_xlabel(metric)
+    ax.grid(True, axis="x", alpha=0.3)
+    return ax
+
+
+def first_test_metric(solvers: Sequence[Mapping]) -> str | None:
+    """The first metric named "test_*" that any solver entry reports, else None."""
+    for s in solvers:
+        for key in (s.get("metrics") or {}):
+            if str(key).startswith("test_"):
+                return str(key)
+    return None

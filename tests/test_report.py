@@ -1,0 +1,350 @@
+"""``mklscale report``: the HTML report and its PNG figures, from a results.json of real solver runs.
+
+The results.json is built here the way ``mklscale run`` writes it (schema_version 1): a small
+trace-normalised bank on 60 rows of breast_cancer, SpicyMKL (logistic, block 1-norm) with its
+history, a one-vs-rest style pair of SpicyMKL heads, a PFBS tau path, and one failed solver.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import numpy as np
+import pytest
+
+from mklscale.errors import InvalidInputError
+from mklscale.report import write_report
+from mklscale.solvers.result import json_safe
+
+INJECTION = '<script>alert("x")</script>&'
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+# ---- building a results.json from real runs --------------------------------------------------------
+
+def _kernel_entries(result, specs, head=None) -> list[dict]:
+    return [{"index": int(m), "name": specs[m].name, "family": specs[m].family, "params": dict(specs[m].params),
+             "features": None if specs[m].features is None else list(specs[m].features),
+             "weight": float(result.weights[m]), "head": head} for m in result.active]
+
+
+def _accuracy(result, bank, X, y) -> float:
+    if result.active.size == 0:
+        return float(np.mean(np.sign(result.bias) == y))
+    f = result.decision_function_from_kernels(bank.cross(X, kernels=result.active))
+    return float(np.mean(np.where(f >= 0.0, 1.0, -1.0) == y))
+
+
+def _solver_entry(name, algorithm, results, specs, bank, data, heads=(None,), path=None) -> dict:
+    """A results.json solver entry from one MKLResult per head (one-vs-rest heads are merged)."""
+    X_tr, y_tr, X_te, y_te = data
+    kernels, history = [], []
+    for head, (res, sign) in zip(heads, results):
+        kernels += _kernel_entries(res, specs, head)
+        history += [{**{k: e[k] for k in ("iteration", "primal", "dual", "gap", "n_active", "passes",
+                                             "bytes_read", "seconds") if k in e}, "head": head} for e in res.history]
+    first = results[0][0]
+    seconds = sum(r.history[-1]["seconds"] for r, _ in results if r.history)
+    return json_safe({
+        "name": name, "solver": algorithm, "params": first.params, "status": "ok", "error": None,
+        "metrics": {"train_accuracy": _accuracy(first, bank, X_tr, results[0][1] * y_tr),
+                    "test_accuracy": _accuracy(first, bank, X_te, results[0][1] * y_te)},
+        "seconds": seconds, "passes": sum(r.history[-1]["passes"] for r, _ in results if r.history),
+        "bytes_read": sum(r.history[-1]["bytes_read"] for r, _ in results if r.history),
+        "converged": all(r.converged for r, _ in results), "objective": first.objective,
+        "gap": max(r.gap for r, _ in results), "n_active": len({k["name"] for k in kernels}),
+        "kernels": kernels, "history": history, "path": path, "model": f"models/{name}",
+    })
+
+
+def _path_entry(pfbs_path, specs) -> dict:
+    ever = np.flatnonzero((pfbs_path.weights > 0.0).any(axis=0))
+    return json_safe({
+        "parameter": "tau", "values": pfbs_path.taus, "kernel_names": [specs[m].name for m in ever],
+        "weights": pfbs_path.weights[:, ever], "n_active": [a.size for a in pfbs_path.active],
+        "scores": None, "score_name": None,
+    })
+
+
+def build_results(run_dir, n_train: int = 60, n_test: int = 40, specs=None, name: str = "report-test") -> dict:
+    """Build a bank, run the solvers and write ``run_dir/results.json``; returns the dict written."""
+    from mklscale.bank import build_bank, families
+    from mklscale.datasets import load
+    from mklscale.engine import Engine
+    from mklscale.solvers import paths, spicy
+
+    ds = load("breast_cancer")
+    order = np.random.default_rng(0).permutation(len(ds.y))
+    tr, te = order[:n_train], order[n_train:n_train + n_test]
+    if specs is None:
+        specs = (families.gaussian([0.5, 1, 2, 4, 8, 16]) + families.polynomial([1, 2, 3])
+                 + [s for j in (0, 7, 21) for s in families.gaussian([1, 4, 16], features=[j])]
+                 + families.gaussian([2, 8], features=[3, 7, 20]) + families.polynomial([2], features=[0, 1]))
+    bank = build_bank(ds.X[tr], specs, run_dir / "bank.zarr", progress=False)
+    data = (ds.X[tr], ds.y[tr], ds.X[te], ds.y[te])
+    with Engine(bank, threads=1) as engine:
+        l1 = spicy.fit(engine, ds.y[tr], 0.5, loss="logistic", tol=1e-4)
+        ovr = [(spicy.fit(engine, sign * ds.y[tr], C, loss="hinge", tol=1e-4), sign)
+               for sign, C in ((1.0, 0.3), (-1.0, 0.1))]
+        tau_path = paths.path(engine, ds.y[tr], n_taus=10, mu=1e-4, tol=1e-5, accelerated=True)
+    pfbs_last = tau_path.results[-1]
+    for e in pfbs_last.history:       # PFBS entries keep no "dual" in this run: must still plot
+        e.pop("dual", None)
+    solvers = [
+        _solver_entry("spicy_l1", "spicy", [(l1, 1.0)], specs, bank, data),
+        _solver_entry("spicy_ovr", "spicy", ovr, specs, bank, data, heads=("1", "-1")),
+        _solver_entry("pfbs_path", "pfbs", [(pfbs_last, 1.0)], specs, bank, data,
+                      path=_path_entry(tau_path, specs)),
+        {"name": "smo_broken", "solver": "smo", "params": {"C": 1.0}, "status": "failed",
+         "error": "InvalidInputError: C must be > 0 <and> finite", "metrics": None, "history": None,
+         "kernels": [], "path": None, "model": None},
+    ]
+    families_count = {}
+    for s in specs:
+        families_count[s.family] = families_count.get(s.family, 0) + 1
+    results = {
+        "schema_version": 1, "mklscale_version": "0.1.0",
+        "pipeline": {"name": name, "path": "pipelines/report-test.toml", "config": {"solvers": ["spicy"]}},
+        "started": "2026-11-22T07:00:00+00:00", "finished": "2026-11-22T07:00:09+00:00", "seconds": 9.1,
+        "machine": {"cpus": 2, "memory": 8_000_000_000, "python": sys.version.split()[0]},
+        "cluster": {"kind": "local", "dashboard": None, "workers": 1},
+        "dataset": {"name": "breast_cancer", "task": "classification", "n_train": int(tr.size),
+                    "n_test": int(te.size), "n_features": int(ds.X.shape[1]), "classes": [-1, 1]},
+        "bank": {"path": "bank.zarr", "M": len(specs), "n": int(tr.size), "dtype": "float32",
+                 "normalize": "trace", "build_seconds": 0.5, "kernels_computed": len(specs),
+                 "families": families_count},
+        "solvers": solvers,
+    }
+    (run_dir / "results.json").write_text(json.dumps(results, indent=1))
+    return results
+
+
+# ---- fixtures --------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A run folder with the results.json of real solver runs (built once for the module)."""
+    path = tmp_path_factory.mktemp("run")
+    build_results(path)
+    return path
+
+
+@pytest.fixture
+def results(run_dir):
+    return json.loads((run_dir / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def report_index(run_dir):
+    """The report of ``run_dir`` (written once for the module)."""
+    return write_report(run_dir, quiet=True)
+
+
+@pytest.fixture
+def small_results(results):
+    """``results`` with only the first solver (fewer figures to draw: faster tests)."""
+    return {**results, "solvers": results["solvers"][:1]}
+
+
+def _copy_run(results: dict, tmp_path):
+    """A fresh run folder holding ``results`` as results.json."""
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    return tmp_path
+
+
+def _pngs(report_dir) -> list:
+    return sorted(p.name for p in report_dir.glob("*.png"))
+
+
+def _leftovers(run_dir) -> list:
+    """Temporary or moved-aside report folders a report run must not leave behind."""
+    return sorted(p.name for p in run_dir.iterdir() if p.name.startswith(".report"))
+
+
+# ---- the report ------------------------------------------------------------------------------------
+
+def test_report_has_the_tables_and_a_figure_per_section(run_dir, report_index, results):
+    import html
+
+    index = report_index
+    assert index == run_dir / "report" / "index.html" and index.is_file()
+    page = index.read_text()
+    assert "<title>mklscale report: report-test</title>" in page
+    for solver in results["solvers"]:
+        assert f"<td>{html.escape(solver['name'])}</td>" in page
+    kept = results["solvers"][0]["kernels"][0]
+    assert f"<td>{html.escape(kept['name'])}</td>" in page
+    assert "breast_cancer" in page and "gaussian: 17, polynomial: 4" in page
+    assert '<tr class="failed">' in page and "C must be &gt; 0 &lt;and&gt; finite" in page
+    assert f"{results['solvers'][0]['metrics']['test_accuracy']:.4g}" in page
+    assert _pngs(index.parent) == ["active.png", "gap.png", "metrics.png", "path-02-pfbs_path.png",
+                                   "weights-00-spicy_l1.png", "weights-01-spicy_ovr.png",
+                                   "weights-02-pfbs_path.png"]
+    assert sorted(re.findall(r'<img src="([^"]+)"', page)) == _pngs(index.parent)
+    assert "<script" not in page and "http" not in page.split("</style>")[1]   # static, nothing fetched
+    assert _leftovers(run_dir) == []
+
+
+def test_figures_are_valid_non_blank_pngs(report_index):
+    from matplotlib.image import imread
+
+    pngs = list(report_index.parent.glob("*.png"))
+    assert len(pngs) == 7
+    for png in pngs:
+        data = png.read_bytes()
+        assert data[:8] == PNG_MAGIC, png.name
+        assert len(data) > 5000, png.name
+        pixels = imread(png)[..., :3]
+        assert pixels.shape[0] > 150 and pixels.shape[1] > 600, png.name
+        assert pixels.std() > 0.05, png.name                      # not a blank canvas
+        assert (pixels.std(axis=2) > 0.1).mean() > 0.005, png.name  # coloured lines/bars were drawn
+
+
+def test_html_injection_in_results_is_escaped(small_results, tmp_path, capsys):
+    results = small_results
+    results["solvers"][0]["name"] = INJECTION
+    results["solvers"][0]["kernels"][0]["name"] = INJECTION
+    results["pipeline"]["name"] = INJECTION
+    index = write_report(_copy_run(results, tmp_path))
+    assert f"report written to {index}" in capsys.readouterr().out
+    page = index.read_text()
+    assert "<script>" not in page and "alert(&quot;x&quot;)" in page
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&amp;" in page
+    assert all(re.fullmatch(r"[A-Za-z0-9_.-]+\.png", p) for p in _pngs(tmp_path / "report"))
+
+
+def test_second_run_replaces_the_report_whole(small_results, tmp_path, monkeypatch):
+    from mklscale import plots
+
+    results = small_results
+    run = _copy_run(results, tmp_path)
+    write_report(run, quiet=True)
+    (run / "report" / "stale.txt").write_text("from the first report")
+    results["pipeline"]["name"] = "second-run"
+    _copy_run(results, tmp_path)
+    page = write_report(run, quiet=True).read_text()
+    assert "second-run" in page and not (run / "report" / "stale.txt").exists()
+    assert _leftovers(run) == []
+
+    # a failure while drawing leaves the previous report exactly as it was, and no temporary folder
+    def broken(*args, **kwargs):
+        raise RuntimeError("drawing failed")
+
+    monkeypatch.setattr(plots, "kernel_weights", broken)      # the last figure drawn
+    results["pipeline"]["name"] = "third-run"
+    _copy_run(results, tmp_path)
+    with pytest.raises(RuntimeError, match="drawing failed"):
+        write_report(run, quiet=True)
+    assert "second-run" in (run / "report" / "index.html").read_text()
+    assert _pngs(run / "report") == ["active.png", "gap.png", "metrics.png", "weights-00-spicy_l1.png"]
+    assert _leftovers(run) == []
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, r"results\.json not found.*mklscale run"),
+    ("{not json", r"results\.json is not valid JSON.*run the pipeline again"),
+    ('{"solvers": []}', r"results\.json is not an mklscale results file"),
+    ('{"schema_version": 2, "solvers": []}', r"schema_version 2.*upgrade mklscale"),
+    ('{"schema_version": 1, "solvers": {"a": 1}}', r"'solvers' must be a list"),
+])
+def test_missing_or_bad_results_json_is_a_clear_error(tmp_path, content, message):
+    if content is not None:
+        (tmp_path / "results.json").write_text(content)
+    with pytest.raises(InvalidInputError, match=message) as info:
+        write_report(tmp_path, quiet=True)
+    assert str(tmp_path / "results.json") in str(info.value)
+    assert not (tmp_path / "report").exists() and _leftovers(tmp_path) == []
+
+
+def test_missing_run_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(InvalidInputError, match="does not exist"):
+        write_report(tmp_path / "nowhere")
+
+
+def test_missing_optional_fields_still_give_a_report(tmp_path):
+    results = {"schema_version": 1, "solvers": [
+        {"name": "bare"},
+        {"name": "no_gap", "status": "ok", "history": [{"iteration": 1, "n_active": 3, "seconds": 0.1},
+                                                        {"iteration": 2, "n_active": 2}],
+         "kernels": [{"name": "linear()[all]", "family": "linear", "weight": "inf"},
+                     {"name": "k2", "weight": 0.5}], "path": {"parameter": "tau", "values": []}},
+    ]}
+    page = write_report(_copy_run(results, tmp_path), quiet=True).read_text()
+    assert "mklscale report: unnamed pipeline" in page and "not recorded" in page
+    assert "<td>bare</td>" in page and "<td>k2</td>" in page
+    assert "no path values recorded" in page
+    # no gap recorded and an empty path: no figure for either
+    assert _pngs(tmp_path / "report") == ["active.png", "weights-01-no_gap.png"]
+
+
+def test_without_matplotlib_the_tables_are_written_with_a_note(small_results, tmp_path, monkeypatch):
+    results = small_results
+    for module in ("matplotlib", "matplotlib.figure", "matplotlib.pyplot"):
+        monkeypatch.setitem(sys.modules, module, None)
+    page = write_report(_copy_run(results, tmp_path), quiet=True).read_text()
+    assert "matplotlib is not installed" in page and "<img" not in page
+    assert "<td>spicy_l1</td>" in page and _pngs(tmp_path / "report") == []
+
+
+# ---- the figures, from plain data ------------------------------------------------------------------
+
+def test_convergence_figures_draw_one_line_per_solver_and_head(results):
+    from mklscale import plots
+
+    histories = {s["name"]: s["history"] for s in results["solvers"] if s["history"]}
+    ax = plots.duality_gap(histories)
+    assert ax.get_yscale() == "log"
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "spicy_l1", "spicy_ovr [1]", "spicy_ovr [-1]", "pfbs_path"]
+    assert all(np.all(line.get_ydata() > 0) for line in ax.get_lines())
+    ax = plots.active_set(histories)
+    assert len(ax.get_lines()) == 4
+    n_active = [e["n_active"] for e in results["solvers"][0]["history"]]
+    np.testing.assert_array_equal(ax.get_lines()[0].get_ydata(), n_active)
+
+
+def test_log_axes_skip_zero_negative_and_non_finite_values():
+    from mklscale import plots
+
+    history = [{"seconds": t, "gap": g} for t, g in
+               [(0.1, "inf"), (0.2, 0.5), (0.3, 0.0), (0.4, "nan"), (0.5, -1e-3), (0.6, 1e-4), ("inf", 1e-5)]]
+    ax = plots.duality_gap({"s": history})
+    np.testing.assert_array_equal(ax.get_lines()[0].get_xdata(), [0.2, 0.6])
+    ax = plots.duality_gap({"s": [{"seconds": 1.0, "gap": 0.0}]})
+    assert not ax.get_lines() and "no duality gap recorded" in ax.texts[0].get_text()
+    path = {"parameter": "tau", "values": [1.0, 0.1, 0.0], "kernel_names": ["a"], "weights": [[0], [2], [3]]}
+    ax = plots.regularisation_path(path)
+    assert ax.get_xscale() == "log"
+    np.testing.assert_array_equal(ax.get_lines()[0].get_xdata(), [1.0, 0.1])
+
+
+def test_path_figure_has_a_line_per_ever_active_kernel(results):
+    from mklscale import plots
+
+    path = results["solvers"][2]["path"]
+    ax = plots.regularisation_path(path)
+    assert ax.get_xscale() == "log" and len(ax.get_lines()) == len(path["kernel_names"]) > 1
+    assert {t.get_text() for t in ax.get_legend().get_texts()} == set(path["kernel_names"])
+    ax = plots.regularisation_path(path, max_legend=3)
+    assert len(ax.get_legend().get_texts()) == 3 and len(ax.get_lines()) == len(path["kernel_names"])
+
+
+def test_weights_figure_groups_by_family_and_caps_the_rows(results):
+    from mklscale import plots
+
+    kernels = results["solvers"][2]["kernels"]
+    ax = plots.kernel_weights(kernels)
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert len(ax.patches) == len(labels) == len(kernels)
+    families = [k["family"] for k in sorted(kernels, key=lambda k: labels.index(plots.kernel_label(k)))]
+    assert families == sorted(families)                          # one block per family
+    widths = [float(k["params"]["width"]) for k in kernels if k["family"] == "gaussian"]
+    assert [float(lab.split("=")[1].split()[0]) for lab in labels[:len(widths)]] == sorted(widths)
+    heaviest = max(kernels, key=lambda k: k["weight"])
+    ax = plots.kernel_weights(kernels, max_kernels=3)
+    assert len(ax.patches) == 3 and plots.kernel_label(heaviest) in [t.get_text() for t in ax.get_yticklabels()]
+    assert f"{len(kernels)} kept, 3 largest shown" in ax.get_title()
+    ovr = plots.kernel_weights(results["solvers"][1]["kernels"])
+    assert len(ovr.patches) == 2 * len(ovr.get_yticklabels())   # one bar per head in each row
