@@ -4,3 +4,18 @@ Layers (dependencies point one way): ``bank`` <- ``engine`` <- ``solvers`` <- es
 """
 
 __version__ = "0.1.0"
+
+# The estimators pull in scikit-learn, pandas and the solvers: import them only when asked for, so
+# ``import mklscale`` stays cheap.
+_LAZY = {"MKLClassifier": "mklscale.estimators", "MKLRegressor": "mklscale.estimators",
+         "MKLModel": "mklscale.model", "load": "mklscale.model"}
+
+__all__ = ["MKLClassifier", "MKLModel", "MKLRegressor", "__version__", "load"]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'mklscale' has no attribute {name!r}")

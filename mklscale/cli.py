@@ -1,12 +1,16 @@
 """The ``mklscale`` command.
 
+    mklscale run pipelines/quickstart.toml [--cluster cluster/slurm.toml] [--out runs/quickstart] [--quiet]
+    mklscale fit --dataset breast_cancer --family simplemkl --solver spicy --C 0.05 --out model/
+    mklscale predict model/ --features X_new.npy [--proba] [--out predictions.npy]
+    mklscale report runs/quickstart
     mklscale bank build --dataset breast_cancer --family simplemkl --out bank.zarr
     mklscale bank build --features X.npy --family gaussian --widths 0.5 1 2 --out bank.zarr
     mklscale bank info PATH
     mklscale bank verify PATH
 
-Exit codes: 0 success; 1 ``verify`` found problems; 2 bad input or a bank that cannot be used
-(the message says what to do).
+Exit codes: 0 success; 1 ``verify`` found problems or a pipeline solver failed (see results.json);
+2 bad input, a bad config or a bank/model/cluster that cannot be used (the message says what to do).
 """
 
 from __future__ import annotations
@@ -39,17 +43,51 @@ def main(argv: list[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mklscale", description="Multiple kernel learning over kernel banks on Dask.")
     sub = p.add_subparsers(title="commands")
+
+    r = sub.add_parser("run", help="run a pipeline: dataset -> bank -> solvers -> evaluation -> report")
+    r.add_argument("pipeline", type=Path, help="a pipeline TOML file (see pipelines/)")
+    r.add_argument("--cluster", type=Path, default=None, help="a cluster TOML file (see cluster/); default: "
+                   "an embedded LocalCluster with 2 worker processes")
+    r.add_argument("--out", type=Path, default=None, help="run directory (default: runs/<pipeline name>)")
+    r.add_argument("--quiet", action="store_true", help="no progress bars or per-iteration lines")
+    r.set_defaults(func=_cmd_run)
+
+    f = sub.add_parser("fit", help="fit one MKL model on a dataset or on features and labels, and save it")
+    src = f.add_mutually_exclusive_group(required=True)
+    src.add_argument("--dataset", help="an offline dataset name (see mklscale.datasets.available())")
+    src.add_argument("--features", type=Path, help="a .npy file with an (n, d) feature matrix (needs --labels)")
+    f.add_argument("--labels", type=Path, help="a .npy file with the n labels or targets")
+    f.add_argument("--task", choices=("classification", "regression"), default=None,
+                   help="default: the dataset's task; required with --features")
+    _family_arguments(f)
+    f.add_argument("--solver", default="spicy", help="solver name (mklscale.solvers.registry)")
+    f.add_argument("--C", type=float, default=None, help="the solver's main regularisation")
+    f.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                   help="a solver parameter; VALUE is read as JSON when it parses, else as a string")
+    f.add_argument("--cache-dir", type=Path, default=None, help="where banks are kept for reuse")
+    f.add_argument("--out", type=Path, required=True, help="model directory to write")
+    f.add_argument("--quiet", action="store_true")
+    f.set_defaults(func=_cmd_fit)
+
+    pr = sub.add_parser("predict", help="predict with a saved model")
+    pr.add_argument("model", type=Path, help="a model directory written by fit / run / save()")
+    src = pr.add_mutually_exclusive_group(required=True)
+    src.add_argument("--dataset", help="an offline dataset name: predict on all its rows")
+    src.add_argument("--features", type=Path, help="a .npy file with an (n, d) feature matrix")
+    pr.add_argument("--proba", action="store_true", help="class probabilities (logistic-loss models only)")
+    pr.add_argument("--out", type=Path, default=None, help=".npy or .csv file (default: print)")
+    pr.set_defaults(func=_cmd_predict)
+
+    rep = sub.add_parser("report", help="write RUN_DIR/report/index.html with plots from RUN_DIR/results.json")
+    rep.add_argument("run_dir", type=Path)
+    rep.set_defaults(func=_cmd_report)
     bank = sub.add_parser("bank", help="build, inspect and verify kernel banks").add_subparsers(title="bank commands")
 
     b = bank.add_parser("build", help="compute a bank of Gram matrices from features")
     src = b.add_mutually_exclusive_group(required=True)
     src.add_argument("--dataset", help="an offline dataset name (see mklscale.datasets.available())")
     src.add_argument("--features", type=Path, help="a .npy file with an (n, d) feature matrix")
-    b.add_argument("--family", choices=FAMILY_CHOICES, default="simplemkl")
-    b.add_argument("--widths", type=float, nargs="+", default=[0.5, 1, 2, 5], help="gaussian widths s in exp(-||x-z||^2/(2 s^2))")
-    b.add_argument("--degrees", type=int, nargs="+", default=[1, 2, 3], help="polynomial degrees")
-    b.add_argument("--n-kernels", type=int, default=100, help="random_subsets: number of kernels")
-    b.add_argument("--seed", type=int, default=0, help="random_subsets: seed")
+    _family_arguments(b)
     b.add_argument("--rows", type=int, default=None, help="use only the first ROWS rows (default: all)")
     b.add_argument("--normalize", choices=("trace", "diag", "none"), default="trace")
     b.add_argument("--dtype", choices=("float32", "float64"), default="float32")
@@ -71,18 +109,111 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _family_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--family", choices=FAMILY_CHOICES, default="simplemkl")
+    p.add_argument("--widths", type=float, nargs="+", default=[0.5, 1, 2, 5], help="gaussian widths s in exp(-||x-z||^2/(2 s^2))")
+    p.add_argument("--degrees", type=int, nargs="+", default=[1, 2, 3], help="polynomial degrees")
+    p.add_argument("--n-kernels", type=int, default=100, help="random_subsets: number of kernels")
+    p.add_argument("--seed", type=int, default=0, help="random_subsets: seed")
+
+
+def _kernels(args) -> dict:
+    """The --family arguments as a family description for ``bank.families.resolve``."""
+    extra = {"gaussian": {"widths": args.widths}, "polynomial": {"degrees": args.degrees},
+             "random_subsets": {"n_kernels": args.n_kernels, "seed": args.seed}}
+    return {"family": args.family, **extra.get(args.family, {})}
+
+
+def _cmd_run(args) -> int:
+    from mklscale.pipeline import run_pipeline
+
+    results = run_pipeline(args.pipeline, out=args.out, cluster=args.cluster, quiet=args.quiet)
+    failed = [s["name"] for s in results["solvers"] if s["status"] != "ok"]
+    if failed:
+        print(f"mklscale: {len(failed)} solver(s) failed: {', '.join(failed)} (errors in results.json)", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _cmd_fit(args) -> int:
+    from mklscale.estimators import MKLClassifier, MKLRegressor
+
+    if args.dataset:
+        from mklscale.datasets import load
+
+        ds = load(args.dataset)
+        X, y = ds.X, ds.y
+        task = args.task or ("regression" if ds.task == "regression" else "classification")
+    else:
+        if args.labels is None or args.task is None:
+            raise InvalidInputError("--features needs --labels y.npy and --task classification|regression")
+        X, y, task = _load_npy(args.features, "--features"), _load_npy(args.labels, "--labels"), args.task
+    Estimator = MKLClassifier if task == "classification" else MKLRegressor
+    estimator = Estimator(kernels=_kernels(args), solver=args.solver, C=args.C, solver_params=_params(args.param),
+                          cache_dir=None if args.cache_dir is None else str(args.cache_dir), progress=not args.quiet)
+    estimator.fit(X, y)
+    estimator.save(args.out)
+    print(f"model: {args.out}  kept {len(estimator.selected_kernels_)} kernel(s)  "
+          f"training score {estimator.score(X, y):.4f}")
+    return 0
+
+
+def _params(pairs: list[str]) -> dict:
+    """--param KEY=VALUE pairs; VALUE is JSON when it parses (numbers, true/false, lists), else a string."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise InvalidInputError(f"--param {pair!r}: write KEY=VALUE, e.g. --param loss=hinge")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def _cmd_predict(args) -> int:
+    import mklscale
+
+    estimator = mklscale.load(args.model)
+    if args.dataset:
+        from mklscale.datasets import load
+
+        X = load(args.dataset).X
+    else:
+        X = _load_npy(args.features, "--features")
+    values = estimator.predict_proba(X) if args.proba else estimator.predict(X)
+    if args.out is None:
+        np.savetxt(sys.stdout, np.atleast_1d(values), fmt="%s")
+    elif args.out.suffix == ".csv":
+        np.savetxt(args.out, np.atleast_1d(values), fmt="%s", delimiter=",")
+    else:
+        np.save(args.out, np.asarray(values), allow_pickle=False)
+    return 0
+
+
+def _cmd_report(args) -> int:
+    from mklscale.report import write_report
+
+    print(f"report: {write_report(args.run_dir)}")
+    return 0
+
+
+def _load_npy(path: Path, what: str) -> np.ndarray:
+    if not path.is_file():
+        raise InvalidInputError(f"{what} {path}: no such file")
+    try:
+        return np.load(path, allow_pickle=False)
+    except ValueError as exc:
+        raise InvalidInputError(f"{what} {path}: not a plain .npy array ({exc})") from None
+
+
 def _load_features(args) -> np.ndarray:
     if args.dataset:
         from mklscale.datasets import load
 
         X = load(args.dataset).X
     else:
-        if not args.features.is_file():
-            raise InvalidInputError(f"--features {args.features}: no such file")
-        try:
-            X = np.load(args.features, allow_pickle=False)
-        except ValueError as exc:
-            raise InvalidInputError(f"--features {args.features}: not a plain .npy array ({exc})") from None
+        X = _load_npy(args.features, "--features")
     if args.rows is not None:
         if args.rows < 2:
             raise InvalidInputError(f"--rows must be >= 2, got {args.rows}")
@@ -90,25 +221,11 @@ def _load_features(args) -> np.ndarray:
     return X
 
 
-def _specs(args, d: int):
-    from mklscale.bank import families
-
-    if args.family == "simplemkl":
-        return families.simplemkl(d)
-    if args.family == "gaussian":
-        return families.gaussian(args.widths)
-    if args.family == "polynomial":
-        return families.polynomial(args.degrees)
-    if args.family == "linear":
-        return families.linear()
-    return families.random_subsets(d, args.n_kernels, seed=args.seed)
-
-
 def _cmd_build(args) -> int:
-    from mklscale.bank import build_bank
+    from mklscale.bank import build_bank, families
 
     X = _load_features(args)
-    specs = _specs(args, X.shape[1])
+    specs = families.resolve(_kernels(args), X.shape[1])
     client = None
     if args.scheduler:
         from distributed import Client

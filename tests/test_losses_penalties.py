@@ -61,7 +61,7 @@ def test_loss_gradient_matches_finite_differences(loss, y):
 
 
 @pytest.mark.parametrize("loss,y", LOSS_CASES, ids=LOSS_IDS)
-def test_conjugate_equals_its_definition(loss, y):
+def test_loss_conjugate_equals_its_definition(loss, y):
     """h(rho) = L*(-rho) = sum_i sup_z (-rho_i z - loss(y_i, z)), by scalar maximisation."""
     rho = _interior_dual(loss, y)
     numeric = 0.0
@@ -161,7 +161,7 @@ def test_prox_derivative_matches_finite_differences(penalty, C):
 
 @pytest.mark.parametrize("penalty", PENALTY_CASES, ids=PENALTY_IDS)
 @pytest.mark.parametrize("C", C_VALUES)
-def test_conjugate_equals_its_definition(penalty, C):
+def test_penalty_conjugate_equals_its_definition(penalty, C):
     """g~_C*(y) = sup_{x >= 0} x y - g~_C(x) by scalar maximisation (finite part of the domain)."""
     for y in (0.0, 0.2, 0.6, 1.0, 2.2, 5.0):
         value = penalty.conjugate(np.array([y]), C)[0]

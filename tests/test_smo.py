@@ -113,7 +113,7 @@ def test_line_search_matches_scipy_brent(bank):
     bounded Brent (minimize_scalar) finds on phi evaluated through the quadratic-in-t forms."""
     grams, y = bank
     rng = np.random.default_rng(2)
-    M, n = grams.shape[0], y.size
+    M = grams.shape[0]
     d = np.ones(M)
     interior = 0
     for trial in range(30):

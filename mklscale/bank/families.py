@@ -91,51 +91,81 @@ FAMILY_PARAMS: dict[str, tuple[str, ...]] = {
     "linear": ("features",),
     "random_subsets": ("n_kernels", "seed", "max_subset"),
 }
+PRESETS = tuple(FAMILY_PARAMS)
+RANDOM_SUBSET_KERNELS = 100
 
 
-def resolve(kernels, n_features: int) -> list[KernelSpec]:
+def resolve(kernels, n_features: int, seed: int | None = None) -> list[KernelSpec]:
     """Specs from a short description, for data with ``n_features`` columns.
 
-    ``kernels`` is a family name ("simplemkl", "gaussian", "polynomial", "linear",
-    "random_subsets"; defaults as in the functions above, gaussian widths 0.5 1 2 5, polynomial
-    degrees 1 2 3, random_subsets 100 kernels), a mapping ``{"family": name, **parameters}`` with the
-    parameters of :data:`FAMILY_PARAMS`, a ``KernelSpec``, or a list mixing these (concatenated in
-    order; duplicates are an error, since two equal kernels only split a weight).
+    ``kernels`` is one of, or a list mixing (concatenated in order; duplicates are an error):
+
+    - a preset name: "simplemkl" (27 (d + 1) kernels), "gaussian" (the 24 SimpleMKL widths) /
+      "polynomial" (degrees 1-3) / "linear", each on all features and on every single feature,
+      or "random_subsets" (100 kernels drawn with ``seed``, default 0);
+    - a family mapping ``{"family": name, **parameters}`` with the parameters of
+      :data:`FAMILY_PARAMS` (gaussian/polynomial/linear on all features unless ``features`` is
+      given; random_subsets' seed defaults to ``seed``);
+    - a ``KernelSpec`` or its ``to_dict()`` form (a mapping with ``params``).
     """
     d = _positive_int(n_features, "n_features")
-    if isinstance(kernels, (str, dict, KernelSpec)):
-        kernels = [kernels]
-    if not isinstance(kernels, (list, tuple)) or not kernels:
-        raise SpecError("kernels must be a family name, a mapping {'family': ..., ...}, a KernelSpec or a "
-                        f"non-empty list of them; got {kernels!r}")
+    items = kernels if isinstance(kernels, (list, tuple)) else [kernels]
+    if not items:
+        raise SpecError("kernels is an empty list; give a preset name, a family mapping or KernelSpecs")
     specs: list[KernelSpec] = []
-    for item in kernels:
-        specs += [item] if isinstance(item, KernelSpec) else _family_specs(item, d)
+    for item in items:
+        if isinstance(item, KernelSpec):
+            specs.append(item)
+        elif isinstance(item, dict) and "params" in item:
+            specs.append(KernelSpec.from_dict(item))
+        elif isinstance(item, str):
+            specs += _preset(item, d, seed)
+        elif isinstance(item, dict):
+            specs += _family_specs(item, d, seed)
+        else:
+            raise SpecError(f"kernels must be a preset name ({', '.join(PRESETS)}), a mapping like "
+                            f"{{'family': 'gaussian', 'widths': [1, 2]}}, a KernelSpec or a list of these; got {item!r}")
     if len(set(specs)) != len(specs):
         raise SpecError("the kernel list has duplicate specs; remove the repeated family or parameter values")
     return specs
 
 
-_DEFAULTS = {"gaussian": {"widths": (0.5, 1.0, 2.0, 5.0)}, "polynomial": {"degrees": SIMPLEMKL_DEGREES},
-             "random_subsets": {"n_kernels": 100}}
+def _preset(name: str, d: int, seed: int | None) -> list[KernelSpec]:
+    every = [None] + [(j,) for j in range(d)]
+    if name == "simplemkl":
+        return simplemkl(d)
+    if name == "gaussian":
+        return [s for f in every for s in gaussian(SIMPLEMKL_WIDTHS, f)]
+    if name == "polynomial":
+        return [s for f in every for s in polynomial(SIMPLEMKL_DEGREES, 1.0, f)]
+    if name == "linear":
+        return [s for f in every for s in linear(f)]
+    if name == "random_subsets":
+        return random_subsets(d, RANDOM_SUBSET_KERNELS, seed=0 if seed is None else seed)
+    raise SpecError(f"unknown kernel preset {name!r}; choose one of {', '.join(PRESETS)}, a family mapping "
+                    "or a list of KernelSpec")
 
 
-def _family_specs(item, d: int) -> list[KernelSpec]:
-    entry = {"family": item} if isinstance(item, str) else item
-    if not isinstance(entry, dict) or "family" not in entry:
-        raise SpecError(f"a kernel family description needs a 'family' key; got {item!r}")
-    family = entry["family"]
+def _family_specs(entry: dict, d: int, seed: int | None) -> list[KernelSpec]:
+    family = entry.get("family")
     if family not in FAMILY_PARAMS:
-        raise SpecError(f"unknown kernel family {family!r}; choose one of {', '.join(FAMILY_PARAMS)}")
+        raise SpecError(f"a kernel family mapping needs 'family' in {', '.join(PRESETS)}; got {entry!r}")
     params = {k: v for k, v in entry.items() if k != "family"}
     unknown = sorted(set(params) - set(FAMILY_PARAMS[family]))
     if unknown:
         raise SpecError(f"kernel family {family!r} does not take {', '.join(unknown)}; its parameters are "
                         f"{', '.join(FAMILY_PARAMS[family]) or 'none'}")
-    params = {**_DEFAULTS.get(family, {}), **params}
-    if family in ("simplemkl", "random_subsets"):
-        return globals()[family](d, **params)
-    return globals()[family](**params)
+    if family == "simplemkl":
+        return simplemkl(d, **params)
+    if family == "random_subsets":
+        params.setdefault("n_kernels", RANDOM_SUBSET_KERNELS)
+        params.setdefault("seed", 0 if seed is None else seed)
+        return random_subsets(d, **params)
+    if family == "gaussian":
+        return gaussian(params.get("widths", SIMPLEMKL_WIDTHS), params.get("features"))
+    if family == "polynomial":
+        return polynomial(params.get("degrees", SIMPLEMKL_DEGREES), params.get("offset", 1.0), params.get("features"))
+    return linear(params.get("features"))
 
 
 def _nonempty(values: Iterable, what: str) -> list:

@@ -1,0 +1,457 @@
+"""scikit-learn estimators: ``MKLClassifier`` and ``MKLRegressor``.
+
+Both learn f(x) = sum_m w_m k_m(x, X_train) c + b over a bank of kernels k_m (KernelSpecs evaluated on
+the standardised features, normalised as the bank's ``normalize`` rule says), with one of the solvers of
+:mod:`mklscale.solvers.registry`. ``fit(X, y)``:
+
+1. validates X, y with scikit-learn's ``validate_data`` (NaN/inf and shape errors are ValueErrors);
+2. builds the kernel bank in ``cache_dir`` under a key that hashes the data (raw float64 bytes, from
+   which the standardisation follows), the kernel specs, ``normalize`` and the storage dtype
+   (float32) -- or REUSES it when a previous fit built the same bank (``fit_stats_["kernels_built"]``
+   is then 0). Banks stay in the cache until deleted (``$MKLSCALE_CACHE`` or ``~/.cache/mklscale/banks``
+   by default; every distinct training set, e.g. every cross-validation fold, gets its own bank);
+3. opens an :class:`~mklscale.engine.Engine` on it (``client``: a ``distributed.Client`` or None for
+   Dask's threaded scheduler) and runs the solver; multiclass classification is one-vs-rest, one
+   solve per class on the same engine with targets +1 for the class and -1 for the rest;
+4. keeps in ``model_`` (:class:`~mklscale.model.MKLModel`) only what prediction needs: kept kernels,
+   their specs and normalisation, and the training rows with non-zero dual coefficients.
+
+Labels: binary classification maps ``classes_[1]`` to +1 (``decision_function > 0`` predicts
+``classes_[1]``, as in scikit-learn); one-vs-rest predicts ``classes_[argmax_k f_k(x)]``. Predictions
+are always labels seen at fit.
+
+``C`` is the solver's main regularisation, with the meaning and default the registry table states
+(e.g. spicy: penalty weight, larger = sparser; smo/elasticnet: SVM C, larger = less regularised;
+pfbs: tau; sgd/gcd: ridge lam). ``predict_proba`` exists only for ``solver="spicy"`` with the logistic
+loss (its default for classification): P(classes_[1] | x) = sigmoid(f(x)) for binary, and
+sigmoid(f_k(x)) / sum_j sigmoid(f_j(x)) for one-vs-rest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, clone
+from sklearn.utils._available_if import available_if
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import check_array, check_is_fitted, check_random_state, column_or_1d, validate_data
+
+from mklscale.bank import families
+from mklscale.bank.spec import KernelSpec, specs_to_json
+from mklscale.errors import InvalidInputError
+from mklscale.model import MKLModel
+from mklscale.solvers import registry
+from mklscale.solvers.result import json_safe
+
+#: storage dtype of the banks the estimators build (float32 storage, float64 accumulation)
+BANK_DTYPE = "float32"
+#: kernels of kernels="random_subsets"
+
+
+def default_cache_dir() -> Path:
+    """``$MKLSCALE_CACHE`` or ``~/.cache/mklscale/banks``."""
+    env = os.environ.get("MKLSCALE_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "mklscale" / "banks"
+
+
+class _MKLBase(BaseEstimator):
+    """Shared parameters, fitting and prediction; see the module docstring.
+
+    Parameters
+    ----------
+    kernels : what ``mklscale.bank.families.resolve`` accepts: a preset name ("simplemkl", the default:
+        27 (d + 1) kernels; "gaussian", "polynomial", "linear" on all and on every single feature;
+        "random_subsets" seeded by ``random_state``), a family dict such as
+        ``{"family": "gaussian", "widths": [1, 2]}``, KernelSpecs, or a list mixing these.
+    solver : a name of :func:`mklscale.solvers.registry.names` (default "spicy").
+    C : the solver's main regularisation (None: the registry's default for the solver and task).
+    solver_params : dict of further solver parameters, or None (unknown names raise InvalidInputError).
+    normalize : "trace" (unit trace, default), "diag" (unit diagonal) or None.
+    cache_dir : where banks are kept (None: ``$MKLSCALE_CACHE`` or ``~/.cache/mklscale/banks``).
+    client : a ``distributed.Client`` for the bank build and the engine's passes, a scheduler address
+        (str; a client is opened for each fit and closed after), or None (Dask's threaded scheduler).
+        ``clone`` (GridSearchCV...) shares a Client object by reference; an estimator holding a Client
+        object cannot be pickled, so with process-based ``n_jobs`` pass the address instead.
+    progress : show progress bars (bank build and passes).
+    verbose : print one line per solver iteration (objective, gap, active kernels, passes).
+    random_state : seed for random kernel subsets and the solvers that draw random numbers.
+    """
+
+    _task = "classification"
+
+    def __init__(self, kernels="simplemkl", solver="spicy", C=None, solver_params=None, normalize="trace",
+                 cache_dir=None, client=None, progress=False, verbose=False, random_state=None):
+        self.kernels = kernels
+        self.solver = solver
+        self.C = C
+        self.solver_params = solver_params
+        self.normalize = normalize
+        self.cache_dir = cache_dir
+        self.client = client
+        self.progress = progress
+        self.verbose = verbose
+        self.random_state = random_state
+
+    def __sklearn_clone__(self):
+        """Like sklearn's clone, but a distributed.Client (which cannot be deep-copied) is shared."""
+        params = self.get_params(deep=False)
+        client = params.pop("client")
+        return type(self)(client=client, **{k: clone(v, safe=False) for k, v in params.items()})
+
+    # ---- fitting ------------------------------------------------------------------------------
+    def _check_solver(self) -> dict:
+        if not registry.supports(self.solver, self._task):
+            raise InvalidInputError(
+                f"solver {self.solver!r} does not support {self._task}; it supports "
+                f"{list(registry.info(self.solver).tasks)}. Use one of "
+                f"{[n for n in registry.names() if registry.supports(n, self._task)]}")
+        return registry.check_params(self.solver, self.solver_params, self._task)
+
+    def _fit_features(self, X, y_targets: list[np.ndarray]):
+        """Build or reuse the bank for X, then solve every head."""
+        t0 = time.perf_counter()
+        params = self._check_solver()
+        specs = families.resolve(self.kernels, X.shape[1], self._seed())
+        with _client(self.client) as client:
+            bank, seconds = self._bank_for(X, specs, client)
+            self._solve(bank, y_targets, params, t0, client, build_seconds=seconds)
+        return self
+
+    def _bank_for(self, X: np.ndarray, specs: list[KernelSpec], client):
+        from mklscale.bank.build import build_bank
+
+        cache = Path(self.cache_dir) if self.cache_dir is not None else default_cache_dir()
+        cache.mkdir(parents=True, exist_ok=True)
+        key = bank_key(X, specs, self.normalize, BANK_DTYPE)
+        t0 = time.perf_counter()
+        with _file_lock(cache / f".bank-{key[:24]}.lock"):
+            bank = build_bank(X, specs, cache / f"bank-{key[:24]}", normalize=self.normalize, dtype=BANK_DTYPE,
+                              client=client, progress=bool(self.progress))
+        return bank, time.perf_counter() - t0
+
+    def _solve(self, bank, y_targets: list[np.ndarray], params: dict, t0: float, client, build_seconds: float = 0.0):
+        from mklscale.engine import Engine
+
+        seed = self._seed()
+        seed_param = registry.info(self.solver).seed_param
+        if seed_param and seed_param not in params and seed is not None:
+            params[seed_param] = seed
+        if self.verbose and "verbose" in registry.accepted_params(self.solver):
+            params.setdefault("verbose", True)
+        t_solve = time.perf_counter()
+        with Engine(bank, client=client, progress=bool(self.progress)) as engine:
+            results = [registry.fit_solver(self.solver, engine, y, self._task, C=self.C, params=params)
+                       for y in y_targets]
+            stats = engine.stats
+        info = {"solver": self.solver, "C": self.C, "solver_params": params, "bank": str(bank.path),
+                "solvers": [r.solver for r in results]}
+        self.result_ = results[0] if len(results) == 1 else results
+        self.model_ = MKLModel.from_results(bank, results, self._task, getattr(self, "classes_", None), info=info)
+        _set_model_attributes(self, self.model_)
+        self.fit_stats_ = {
+            "passes": int(stats.get("passes", 0)), "bytes_read": int(stats.get("bytes_read", 0)),
+            "seconds": time.perf_counter() - t0, "solve_seconds": time.perf_counter() - t_solve,
+            "build_seconds": float(build_seconds), "bank": str(bank.path),
+            "kernels_built": int(getattr(bank, "last_build_computed", 0)), "n_kernels": int(bank.M),
+            "n_heads": len(results),
+        }
+
+    def _seed(self) -> int | None:
+        if self.random_state is None:
+            return None
+        if isinstance(self.random_state, (int, np.integer)) and not isinstance(self.random_state, bool):
+            return int(self.random_state)
+        return int(check_random_state(self.random_state).randint(2**31 - 1))
+
+    def _fit_bank(self, bank, y):
+        """Open the bank and validate y against it (shared by the fit_bank methods)."""
+        from mklscale.bank.store import KernelBank
+
+        bank = bank if isinstance(bank, KernelBank) else KernelBank.open(bank)
+        y = column_or_1d(check_array(y, ensure_2d=False, dtype=None), warn=True)
+        if y.shape[0] != bank.n:
+            raise InvalidInputError(f"y has {y.shape[0]} entries but the bank {bank.path} has n = {bank.n} "
+                                    "training rows; pass the targets of the rows the bank was built on")
+        for attr in ("n_features_in_", "feature_names_in_"):
+            if hasattr(self, attr):
+                delattr(self, attr)
+        X = bank.X_train
+        if X is not None:
+            self.n_features_in_ = int(X.shape[1])
+        return bank, y
+
+    # ---- prediction ---------------------------------------------------------------------------
+    def _decision(self, X) -> np.ndarray:
+        """f(x) = sum_m w_m k_m(x, X_S) c_S + b per head: (n,) for binary / regression, (n, K) for OvR."""
+        check_is_fitted(self, "model_")
+        X = validate_data(self, X, reset=False, dtype=np.float64)
+        return self.model_.decision_function(X)
+
+    def decision_function_from_kernels(self, K_cross) -> np.ndarray:
+        """f from precomputed cross kernels K_m(X_new, X_train), shape (M or kept kernels, n_new, n_train).
+
+        The only way to predict for a model fitted with ``fit_bank`` on a bank imported from Gram
+        matrices (``KernelBank.from_arrays``): such kernels have no formula to evaluate on new data.
+        A bank imported with ``cross_grams`` gives them, normalised, as ``bank.cross(None)``.
+        """
+        check_is_fitted(self, "model_")
+        return self.model_.decision_function_from_kernels(K_cross)
+
+    def save(self, path) -> Path:
+        """Write the fitted model to the directory ``path`` (``model.json`` + ``arrays.npz``, atomic).
+
+        ``mklscale.load(path)`` returns an equivalent fitted estimator (``result_`` is not saved).
+        """
+        check_is_fitted(self, "model_")
+        fitted = {"n_features_in_": getattr(self, "n_features_in_", None),
+                  "feature_names_in_": (None if not hasattr(self, "feature_names_in_")
+                                        else [str(f) for f in self.feature_names_in_]),
+                  "fit_stats_": json_safe(getattr(self, "fit_stats_", {}))}
+        extra = {"estimator": {"class": type(self).__name__, "params": params_to_json(self.get_params(deep=False))},
+                 "fitted": fitted}
+        return self.model_.save(path, extra=extra)
+
+
+def _has_proba(est) -> bool:
+    params = est.solver_params if isinstance(est.solver_params, dict) else {}
+    loss = params.get("loss", "logistic")
+    if est.solver != "spicy" or loss != "logistic":
+        raise AttributeError(f"predict_proba is available only for solver='spicy' with loss='logistic' "
+                             f"(a probability model sigmoid(f)); this estimator uses solver={est.solver!r}"
+                             + (f" with loss={loss!r}" if est.solver == "spicy" else "")
+                             + ". Use decision_function, or wrap it in sklearn's CalibratedClassifierCV")
+    return True
+
+
+class MKLClassifier(ClassifierMixin, _MKLBase):
+    """Multiple kernel learning classifier (binary, or one-vs-rest for K >= 3 classes).
+
+    See the module docstring and ``_MKLBase`` for the parameters. Fitted attributes:
+
+    classes_ : (K,) the labels seen at fit (sorted).
+    n_features_in_, feature_names_in_ : as in scikit-learn.
+    result_ : MKLResult (binary) or list of K MKLResults (one-vs-rest, in the order of classes_).
+    model_ : MKLModel, what prediction needs.
+    kernel_weights_ : pandas Series (binary) indexed by kernel name, or DataFrame (one-vs-rest)
+        classes x kernels; KEPT kernels only (non-zero weight in some head), zeros where a class does
+        not use one.
+    selected_kernels_ : names of the kept kernels.
+    fit_stats_ : dict with passes, bytes_read, seconds, solve_seconds, build_seconds, bank (path),
+        kernels_built (0 when the bank came from the cache), n_kernels, n_heads.
+    """
+
+    def fit(self, X, y):
+        """Fit on raw features X (n, d) and labels y (any hashable labels, at least two classes)."""
+        X, y = validate_data(self, X, y, ensure_min_samples=2, dtype=np.float64)
+        return self._fit_features(X, self._targets(y))
+
+    def fit_bank(self, bank, y):
+        """Fit on a precomputed KernelBank (or its path); y are the labels of the bank's rows.
+
+        Prediction from raw features needs a bank built from features (``build_bank``); for banks
+        imported from Gram matrices use ``decision_function_from_kernels``.
+        """
+        t0 = time.perf_counter()
+        params = self._check_solver()
+        bank, y = self._fit_bank(bank, y)
+        targets = self._targets(y)
+        with _client(self.client) as client:
+            self._solve(bank, targets, params, t0, client)
+        return self
+
+    def _targets(self, y) -> list[np.ndarray]:
+        check_classification_targets(y)
+        self.classes_, idx = np.unique(y, return_inverse=True)
+        if self.classes_.size < 2:
+            raise InvalidInputError(f"y has only one class ({self.classes_[0]!r}); a classifier needs at least "
+                                    "two classes to train")
+        if self.classes_.size == 2:
+            return [np.where(idx == 1, 1.0, -1.0)]
+        return [np.where(idx == k, 1.0, -1.0) for k in range(self.classes_.size)]
+
+    def decision_function(self, X) -> np.ndarray:
+        """f(x) = sum_m w_m k_m(x, X_S) c_S + b: (n,) for binary (> 0: classes_[1]), (n, K) for one-vs-rest."""
+        return self._decision(X)
+
+    def predict(self, X) -> np.ndarray:
+        """classes_[f > 0] (binary) or classes_[argmax_k f_k] (one-vs-rest)."""
+        return self._labels(self.decision_function(X))
+
+    def predict_from_kernels(self, K_cross) -> np.ndarray:
+        """Labels from precomputed cross kernels (see ``decision_function_from_kernels``)."""
+        return self._labels(self.decision_function_from_kernels(K_cross))
+
+    def _labels(self, f: np.ndarray) -> np.ndarray:
+        if f.ndim == 1:
+            return self.classes_[(f > 0).astype(np.int64)]
+        return self.classes_[np.argmax(f, axis=1)]
+
+    @available_if(_has_proba)
+    def predict_proba(self, X) -> np.ndarray:
+        """(n, K) class probabilities: sigmoid(f) for binary, normalised sigmoid(f_k) for one-vs-rest."""
+        from scipy.special import expit
+
+        f = self.decision_function(X)
+        if f.ndim == 1:
+            p = expit(f)
+            return np.column_stack([1.0 - p, p])
+        P = expit(f)
+        return P / P.sum(axis=1, keepdims=True)
+
+    @available_if(_has_proba)
+    def predict_log_proba(self, X) -> np.ndarray:
+        """log of predict_proba."""
+        with np.errstate(divide="ignore"):
+            return np.log(self.predict_proba(X))
+
+
+class MKLRegressor(RegressorMixin, _MKLBase):
+    """Multiple kernel learning regressor; f(x) = sum_m w_m k_m(x, X_train) c + b predicts y.
+
+    Same parameters as MKLClassifier (default solver "spicy" with the square loss (1/2)(y - f)^2;
+    regression solvers: those with "regression" in ``registry.info(name).tasks``). Fitted attributes
+    as MKLClassifier without classes_; ``kernel_weights_`` is a pandas Series of the kept kernels.
+    """
+
+    _task = "regression"
+
+    def fit(self, X, y):
+        """Fit on raw features X (n, d) and real targets y (n,)."""
+        X, y = validate_data(self, X, y, ensure_min_samples=2, y_numeric=True, dtype=np.float64)
+        return self._fit_features(X, [np.asarray(y, dtype=np.float64)])
+
+    def fit_bank(self, bank, y):
+        """Fit on a precomputed KernelBank (or its path); see MKLClassifier.fit_bank."""
+        t0 = time.perf_counter()
+        params = self._check_solver()
+        bank, y = self._fit_bank(bank, y)
+        y = np.asarray(y, dtype=np.float64)
+        if not np.isfinite(y).all():
+            raise InvalidInputError("y contains NaN or inf; drop or impute those rows")
+        with _client(self.client) as client:
+            self._solve(bank, [y], params, t0, client)
+        return self
+
+    def predict(self, X) -> np.ndarray:
+        """f(x) = sum_m w_m k_m(x, X_S) c_S + b."""
+        return self._decision(X)
+
+    def predict_from_kernels(self, K_cross) -> np.ndarray:
+        return self.decision_function_from_kernels(K_cross)
+
+
+# ---- kernels ---------------------------------------------------------------------------------------
+def bank_key(X: np.ndarray, specs, normalize, dtype: str) -> str:
+    """sha256 of (data shape and float64 bytes, specs JSON, normalize, dtype, standardisation on)."""
+    h = hashlib.sha256()
+    X = np.ascontiguousarray(X, dtype=np.float64)
+    h.update(repr(X.shape).encode())
+    h.update(X.tobytes())
+    h.update(specs_to_json(specs).encode())
+    h.update(repr((normalize, str(dtype), True)).encode())
+    return h.hexdigest()
+
+
+@contextlib.contextmanager
+def _client(client):
+    """The client to use: a scheduler address opens one for the duration of the fit."""
+    if not isinstance(client, str):
+        yield client
+        return
+    from distributed import Client
+
+    from mklscale.errors import ClusterUnavailableError
+
+    try:
+        opened = Client(client, timeout="30s")
+    except OSError as exc:
+        raise ClusterUnavailableError(f"cannot reach the Dask scheduler at {client!r} ({exc}); start it or "
+                                      "pass client=None to run in this process") from None
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    """Exclusive lock so parallel fits (e.g. GridSearchCV n_jobs > 1) build one bank once."""
+    try:
+        import fcntl
+    except ImportError:  # no flock on this platform: builds of the same bank must not overlap
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# ---- fitted attributes and model files ---------------------------------------------------------------
+def _set_model_attributes(est, model: MKLModel) -> None:
+    import pandas as pd
+
+    names = model.kernel_names
+    if model.n_heads == 1:
+        est.kernel_weights_ = pd.Series(model.weights[0], index=pd.Index(names, name="kernel"), name="weight")
+    else:
+        est.kernel_weights_ = pd.DataFrame(model.weights, index=pd.Index(list(model.classes), name="class"),
+                                           columns=pd.Index(names, name="kernel"))
+    est.selected_kernels_ = list(names)
+
+
+def params_to_json(params: dict) -> dict:
+    """Estimator parameters as JSON (KernelSpecs as {"spec": dict}; the client is not saved)."""
+    out = dict(params)
+    kernels = out.get("kernels")
+    if isinstance(kernels, (list, tuple)):
+        out["kernels"] = [{"spec": k.to_dict()} if isinstance(k, KernelSpec) else json_safe(k) for k in kernels]
+    else:
+        out["kernels"] = json_safe(kernels)
+    out["client"] = None
+    out["cache_dir"] = None if out.get("cache_dir") is None else str(out["cache_dir"])
+    rs = out.get("random_state")
+    out["random_state"] = int(rs) if isinstance(rs, (int, np.integer)) and not isinstance(rs, bool) else None
+    try:
+        out["solver_params"] = json_safe(out.get("solver_params"))
+    except TypeError as exc:
+        raise InvalidInputError(f"solver_params cannot be saved as JSON ({exc}); use numbers, strings and lists") from None
+    return out
+
+
+def params_from_json(params: dict) -> dict:
+    out = dict(params)
+    if isinstance(out.get("kernels"), list):
+        out["kernels"] = [KernelSpec.from_dict(k["spec"]) if isinstance(k, dict) and set(k) == {"spec"} else k
+                          for k in out["kernels"]]
+    return out
+
+
+def estimator_from_model(model: MKLModel, doc: dict):
+    """The fitted estimator a model.json document describes (used by ``mklscale.load``)."""
+    from mklscale.errors import ModelFileError
+
+    est_doc = doc.get("estimator") or {}
+    classes = {"MKLClassifier": MKLClassifier, "MKLRegressor": MKLRegressor}
+    cls = classes.get(est_doc.get("class"))
+    if cls is None:
+        raise ModelFileError(f"model.json names estimator class {est_doc.get('class')!r}; expected one of {list(classes)}")
+    est = cls(**params_from_json(est_doc.get("params") or {}))
+    est.model_ = model
+    if cls is MKLClassifier:
+        est.classes_ = model.classes
+    fitted = doc.get("fitted") or {}
+    if fitted.get("n_features_in_") is not None:
+        est.n_features_in_ = int(fitted["n_features_in_"])
+    if fitted.get("feature_names_in_") is not None:
+        est.feature_names_in_ = np.asarray(fitted["feature_names_in_"], dtype=object)
+    est.fit_stats_ = fitted.get("fit_stats_", {})
+    _set_model_attributes(est, model)
+    return est

@@ -1,0 +1,459 @@
+"""MKLModel: everything prediction needs, without the kernel bank; model files; ``mklscale.load``.
+
+A fitted MKL model with H heads (one for binary classification and regression, one per class for
+one-vs-rest) predicts
+
+    f_h(x) = sum_{m in kept} w_{h,m} k~_m(x, X_S) c_{h,S} + b_h,       h = 1..H,
+
+where ``kept`` are the kernels with a non-zero weight in some head (the union over heads), S the
+training rows with a non-zero dual coefficient in some head that has kernels, and k~_m the kernel
+with the bank's normalisation applied to the standardised features:
+
+    x~ = (x - mean) / scale                      (the bank's recorded standardisation)
+    k~_m(x, z) = k_m(x~, z~) * factor_m          ("trace": factor_m = 1 / trace K_m(X_train))
+    k~_m(x, z) = k_m(x~, z~) / sqrt(k_m(x~, x~) k_m(z~, z~))   ("diag")
+
+Only the kept kernels are evaluated, and only against the rows S (``bank.store.normalize_block`` and
+``KernelSpec.compute`` = ``from_base(base(.))``, as ``KernelBank.cross`` does, so the values are those
+of the bank's cross kernels restricted to S; kernels sharing a pairwise base reuse it). The stored training rows are the STANDARDISED rows of the bank
+(``bank.X_train[S]``), which is what makes the model's cross kernels bit-identical to the bank's.
+
+Model file (a directory)::
+
+    model.json   {"format": "mklscale-model", "schema_version", "mklscale_version", "task", "classes",
+                  "classes_dtype", "normalize", "specs" (JSON KernelSpecs of the kept kernels), "heads"
+                  (per-head scalars: bias, solver, objective, gap, converged, n_kernels, n_rows, label),
+                  "estimator" (class and parameters), "fitted" (fitted attributes as JSON),
+                  "arrays": {"file": "arrays.npz", "sha256", "bytes"}, ...}
+    arrays.npz   weights (H, k), dual_coef (H, r), norm_factor (k,), bank_kernels (k,), rows (r,),
+                 train_row_ids (r,), X_rows (r, d) [feature banks], mean/scale (d,) [standardised]
+
+Everything is numbers, strings and JSON; ``arrays.npz`` is written and read with
+``allow_pickle=False``. Saving is atomic (temporary sibling folder, fsync, rename).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from mklscale.bank.spec import KernelSpec
+from mklscale.bank.store import normalize_block, validate_features
+from mklscale.errors import InvalidInputError, ModelFileError
+from mklscale.solvers.result import MKLResult, json_safe
+
+#: version of the model file layout this mklscale writes and reads
+SCHEMA_VERSION = 1
+FORMAT = "mklscale-model"
+JSON_FILE = "model.json"
+ARRAYS_FILE = "arrays.npz"
+#: bytes of one cross-kernel block (n_batch x |S| float64) evaluated at once in decision_function
+BATCH_BYTES = 32 * 2**20
+TASKS = ("classification", "regression")
+
+
+@dataclass
+class MKLModel:
+    """A fitted multiple kernel model without its bank (formulas in the module docstring).
+
+    Attributes
+    ----------
+    task : "classification" | "regression".
+    classes : (K,) class labels (classification) or None. Binary: one head, f > 0 means classes[1];
+        one-vs-rest (K >= 3): head h scores classes[h].
+    specs : KernelSpecs of the kept kernels (union over heads), in bank order.
+    normalize : the bank's normalisation rule ("trace", "diag" or None).
+    norm_factor : (k,) per-kernel factor of the kept kernels ("trace": 1 / trace of the training Gram).
+    weights : (H, k) kernel weights per head (zeros where a head does not use a kept kernel).
+    dual_coef : (H, r) dual coefficients on the kept training rows.
+    bias : (H,) offsets.
+    X_rows : (r, d) standardised training rows S, or None (bank imported from Gram matrices).
+    mean, scale : (d,) training standardisation, or None (features used as they are).
+    rows : (r,) positions of S among the bank's n training points; train_row_ids : their row ids.
+    bank_kernels : (k,) indices of the kept kernels in the bank; n_bank_kernels, n_train : M and n of it.
+    n_features : d, or None for a bank without features.
+    heads : per-head JSON scalars (solver, objective, gap, converged, label, ...).
+    info : JSON-safe description (solver name and parameters, bank path).
+    """
+
+    task: str
+    classes: np.ndarray | None
+    specs: list[KernelSpec]
+    normalize: str | None
+    norm_factor: np.ndarray
+    weights: np.ndarray
+    dual_coef: np.ndarray
+    bias: np.ndarray
+    X_rows: np.ndarray | None
+    mean: np.ndarray | None
+    scale: np.ndarray | None
+    rows: np.ndarray
+    train_row_ids: np.ndarray
+    bank_kernels: np.ndarray
+    n_bank_kernels: int
+    n_train: int
+    n_features: int | None
+    heads: list[dict] = field(default_factory=list)
+    info: dict = field(default_factory=dict)
+
+    # ---- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_results(cls, bank, results: MKLResult | Sequence[MKLResult], task: str, classes=None,
+                     info: dict | None = None) -> MKLModel:
+        """Keep from ``bank`` only what the heads ``results`` need for prediction.
+
+        ``results``: one MKLResult (binary / regression) or one per class (one-vs-rest, in the order
+        of ``classes``). A head whose weights are all zero predicts its bias; its dual coefficients
+        are dropped.
+        """
+        if task not in TASKS:
+            raise InvalidInputError(f"task must be one of {TASKS}; got {task!r}")
+        results = [results] if isinstance(results, MKLResult) else list(results)
+        if not results:
+            raise InvalidInputError("results is empty; pass the MKLResult of every head")
+        for r in results:
+            if r.weights.size != bank.M or r.dual_coef.size != bank.n:
+                raise InvalidInputError(f"an MKLResult has {r.weights.size} weights and {r.dual_coef.size} dual "
+                                        f"coefficients, but the bank has M = {bank.M} kernels and n = {bank.n} rows; "
+                                        "pass the results fitted on this bank")
+        kept = np.unique(np.concatenate([r.active for r in results])).astype(np.int64)
+        used = [r for r in results if r.active.size]
+        rows = (np.unique(np.concatenate([np.flatnonzero(r.dual_coef) for r in used])).astype(np.int64)
+                if used else np.zeros(0, np.int64))
+        weights = np.array([r.weights[kept] for r in results], dtype=np.float64).reshape(len(results), kept.size)
+        dual = np.array([r.dual_coef[rows] if r.active.size else np.zeros(rows.size) for r in results],
+                        dtype=np.float64).reshape(len(results), rows.size)
+        std = bank.attrs.get("standardization")
+        X_train = bank.X_train
+        labels = [None] * len(results) if classes is None or len(results) == 1 else list(classes)
+        heads = [{"bias": r.bias, "solver": r.solver, "objective": r.objective, "gap": r.gap, "converged": r.converged,
+                  "n_kernels": int(r.active.size), "n_rows": int(np.count_nonzero(r.dual_coef[rows])),
+                  "label": json_safe(_plain(lab))} for r, lab in zip(results, labels)]
+        return cls(
+            task=task, classes=None if classes is None else np.asarray(classes),
+            specs=[bank.specs[m] for m in kept], normalize=bank.normalize,
+            norm_factor=np.asarray(bank.norm_factor, dtype=np.float64)[kept],
+            weights=weights, dual_coef=dual, bias=np.array([r.bias for r in results], dtype=np.float64),
+            X_rows=None if X_train is None else np.ascontiguousarray(X_train[rows], dtype=np.float64),
+            mean=None if std is None else np.asarray(std["mean"], dtype=np.float64),
+            scale=None if std is None else np.asarray(std["scale"], dtype=np.float64),
+            rows=rows, train_row_ids=bank.train_rows[rows], bank_kernels=kept, n_bank_kernels=int(bank.M),
+            n_train=int(bank.n), n_features=None if X_train is None else int(X_train.shape[1]),
+            heads=heads, info=dict(info or {}),
+        )
+
+    # ---- description --------------------------------------------------------------------------
+    @property
+    def n_heads(self) -> int:
+        return int(self.weights.shape[0])
+
+    @property
+    def kernel_names(self) -> list[str]:
+        return [s.name for s in self.specs]
+
+    # ---- prediction ---------------------------------------------------------------------------
+    def standardize(self, X) -> np.ndarray:
+        """x~ = (x - mean) / scale with the training standardisation (the same formula as the bank)."""
+        X = validate_features(X, "X")
+        if self.n_features is not None and X.shape[1] != self.n_features:
+            raise InvalidInputError(f"X has {X.shape[1]} feature(s) but the model was fitted on {self.n_features}")
+        if self.mean is None:
+            return X
+        return (X - self.mean) / self.scale
+
+    def decision_values(self, X) -> np.ndarray:
+        """(n_new, H): f_h(x) for every head (module docstring), kept kernels and rows S only."""
+        if self.X_rows is None:
+            raise InvalidInputError(
+                "this model was fitted on a kernel bank imported from Gram matrices (no features), so it "
+                "cannot evaluate kernels on new data; pass the cross kernels K_m(X_new, X_train) to "
+                "decision_function_from_kernels instead")
+        Xs = self.standardize(X)
+        out = np.empty((Xs.shape[0], self.n_heads))
+        step = max(1, BATCH_BYTES // (8 * max(1, self.rows.size)))
+        for start in range(0, Xs.shape[0], step):
+            out[start:start + step] = self._decision_batch(Xs[start:start + step])
+        return out
+
+    def _decision_batch(self, Xs: np.ndarray) -> np.ndarray:
+        F = np.zeros((Xs.shape[0], self.n_heads))
+        coef = self.dual_coef.T  # (r, H)
+        bases: dict[tuple, np.ndarray] = {}
+        for k, spec in enumerate(self.specs):
+            # spec.compute(Xs, X_rows) is from_base(base(Xs, X_rows)); kernels sharing a base (e.g. the
+            # Gaussian widths on one feature set, adjacent in bank order) reuse it, as the build does.
+            if spec.base_key not in bases:
+                bases = {spec.base_key: spec.base(Xs, self.X_rows)}
+            K = normalize_block(spec.from_base(bases[spec.base_key]), self.normalize, self.norm_factor[k], spec,
+                                Xs, self.X_rows)
+            F += K @ (coef * self.weights[:, k])
+        return F + self.bias
+
+    def decision_function(self, X) -> np.ndarray:
+        """f(x): (n_new,) with one head, (n_new, H) with several."""
+        return _squeeze(self.decision_values(X))
+
+    def decision_function_from_kernels(self, K_cross) -> np.ndarray:
+        """f from precomputed cross kernels K_m(X_new, X_train) (normalised as the bank's).
+
+        ``K_cross`` has shape (M, n_new, n) for every kernel of the bank the model came from, or
+        (k, n_new, n) for the kept kernels only (order of ``bank_kernels``); n is the bank's number
+        of training rows (a bank imported with ``cross_grams`` gives them by ``bank.cross(None)``).
+        """
+        K = np.asarray(K_cross, dtype=np.float64)
+        k = len(self.specs)
+        if K.ndim != 3 or K.shape[2] != self.n_train or K.shape[0] not in (k, self.n_bank_kernels):
+            raise InvalidInputError(
+                f"K_cross must have shape ({self.n_bank_kernels} (all bank kernels) or {k} (kept kernels), "
+                f"n_new, {self.n_train}); got {K.shape}")
+        if not np.isfinite(K).all():
+            raise InvalidInputError("K_cross contains NaN or inf")
+        if K.shape[0] != k:  # all bank kernels given (k == M means every kernel is kept, in bank order)
+            K = K[self.bank_kernels]
+        F = np.zeros((K.shape[1], self.n_heads))
+        coef = self.dual_coef.T
+        for j in range(k):
+            F += K[j][:, self.rows] @ (coef * self.weights[:, j])
+        return _squeeze(F + self.bias)
+
+    # ---- files --------------------------------------------------------------------------------
+    def arrays(self) -> dict[str, np.ndarray]:
+        out = {"weights": self.weights, "dual_coef": self.dual_coef, "bias": self.bias,
+               "norm_factor": self.norm_factor, "bank_kernels": self.bank_kernels, "rows": self.rows,
+               "train_row_ids": self.train_row_ids}
+        if self.X_rows is not None:
+            out["X_rows"] = self.X_rows
+        if self.mean is not None:
+            out["mean"], out["scale"] = self.mean, self.scale
+        return {k: np.ascontiguousarray(v) for k, v in out.items()}
+
+    def to_json(self, extra: dict | None = None) -> dict:
+        """The model.json document without the "arrays" entry (added by ``save``)."""
+        from mklscale import __version__
+
+        classes, classes_dtype = _classes_to_json(self.classes)
+        return {
+            "format": FORMAT, "schema_version": SCHEMA_VERSION, "mklscale_version": __version__,
+            "task": self.task, "classes": classes, "classes_dtype": classes_dtype,
+            "normalize": self.normalize, "specs": [s.to_dict() for s in self.specs],
+            "kernel_names": self.kernel_names, "n_bank_kernels": self.n_bank_kernels, "n_train": self.n_train,
+            "n_features": self.n_features, "heads": json_safe(self.heads), "info": json_safe(self.info),
+            **(extra or {}),
+        }
+
+    def save(self, path, extra: dict | None = None) -> Path:
+        """Write the model directory at ``path`` atomically; ``extra`` adds JSON entries (estimator).
+
+        An existing model directory is replaced; any other existing, non-empty path is refused.
+        """
+        path = Path(path)
+        _check_target(path)
+        doc = self.to_json(extra)
+        tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+        tmp.mkdir(parents=True)
+        try:
+            arrays_file = tmp / ARRAYS_FILE
+            with open(arrays_file, "wb") as f:
+                np.savez(f, allow_pickle=False, **self.arrays())
+                f.flush()
+                os.fsync(f.fileno())
+            doc["arrays"] = {"file": ARRAYS_FILE, "sha256": _sha256(arrays_file), "bytes": arrays_file.stat().st_size}
+            text = json.dumps(doc, indent=1, sort_keys=True, allow_nan=False)
+            with open(tmp / JSON_FILE, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            _fsync_dir(tmp)
+            _swap_into_place(tmp, path)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        return path
+
+    @classmethod
+    def read(cls, path) -> tuple[MKLModel, dict]:
+        """(model, model.json document) of a model directory; ModelFileError says what is wrong."""
+        path = Path(path)
+        doc = read_document(path)
+        arrays = _read_arrays(path, doc)
+        return cls._from_parts(path, doc, arrays), doc
+
+    @classmethod
+    def _from_parts(cls, path: Path, doc: dict, a: dict) -> MKLModel:
+        try:
+            specs = [KernelSpec.from_dict(d) for d in doc["specs"]]
+            heads = doc["heads"]
+            H, k = a["weights"].shape
+            r = a["rows"].size
+            consistent = (a["dual_coef"].shape == (H, r) and a["bias"].shape == (H,) and len(specs) == k
+                          and a["norm_factor"].shape == (k,) and len(heads) == H
+                          and ("X_rows" not in a or a["X_rows"].shape[0] == r))
+            if not consistent:
+                raise ValueError("array shapes do not agree with each other or with model.json")
+            if [h["bias"] for h in heads] != a["bias"].tolist():
+                raise ValueError("per-head biases in model.json differ from arrays.npz")
+            return cls(
+                task=doc["task"], classes=_classes_from_json(doc["classes"], doc["classes_dtype"]), specs=specs,
+                normalize=doc["normalize"], norm_factor=a["norm_factor"], weights=a["weights"],
+                dual_coef=a["dual_coef"], bias=a["bias"], X_rows=a.get("X_rows"), mean=a.get("mean"),
+                scale=a.get("scale"), rows=a["rows"], train_row_ids=a["train_row_ids"],
+                bank_kernels=a["bank_kernels"], n_bank_kernels=int(doc["n_bank_kernels"]),
+                n_train=int(doc["n_train"]), n_features=doc["n_features"], heads=heads, info=doc.get("info", {}),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ModelFileError(f"model {path} is inconsistent ({type(exc).__name__}: {exc}); re-save the model "
+                                 "or refit it") from None
+
+
+def _squeeze(F: np.ndarray) -> np.ndarray:
+    return F[:, 0] if F.shape[1] == 1 else F
+
+
+# ---- model files ---------------------------------------------------------------------------------
+def is_model_dir(path) -> bool:
+    """True when ``path`` is a directory holding an mklscale model.json."""
+    f = Path(path) / JSON_FILE
+    if not f.is_file():
+        return False
+    try:
+        return json.loads(f.read_text(encoding="utf-8")).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def read_document(path: Path) -> dict:
+    """model.json of ``path``, checked for format and schema version."""
+    f = path / JSON_FILE
+    if not path.is_dir() or not f.is_file():
+        raise ModelFileError(f"no mklscale model at {path}: {JSON_FILE} is missing (save one with est.save(path))")
+    try:
+        doc = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ModelFileError(f"{f} is unreadable or truncated ({exc}); re-save the model or refit it") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ModelFileError(f"{f} is not an mklscale model file (format {doc.get('format') if isinstance(doc, dict) else None!r})")
+    version = doc.get("schema_version")
+    if not isinstance(version, int):
+        raise ModelFileError(f"{f} has no valid schema_version; re-save the model or refit it")
+    if version > SCHEMA_VERSION:
+        raise ModelFileError(f"model {path} was written with model schema version {version} (mklscale "
+                             f"{doc.get('mklscale_version')}), newer than this mklscale reads ({SCHEMA_VERSION}); "
+                             "upgrade mklscale to load it")
+    return doc
+
+
+def _read_arrays(path: Path, doc: dict) -> dict[str, np.ndarray]:
+    meta = doc.get("arrays")
+    if not isinstance(meta, dict) or meta.get("file") != ARRAYS_FILE:
+        raise ModelFileError(f"{path / JSON_FILE} does not describe its arrays file; re-save the model or refit it")
+    f = path / ARRAYS_FILE
+    if not f.is_file():
+        raise ModelFileError(f"{f} is missing; re-save the model or refit it")
+    size = f.stat().st_size
+    if size != meta.get("bytes") or _sha256(f) != meta.get("sha256"):
+        raise ModelFileError(f"{f} is truncated or corrupted ({size} bytes, expected {meta.get('bytes')}; checksum "
+                             "mismatch); re-save the model or refit it")
+    try:
+        with np.load(f, allow_pickle=False) as npz:
+            return {k: npz[k] for k in npz.files}
+    except Exception as exc:  # a damaged zip or an object array
+        raise ModelFileError(f"{f} cannot be read ({type(exc).__name__}: {exc}); re-save the model or refit it") from None
+
+
+def _check_target(path: Path) -> None:
+    if not path.exists():
+        return
+    if path.is_dir() and (is_model_dir(path) or not any(path.iterdir())):
+        return
+    raise ModelFileError(f"{path} exists and is not an mklscale model directory; choose another path "
+                         "(mklscale never overwrites what it did not write)")
+
+
+def _swap_into_place(tmp: Path, path: Path) -> None:
+    """Rename ``tmp`` to ``path``; an existing model (or empty folder) is moved aside first and removed
+    after, so ``path`` holds either the old or the new complete model, never a mixture."""
+    old = None
+    if path.exists():
+        old = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
+        os.replace(path, old)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        if old is not None:
+            os.replace(old, path)
+        raise
+    _fsync_dir(path.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # platforms without directory handles
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(2**20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _plain(v):
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def _classes_to_json(classes) -> tuple[list | None, str | None]:
+    """Class labels as a JSON list and a numpy dtype string; only numbers, strings and booleans."""
+    if classes is None:
+        return None, None
+    c = np.asarray(classes)
+    if c.dtype.kind == "O":
+        values = c.tolist()
+        if all(isinstance(v, str) for v in values):
+            c = np.asarray(values, dtype=str)
+        elif all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values):
+            c = np.asarray(values, dtype=np.int64)
+        else:
+            raise InvalidInputError("class labels must be all numbers, all strings or booleans to be saved; "
+                                    f"got {values[:5]!r}. Encode them (e.g. sklearn LabelEncoder) before fitting")
+    if c.dtype.kind not in "biufU":
+        raise InvalidInputError(f"class labels of dtype {c.dtype} cannot be saved; use numbers or strings")
+    return [_plain(v) for v in c.tolist()], c.dtype.str
+
+
+def _classes_from_json(values, dtype) -> np.ndarray | None:
+    if values is None:
+        return None
+    return np.asarray(values, dtype=np.dtype(dtype))
+
+
+def load(path):
+    """Load a model directory written by ``MKLClassifier.save`` / ``MKLRegressor.save``.
+
+    Returns the fitted estimator (``model_`` set), so ``mklscale.load(path).predict(X)`` works.
+    The arrays are read with ``allow_pickle=False``. Raises ModelFileError when the directory is not
+    a model, was written by a newer mklscale (upgrade mklscale), or its arrays file is truncated or
+    corrupted (re-save the model or refit).
+    """
+    from mklscale.estimators import estimator_from_model
+
+    model, doc = MKLModel.read(path)
+    return estimator_from_model(model, doc)

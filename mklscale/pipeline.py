@@ -1,0 +1,445 @@
+"""Declarative pipelines: dataset -> bank -> solvers (and regularisation paths) -> evaluation -> report.
+
+A pipeline is a TOML file (see ``pipelines/``)::
+
+    name = "quickstart"                 # the run's label
+    description = "..."                 # optional
+    seed = 0                            # train/test split seed
+
+    [dataset]                           # mklscale.datasets: nothing is downloaded
+    name = "breast_cancer"
+    test_fraction = 0.25                # held-out rows (stratified for classification)
+    max_train = 200                     # optional: keep at most this many training rows
+    options = { n_samples = 7400 }      # optional: passed to datasets.load (generated sets)
+
+    [bank]                              # one family description or a list under `families`
+    family = "simplemkl"                # + that family's parameters (see bank.families.resolve)
+    normalize = "trace"                 # "trace" | "diag" | "none"
+    dtype = "float32"
+    path = "bank.zarr"                  # relative to the run directory, or absolute (shared banks)
+
+    [[solver]]                          # any number; each becomes one fitted model
+    name = "spicy_l1"                   # unique label
+    solver = "spicy"                    # mklscale.solvers.registry name
+    C = 0.05                            # the solver's main regularisation (see the registry)
+    loss = "logistic"                   # every other key is a parameter of that solver
+
+    [[path]]                            # optional: PFBS regularisation paths (square loss)
+    name = "pfbs_path"
+    mu = 1e-4
+    n_taus = 20
+    eps = 1e-3                          # smallest tau = eps * tau_max
+    cv_folds = 0                        # > 1: choose tau by k-fold cross-validation
+
+    [report]
+    enabled = true
+
+Unknown keys and wrong types are :class:`~mklscale.errors.ConfigError` before any work starts.
+
+The run directory holds ``pipeline.toml`` (a copy of the spec), ``bank.zarr`` (unless the bank
+path is absolute), ``models/<name>/`` (one model file per solver, see ``mklscale.model``),
+``results.json`` (schema below, written atomically when the run ends) and ``report/``.
+
+results.json: ``schema_version``, ``mklscale_version``, ``pipeline`` {name, path, config},
+``started``/``finished``/``seconds``, ``machine``, ``cluster`` {kind, dashboard, workers},
+``dataset`` {name, task, n_train, n_test, n_features, classes}, ``bank`` {path, M, n, dtype,
+normalize, build_seconds, kernels_computed, families}, ``solvers``: one entry per solver and per
+path with name, solver, params, status ("ok"/"failed"), error, metrics (train/test accuracy, or
+r2 and rmse), seconds, passes, bytes_read, converged, objective, gap, n_active, kernels (kept
+kernels with index, name, family, params, features, weight, head), history (per iteration, with
+head for one-vs-rest), path (for [[path]] entries: parameter, values, kernel_names, weights,
+n_active, scores, score_name) and model (relative path or null).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import datetime
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mklscale import __version__
+from mklscale.config import Field, check_table, check_value, fraction, one_of, positive, read_toml
+from mklscale.errors import ConfigError, InvalidInputError, MKLScaleError
+from mklscale.solvers.result import json_safe
+
+SCHEMA_VERSION = 1
+
+_TOP = {
+    "name": Field((str,)),
+    "description": Field((str,), ""),
+    "seed": Field((int,), 0),
+    "dataset": Field((dict,)),
+    "bank": Field((dict,)),
+    "solver": Field((list,), []),
+    "path": Field((list,), []),
+    "report": Field((dict,), {}),
+}
+_DATASET = {
+    "name": Field((str,)),
+    "test_fraction": Field((float,), 0.25, fraction),
+    "max_train": Field((int,), 0, lambda v: None if v >= 0 else "must be >= 0 (0 = all rows)"),
+    "options": Field((dict,), {}),
+}
+_BANK = {
+    "family": Field((str,), None),
+    "families": Field((list,), None),
+    "normalize": Field((str,), "trace", one_of("trace", "diag", "none")),
+    "dtype": Field((str,), "float32", one_of("float32", "float64")),
+    "path": Field((str,), "bank.zarr"),
+}
+_SOLVER_FIXED = {"name": Field((str,)), "solver": Field((str,)), "C": Field((float,), None, positive)}
+_PATH = {
+    "name": Field((str,)),
+    "mu": Field((float,), 1e-4, lambda v: None if v >= 0 else "must be >= 0"),
+    "n_taus": Field((int,), 20, positive),
+    "eps": Field((float,), 1e-3, fraction),
+    "tol": Field((float,), 1e-6, positive),
+    "cv_folds": Field((int,), 0, lambda v: None if v == 0 or v > 1 else "must be 0 (no CV) or >= 2"),
+}
+_REPORT = {"enabled": Field((bool,), True)}
+_PARAM_TYPES = (str, int, float, bool, list)
+
+
+@dataclasses.dataclass
+class Pipeline:
+    """A validated pipeline spec (see the module docstring); ``raw`` is the parsed TOML."""
+
+    name: str
+    description: str
+    seed: int
+    dataset: dict
+    bank: dict
+    solvers: list[dict]
+    paths: list[dict]
+    report: bool
+    source: Path | None
+    raw: dict
+
+
+def load_pipeline(spec: str | os.PathLike | dict) -> Pipeline:
+    """Read and validate a pipeline TOML file (or an already-parsed dict)."""
+    source = None if isinstance(spec, dict) else Path(spec)
+    raw = spec if isinstance(spec, dict) else read_toml(source, "pipeline")
+    where = f"pipeline {source}" if source else "pipeline"
+    top = check_table(raw, _TOP, where)
+    dataset = check_table(top["dataset"], _DATASET, f"{where} [dataset]")
+    bank = _check_bank(top["bank"], f"{where} [bank]")
+    solvers = [_check_solver(entry, f"{where} [[solver]] #{i + 1}") for i, entry in enumerate(top["solver"])]
+    paths = [check_table(entry, _PATH, f"{where} [[path]] #{i + 1}") for i, entry in enumerate(top["path"])]
+    if not solvers and not paths:
+        raise ConfigError(f"{where} has no [[solver]] and no [[path]] entry; add at least one")
+    names = [s["name"] for s in solvers] + [p["name"] for p in paths]
+    duplicates = sorted(n for n, c in collections.Counter(names).items() if c > 1)
+    if duplicates:
+        raise ConfigError(f"{where}: solver/path names must be unique; repeated: {', '.join(duplicates)}")
+    bad = [n for n in names if not n or not all(c.isalnum() or c in "-_." for c in n)]
+    if bad:
+        raise ConfigError(f"{where}: names may use letters, digits, '-', '_' and '.' only (they name model "
+                          f"folders); fix {', '.join(map(repr, bad))}")
+    report = check_table(top["report"], _REPORT, f"{where} [report]")["enabled"]
+    return Pipeline(top["name"], top["description"], top["seed"], dataset, bank, solvers, paths, report,
+                    source, raw)
+
+
+def _check_bank(table, where: str) -> dict:
+    """Bank table: exactly one of ``family`` (+ its parameters) or ``families`` (a list of tables)."""
+    from mklscale.bank.families import FAMILY_PARAMS
+
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where} must be a table")
+    family = table.get("family")
+    param_keys = set(FAMILY_PARAMS.get(family, ())) if isinstance(family, str) else set()
+    fixed = check_table({k: v for k, v in table.items() if k not in param_keys}, _BANK, where)
+    if (fixed["family"] is None) == (fixed["families"] is None):
+        raise ConfigError(f"{where}: give either family = \"...\" (with its parameters) or families = [...]")
+    if fixed["family"] is not None:
+        if fixed["family"] not in FAMILY_PARAMS:
+            raise ConfigError(f"{where}.family: unknown family {fixed['family']!r}; choose one of "
+                              f"{', '.join(FAMILY_PARAMS)}")
+        kernels = [{"family": family, **{k: table[k] for k in param_keys if k in table}}]
+    else:
+        kernels = fixed["families"]
+        for i, entry in enumerate(kernels):
+            if not isinstance(entry, dict) or entry.get("family") not in FAMILY_PARAMS:
+                raise ConfigError(f"{where}.families[{i}] must be a table with family = one of "
+                                  f"{', '.join(FAMILY_PARAMS)}; got {entry!r}")
+            unknown = sorted(set(entry) - {"family"} - set(FAMILY_PARAMS[entry["family"]]))
+            if unknown:
+                raise ConfigError(f"{where}.families[{i}]: unknown key(s) {', '.join(unknown)} for family "
+                                  f"{entry['family']!r}; allowed: {', '.join(FAMILY_PARAMS[entry['family']])}")
+    return {"kernels": kernels, "normalize": fixed["normalize"], "dtype": fixed["dtype"], "path": fixed["path"]}
+
+
+def _check_solver(table, where: str) -> dict:
+    """A [[solver]] entry: name, solver, C, and parameters the registry says that solver accepts."""
+    from mklscale.solvers import registry
+
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where} must be a table")
+    fixed = check_table({k: v for k, v in table.items() if k in _SOLVER_FIXED}, _SOLVER_FIXED, where)
+    if fixed["solver"] not in registry.names():
+        raise ConfigError(f"{where}.solver: unknown solver {fixed['solver']!r}; choose one of "
+                          f"{', '.join(registry.names())}")
+    accepted = registry.accepted_params(fixed["solver"])
+    params = {k: v for k, v in table.items() if k not in _SOLVER_FIXED}
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise ConfigError(f"{where}: solver {fixed['solver']!r} does not take {', '.join(unknown)}; its "
+                          f"parameters are C, {', '.join(sorted(accepted))}")
+    for key, value in params.items():
+        check_value(value, Field(_PARAM_TYPES), f"{where}.{key}")
+    return {**fixed, "params": params}
+
+
+# ---- running ---------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class _Data:
+    name: str
+    task: str               # "classification" | "regression"
+    X_train: np.ndarray
+    y_train: np.ndarray
+    X_test: np.ndarray
+    y_test: np.ndarray
+    classes: list | None
+
+
+def run_pipeline(spec, out: str | os.PathLike | None = None, cluster=None, quiet: bool = False) -> dict:
+    """Run every stage of a pipeline and return the results dict (also written to ``out/results.json``).
+
+    ``spec``: a path, a dict or a :class:`Pipeline`. ``out``: the run directory (default
+    ``runs/<name>``). ``cluster``: a cluster config path/dict for ``mklscale.runtime.cluster``
+    (None: the embedded LocalCluster). ``quiet``: no progress bars or per-iteration lines.
+    """
+    from mklscale.runtime.cluster import load_cluster_config, open_client
+
+    pipe = spec if isinstance(spec, Pipeline) else load_pipeline(spec)
+    cluster_config = load_cluster_config(cluster) if cluster is not None else None
+    run_dir = Path(out) if out is not None else Path("runs") / pipe.name
+    _prepare_run_dir(run_dir, pipe)
+    say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
+    started, t0 = _now(), time.perf_counter()
+    data = _load_data(pipe)
+    say(f"[{pipe.name}] {data.name}: {len(data.y_train)} training rows, {len(data.y_test)} test rows, "
+        f"{data.X_train.shape[1]} features ({data.task})")
+    with open_client(cluster_config, quiet=quiet) as client:
+        bank, bank_info = _build_bank(pipe, data, run_dir, client, quiet, say)
+        entries = [_run_solver(entry, bank, data, run_dir, client, quiet, say) for entry in pipe.solvers]
+        entries += [_run_path(entry, bank, data, client, quiet, say) for entry in pipe.paths]
+        cluster_info = _cluster_info(cluster_config, client)
+    results = {
+        "schema_version": SCHEMA_VERSION, "mklscale_version": __version__,
+        "pipeline": {"name": pipe.name, "path": str(pipe.source) if pipe.source else None, "config": pipe.raw},
+        "started": started, "finished": _now(), "seconds": time.perf_counter() - t0,
+        "machine": _machine(), "cluster": cluster_info,
+        "dataset": {"name": data.name, "task": data.task, "n_train": int(len(data.y_train)),
+                    "n_test": int(len(data.y_test)), "n_features": int(data.X_train.shape[1]),
+                    "classes": data.classes},
+        "bank": bank_info, "solvers": entries,
+    }
+    write_json_atomic(run_dir / "results.json", json_safe(results))
+    if pipe.report:
+        from mklscale.report import write_report
+
+        say(f"[{pipe.name}] report: {write_report(run_dir, quiet=True)}")
+    say(f"[{pipe.name}] results: {run_dir / 'results.json'}")
+    return results
+
+
+def _prepare_run_dir(run_dir: Path, pipe: Pipeline) -> None:
+    """Create the run directory and keep a copy of the spec that produced it."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise InvalidInputError(f"--out {run_dir} exists and is not a directory; choose another run directory")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if pipe.source is not None:
+        shutil.copyfile(pipe.source, run_dir / "pipeline.toml")
+
+
+def _load_data(pipe: Pipeline) -> _Data:
+    """Load the dataset and split it (seeded; stratified for classification)."""
+    from sklearn.model_selection import train_test_split
+
+    from mklscale.datasets import load
+
+    cfg = pipe.dataset
+    try:
+        ds = load(cfg["name"], **cfg["options"])
+    except InvalidInputError as exc:
+        raise ConfigError(f"pipeline [dataset]: {exc}") from None
+    task = "regression" if ds.task == "regression" else "classification"
+    stratify = ds.y if task == "classification" else None
+    X_tr, X_te, y_tr, y_te = train_test_split(ds.X, ds.y, test_size=cfg["test_fraction"],
+                                              random_state=pipe.seed, stratify=stratify)
+    if cfg["max_train"] and cfg["max_train"] < len(y_tr):
+        X_tr, y_tr = X_tr[: cfg["max_train"]], y_tr[: cfg["max_train"]]
+    classes = sorted(np.unique(y_tr).tolist()) if task == "classification" else None
+    return _Data(ds.name, task, X_tr, y_tr, X_te, y_te, classes)
+
+
+def _build_bank(pipe: Pipeline, data: _Data, run_dir: Path, client, quiet: bool, say):
+    """Build (or resume, or reuse) the bank on the training rows; return it and its results entry."""
+    from mklscale.bank import build_bank, families
+
+    cfg = pipe.bank
+    specs = families.resolve(cfg["kernels"], data.X_train.shape[1])
+    path = Path(cfg["path"]) if Path(cfg["path"]).is_absolute() else run_dir / cfg["path"]
+    normalize = None if cfg["normalize"] == "none" else cfg["normalize"]
+    say(f"[{pipe.name}] bank: {len(specs)} kernels, n = {len(data.y_train)} -> {path}")
+    t0 = time.perf_counter()
+    bank = build_bank(data.X_train, specs, path, normalize=normalize, dtype=cfg["dtype"], client=client,
+                      progress=not quiet)
+    info = {"path": str(path), "M": len(bank), "n": bank.n, "dtype": cfg["dtype"], "normalize": cfg["normalize"],
+            "build_seconds": time.perf_counter() - t0, "kernels_computed": _kernels_computed(),
+            "families": dict(collections.Counter(s.family for s in specs))}
+    return bank, info
+
+
+def _kernels_computed() -> int | None:
+    from mklscale.bank import build
+
+    return getattr(build, "last_build_computed", None)
+
+
+def _run_solver(entry: dict, bank, data: _Data, run_dir: Path, client, quiet: bool, say) -> dict:
+    """Fit one [[solver]] entry on the bank, evaluate it on the test rows and save its model."""
+    from mklscale.estimators import MKLClassifier, MKLRegressor
+
+    name = entry["name"]
+    params = dict(entry["params"])
+    record = {"name": name, "solver": entry["solver"], "params": {"C": entry["C"], **params}, "status": "ok",
+              "error": None, "model": None, "path": None}
+    Estimator = MKLClassifier if data.task == "classification" else MKLRegressor
+    estimator = Estimator(solver=entry["solver"], C=entry["C"], solver_params=params, client=client,
+                          verbose=not quiet)
+    t0 = time.perf_counter()
+    try:
+        estimator.fit_bank(bank, data.y_train)
+    except MKLScaleError as exc:
+        record.update(status="failed", error=f"{type(exc).__name__}: {exc}", seconds=time.perf_counter() - t0)
+        say(f"[{name}] FAILED: {record['error']}")
+        return record
+    record["seconds"] = time.perf_counter() - t0
+    record["metrics"] = _metrics(estimator, data)
+    record.update(_result_summary(estimator, bank))
+    model_dir = run_dir / "models" / name
+    estimator.save(model_dir)
+    record["model"] = str(model_dir.relative_to(run_dir))
+    _say_solver(say, record, len(bank))
+    return record
+
+
+def _metrics(estimator, data: _Data) -> dict:
+    """Train and test accuracy (classification) or R^2 and RMSE (regression)."""
+    if data.task == "classification":
+        return {"train_accuracy": float(estimator.score(data.X_train, data.y_train)),
+                "test_accuracy": float(estimator.score(data.X_test, data.y_test))}
+    out = {}
+    for split, X, y in (("train", data.X_train, data.y_train), ("test", data.X_test, data.y_test)):
+        pred = estimator.predict(X)
+        out[f"{split}_r2"] = float(estimator.score(X, y))
+        out[f"{split}_rmse"] = float(np.sqrt(np.mean((pred - y) ** 2)))
+    return out
+
+
+def _result_summary(estimator, bank) -> dict:
+    """Kept kernels (per head for one-vs-rest), history, convergence and pass counts of a fitted estimator."""
+    results = estimator.result_ if isinstance(estimator.result_, list) else [estimator.result_]
+    heads = [str(c) for c in estimator.classes_] if len(results) > 1 else [None]
+    kernels, history = [], []
+    for head, res in zip(heads, results):
+        kernels += [_kernel_entry(bank, int(m), float(res.weights[m]), head) for m in res.active]
+        history += [{"iteration": i + 1, **json_safe(h), "head": head} for i, h in enumerate(res.history)]
+    stats = getattr(estimator, "fit_stats_", {}) or {}
+    return {
+        "passes": stats.get("passes"), "bytes_read": stats.get("bytes_read"),
+        "converged": all(r.converged for r in results), "objective": json_safe(sum(r.objective for r in results)),
+        "gap": json_safe(max(r.gap for r in results)),
+        "n_active": len({k["index"] for k in kernels}), "kernels": kernels, "history": history,
+    }
+
+
+def _kernel_entry(bank, m: int, weight: float, head) -> dict:
+    spec = bank.specs[m]
+    return {"index": m, "name": spec.name, "family": spec.family, "params": dict(spec.params),
+            "features": None if spec.features is None else list(spec.features), "weight": weight, "head": head}
+
+
+def _say_solver(say, record: dict, M: int) -> None:
+    """Print a solver's test metric, its kept kernels (top 5 by weight) and its cost."""
+    metric = next((k for k in ("test_accuracy", "test_r2") if k in record["metrics"]), None)
+    say(f"[{record['name']}] {metric} {record['metrics'][metric]:.4f}  kept {record['n_active']}/{M} kernels  "
+        f"passes {record['passes']}  {record['seconds']:.1f} s  converged {record['converged']}")
+    for k in sorted(record["kernels"], key=lambda k: -k["weight"])[:5]:
+        say(f"    {k['weight']:.4f}  {k['name']}" + (f"  (class {k['head']})" if k["head"] is not None else ""))
+
+
+def _run_path(entry: dict, bank, data: _Data, client, quiet: bool, say) -> dict:
+    """A PFBS regularisation path (square loss on the targets, ±1 labels for binary tasks)."""
+    from mklscale.engine import Engine
+    from mklscale.solvers import paths
+
+    name = entry["name"]
+    record = {"name": name, "solver": "pfbs_path", "params": {k: v for k, v in entry.items() if k != "name"},
+              "status": "ok", "error": None, "model": None, "kernels": [], "history": []}
+    if data.task == "classification" and len(data.classes) != 2:
+        record.update(status="failed", error="a [[path]] needs a regression or binary task")
+        say(f"[{name}] FAILED: {record['error']}")
+        return record
+    y = np.asarray(data.y_train, dtype=np.float64)
+    t0 = time.perf_counter()
+    with Engine(bank, client=client, progress=not quiet) as engine:
+        p = paths.path(engine, y, n_taus=entry["n_taus"], mu=entry["mu"], eps=entry["eps"], tol=entry["tol"])
+        scores, score_name = None, None
+        if entry["cv_folds"]:
+            cv = paths.cross_validate(engine, y, taus=p.taus, mus=[entry["mu"]], folds=entry["cv_folds"],
+                                      task="classification" if data.task == "classification" else "regression")
+            scores, score_name = cv.errors[0].tolist(), f"cv_{cv.metric}"
+        stats = engine.stats
+    ever = np.flatnonzero(np.any(p.weights != 0, axis=0))
+    record.update(
+        seconds=time.perf_counter() - t0, passes=stats.get("passes"), bytes_read=stats.get("bytes_read"),
+        converged=bool(np.all(p.converged)), objective=float(p.objectives[-1]), gap=float(p.gaps[-1]),
+        n_active=int(ever.size), metrics={},
+        path={"parameter": "tau", "values": p.taus.tolist(), "kernel_names": [bank.specs[m].name for m in ever],
+              "weights": p.weights[:, ever].tolist(), "n_active": [len(a) for a in p.active],
+              "scores": scores, "score_name": score_name})
+    say(f"[{name}] path over {len(p.taus)} taus: up to {ever.size}/{len(bank)} kernels, passes {record['passes']}, "
+        f"{record['seconds']:.1f} s")
+    return record
+
+
+def _cluster_info(config, client) -> dict:
+    kind = "local" if config is None else config.kind
+    return {"kind": kind, "dashboard": getattr(client, "dashboard_link", None),
+            "workers": len(client.scheduler_info().get("workers", {}))}
+
+
+def _machine() -> dict:
+    import platform
+
+    return {"hostname": platform.node(), "python": platform.python_version(), "cpus": os.cpu_count(),
+            "platform": platform.platform()}
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON to a temporary file next to ``path``, fsync it and rename it into place."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with tmp.open("w") as fh:
+            json.dump(data, fh, indent=1, allow_nan=False)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

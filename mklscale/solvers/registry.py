@@ -1,0 +1,300 @@
+"""One table of the MKL solvers: name -> adapter, supported tasks, accepted parameters, and what ``C`` means.
+
+Every adapter has the signature ``fit(engine, y, task, C, params) -> MKLResult`` and returns a model
+f(x) = sum_m weights[m] k_m(x, X_train) dual_coef + bias. ``task`` is "classification" (y in {-1, +1},
+both present; the prediction is sign f) or "regression" (real y).
+
+How the estimators' single ``C`` maps onto each solver (defaults assume unit-trace kernels,
+``normalize="trace"``, and targets of unit scale; tune C by cross-validation):
+
+============  =====================  ==============================  =======================================
+solver        tasks                  ``C`` sets                      direction, default
+============  =====================  ==============================  =======================================
+spicy         classif., regression   spicy ``C`` (penalty weight)    larger = sparser / smoother, 0.1
+elasticnet    classification         Citi SVM ``C`` (loss weight)    larger = less regularised, 100
+smo           classification         SMO-MKL SVM ``C`` (loss wt.)    larger = less regularised, 100
+pfbs          classif., regression   PFBS ``tau`` (group-L1 weight)  larger = sparser, 1e-3
+sgd           classif., regression   SGD-1s ridge ``lam``            larger = more regularised, 0.01
+gcd           classif., regression   one stage: ridge ``lam``;       larger lam = more regularised, 0.01;
+                                     two stage: ``C`` (classif.) /   larger C = less regularised, 100
+                                     ``lam`` (regression) of the
+                                     final fit
+uniform       classif., regression   final-fit ``C`` (classif., SVM) larger C = less regularised, 100;
+alignment                            / ``lam`` (regression, ridge)   larger lam = more regularised, 0.01
+============  =====================  ==============================  =======================================
+
+The square-loss solvers (pfbs, sgd, gcd one stage) classify by least squares on the +-1 labels
+(RLS classification) and have no probability model. Only spicy with ``loss="logistic"`` (its default
+for classification) gives calibrated-style probabilities sigmoid(f).
+
+Parameters other than the mapped one go in ``params`` (the solver's keyword arguments, listed by
+:func:`accepted_params`); unknown names raise :class:`~mklscale.errors.InvalidInputError` listing the
+accepted ones. The mapped parameter may also be given in ``params`` when ``C`` is None (the pipeline
+runner does that), but not both. ``seed`` (where a solver has one) is the solver's random seed.
+
+This module imports no estimator code, so the pipeline runner can use it directly:
+``fit_solver(name, engine, y, task, C=None, params=None)``, ``names()``, ``supports(name, task)``,
+``accepted_params(name)``, ``c_parameter(name, task, params)``, ``default_C(name, task, params)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from mklscale.errors import InvalidInputError
+from mklscale.solvers.result import MKLResult
+
+TASKS = ("classification", "regression")
+
+#: the losses of spicy that fit each task (the first one is the default)
+SPICY_LOSSES = {"classification": ("logistic", "hinge"), "regression": ("square", "eps_insensitive")}
+
+
+@dataclass(frozen=True)
+class SolverInfo:
+    """One row of the table.
+
+    name : registry name; tasks : supported tasks; params : accepted keyword parameters (``accepted_params``
+    adds the names C may stand for);
+    c_param(task, params) -> name of the solver parameter ``C`` sets; c_default(task, params) -> its
+    default; run(engine, y, task, c_value, params) -> MKLResult (params already checked);
+    seed_param : the parameter holding the solver's random seed, or None; summary : one line.
+    """
+
+    name: str
+    tasks: tuple[str, ...]
+    params: tuple[str, ...]
+    c_param: Callable[[str, dict], str]
+    c_default: Callable[[str, dict], float]
+    run: Callable[..., MKLResult]
+    seed_param: str | None
+    summary: str
+
+
+# ---- adapters ------------------------------------------------------------------------------------
+def _run_spicy(engine, y, task, C, params):
+    from mklscale.solvers import spicy
+
+    params = dict(params)
+    params.setdefault("loss", SPICY_LOSSES[task][0])
+    _check_spicy(task, params)
+    return spicy.fit(engine, y, C=C, **params)
+
+
+def _check_spicy(task: str, params: dict) -> None:
+    loss = params.get("loss", SPICY_LOSSES[task][0])
+    if loss not in SPICY_LOSSES[task]:
+        raise InvalidInputError(f"spicy loss {loss!r} does not fit task {task!r}; use one of {SPICY_LOSSES[task]}")
+
+
+def _run_elasticnet(engine, y, task, C, params):
+    from mklscale.solvers import elasticnet
+
+    params = dict(params)
+    params.setdefault("eta", 0.5)
+    return elasticnet.fit(engine, y, C=C, **params)
+
+
+def _run_smo(engine, y, task, C, params):
+    from mklscale.solvers import smo
+
+    return smo.fit(engine, y, C=C, **params)
+
+
+def _run_pfbs(engine, y, task, C, params):
+    from mklscale.solvers import pfbs
+
+    params = dict(params)
+    params.setdefault("mu", 0.0)
+    params.setdefault("center", True)
+    return pfbs.fit(engine, y, tau=C, **params)
+
+
+def _run_sgd(engine, y, task, C, params):
+    from mklscale.solvers import sgd
+
+    return sgd.fit(engine, y, lam=C, **params)
+
+
+def _run_gcd(engine, y, task, C, params):
+    from mklscale.solvers import gcd
+
+    _check_gcd(task, params)
+    params = dict(params)
+    if params.pop("stage", "one") == "one":
+        return gcd.fit_one_stage(engine, y, lam=C, **params)
+    key = _final_fit_param(task, params)
+    params[key] = C
+    return gcd.fit_two_stage(engine, y, task=task, **params)
+
+
+def _check_gcd(task: str, params: dict) -> None:
+    stage = params.get("stage", "one")
+    if stage not in ("one", "two"):
+        raise InvalidInputError(f"gcd stage must be 'one' (GCD-1s) or 'two' (GCD-2s); got {stage!r}")
+    extra = sorted(set(params) - {"stage", "lam"} - set(_GCD_ONE)) if stage == "one" else []
+    if extra:
+        raise InvalidInputError(f"gcd stage='one' does not take {extra}; they belong to stage='two' "
+                                f"(one-stage parameters: {sorted(_GCD_ONE)})")
+
+
+def _run_baseline(fn_name):
+    def run(engine, y, task, C, params):
+        from mklscale.solvers import baselines
+
+        params = dict(params)
+        params[_final_fit_param(task, params)] = C
+        return getattr(baselines, fn_name)(engine, y, task=task, **params)
+
+    return run
+
+
+def _final_fit_param(task: str, params: dict) -> str:
+    return "C" if task == "classification" else "lam"
+
+
+def _fixed(name: str):
+    return lambda task, params: name
+
+
+def _gcd_c_param(task: str, params: dict) -> str:
+    return "lam" if params.get("stage", "one") == "one" else _final_fit_param(task, params)
+
+
+def _final_fit_default(task: str, params: dict) -> float:
+    return 100.0 if _final_fit_param(task, params) == "C" else 0.01
+
+
+def _const(value: float):
+    return lambda task, params: value
+
+
+_SPICY = ("loss", "penalty", "lam", "q", "eps", "bias", "tol", "max_outer", "max_inner", "working_set",
+          "method", "verbose")
+_ELASTICNET = ("eta", "tol", "max_iter", "wsr_tol", "wsr_max_iter", "svm_tol", "selection_threshold",
+               "max_seconds", "seed", "verbose")
+_SMO = ("eps1", "eps2", "mu", "d", "tol", "continuation", "kappa_min", "max_stages", "max_steps",
+        "max_working_set", "drop_after", "seed", "verbose")
+_PFBS = ("mu", "tol", "max_iter", "accelerated", "center", "init", "working_set", "step", "verbose")
+_SGD = ("nu", "T", "step", "seed", "refresh", "mix", "eta0", "iterate", "fit_intercept", "record_every", "verbose")
+_GCD_ONE = ("max_iter", "tol", "fit_intercept", "reg", "verbose")
+_GCD_TWO = ("criterion", "lam", "C", "max_iter", "delta", "eps", "eta_max", "beta", "step", "tol", "reg", "verbose")
+_BASELINE = ("lam", "C")
+
+_TABLE: dict[str, SolverInfo] = {
+    "spicy": SolverInfo("spicy", TASKS, _SPICY, _fixed("C"), _const(0.1), _run_spicy, None,
+                        "SpicyMKL (block-1 / elastic-net / block-q penalty; logistic, hinge, square, "
+                        "eps-insensitive loss; default loss logistic for classification, square for regression)"),
+    "elasticnet": SolverInfo("elasticnet", ("classification",), _ELASTICNET, _fixed("C"), _const(100.0),
+                             _run_elasticnet, "seed",
+                             "Citi elastic-net constrained MKL, hinge loss (eta default 0.5; eta = 1 is L1 MKL)"),
+    "smo": SolverInfo("smo", ("classification",), _SMO, _fixed("C"), _const(100.0), _run_smo, "seed",
+                      "SMO-MKL support kernel machine (squared block-1 MKL, hinge loss)"),
+    "pfbs": SolverInfo("pfbs", TASKS, _PFBS, _fixed("tau"), _const(1e-3), _run_pfbs, None,
+                       "PFBS elastic-net MKL, square loss (mu default 0, center default True)"),
+    "sgd": SolverInfo("sgd", TASKS, _SGD, _fixed("lam"), _const(0.01), _run_sgd, "seed",
+                      "SGD-1s one-stage MKL with importance-sampled kernels, square loss"),
+    "gcd": SolverInfo("gcd", TASKS, ("stage",) + tuple(sorted(set(_GCD_ONE) | set(_GCD_TWO))),
+                      _gcd_c_param, lambda task, params: 0.01 if _gcd_c_param(task, params) == "lam" else 100.0,
+                      _run_gcd, None,
+                      "greedy coordinate descent MKL: stage='one' (GCD-1s/CKL, square loss, default) or "
+                      "stage='two' (GCD-2s alignment/euclidean, then SVM or kernel ridge)"),
+    "uniform": SolverInfo("uniform", TASKS, _BASELINE, _final_fit_param, _final_fit_default,
+                          _run_baseline("uniform"), None, "UNIFORM weights 1/M, then SVM or kernel ridge"),
+    "alignment": SolverInfo("alignment", TASKS, _BASELINE, _final_fit_param, _final_fit_default,
+                            _run_baseline("alignment"), None,
+                            "AMKL centred-alignment weights (Cortes et al.), then SVM or kernel ridge"),
+}
+
+
+#: checks of parameter combinations run before any work (check_params with a task)
+_PRECHECKS = {"spicy": _check_spicy, "gcd": _check_gcd}
+
+#: every solver parameter ``C`` can stand for, per solver (accepted in params when C is None)
+_C_NAMES = {"spicy": ("C",), "elasticnet": ("C",), "smo": ("C",), "pfbs": ("tau",), "sgd": ("lam",),
+            "gcd": ("lam", "C"), "uniform": ("C", "lam"), "alignment": ("C", "lam")}
+
+
+# ---- public API ----------------------------------------------------------------------------------
+def names() -> list[str]:
+    """Registered solver names, in table order."""
+    return list(_TABLE)
+
+
+def info(name: str) -> SolverInfo:
+    """The table row of ``name``; unknown names raise InvalidInputError listing the known ones."""
+    if name not in _TABLE:
+        raise InvalidInputError(f"unknown solver {name!r}; choose one of {names()}")
+    return _TABLE[name]
+
+
+def supports(name: str, task: str) -> bool:
+    """Whether solver ``name`` fits ``task`` ("classification" or "regression")."""
+    _check_task(task)
+    return task in info(name).tasks
+
+
+def accepted_params(name: str) -> tuple[str, ...]:
+    """Keyword parameters the solver takes in ``params``, including the one ``C`` sets (module table)."""
+    entry = info(name)
+    return entry.params + tuple(c for c in _C_NAMES[name] if c not in entry.params)
+
+
+def c_parameter(name: str, task: str, params: dict | None = None) -> str:
+    """Name of the solver parameter the estimators' ``C`` sets (e.g. "tau" for pfbs)."""
+    return info(name).c_param(task, dict(params or {}))
+
+
+def default_C(name: str, task: str, params: dict | None = None) -> float:
+    """The value used for ``C`` when it is None (and not given in ``params``)."""
+    return float(info(name).c_default(task, dict(params or {})))
+
+
+def check_params(name: str, params: dict | None, task: str | None = None) -> dict:
+    """A copy of ``params`` (None -> {}); unknown names raise InvalidInputError listing the accepted ones.
+
+    With ``task``, also the combinations known to fail before any work is done (a spicy loss that
+    does not fit the task, one-stage gcd with two-stage parameters), so callers can check settings
+    before building a bank.
+    """
+    info(name)  # unknown solver names fail here
+    if task is not None:
+        _check_task(task)
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise InvalidInputError(f"solver_params must be a dict or None; got {type(params).__name__}")
+    accepted = accepted_params(name)
+    unknown = sorted(str(p) for p in params if p not in accepted)
+    if unknown:
+        raise InvalidInputError(f"solver {name!r} does not take parameter(s) {unknown}; it accepts "
+                                f"{sorted(accepted)} (its main regularisation is best set by C)")
+    if task is not None and name in _PRECHECKS:
+        _PRECHECKS[name](task, params)
+    return dict(params)
+
+
+def fit_solver(name: str, engine, y, task: str, C=None, params: dict | None = None) -> MKLResult:
+    """Run solver ``name`` on ``engine`` for ``task`` and return its MKLResult.
+
+    ``C`` sets the solver's main regularisation (module table); None uses the value in ``params``
+    under the solver's own name for it (e.g. ``{"tau": 0.01}`` for pfbs) or else the default.
+    """
+    entry = info(name)
+    _check_task(task)
+    if task not in entry.tasks:
+        raise InvalidInputError(f"solver {name!r} does not support {task}; it supports {list(entry.tasks)}. "
+                                f"Solvers for {task}: {[n for n in names() if task in _TABLE[n].tasks]}")
+    params = check_params(name, params, task)
+    key = entry.c_param(task, params)
+    given = params.pop(key, None) if key in params else None
+    if C is not None and given is not None:
+        raise InvalidInputError(f"solver {name!r}: C and solver_params[{key!r}] set the same parameter; give only one")
+    value = C if C is not None else (given if given is not None else entry.c_default(task, params))
+    return entry.run(engine, y, task, value, params)
+
+
+def _check_task(task: str) -> None:
+    if task not in TASKS:
+        raise InvalidInputError(f"task must be one of {TASKS}; got {task!r}")
