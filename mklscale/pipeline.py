@@ -416,9 +416,10 @@ def _run_path(entry: dict, bank, data: _Data, client, quiet: bool, say) -> dict:
 
 
 def _cluster_info(config, client) -> dict:
-    kind = "local" if config is None else config.kind
-    return {"kind": kind, "dashboard": getattr(client, "dashboard_link", None),
-            "workers": len(client.scheduler_info().get("workers", {}))}
+    info = client.scheduler_info()
+    dashboard = client.dashboard_link if "dashboard" in info.get("services", {}) else None
+    return {"kind": "local" if config is None else config.kind, "dashboard": dashboard,
+            "workers": len(info.get("workers", {}))}
 
 
 def _machine() -> dict:
