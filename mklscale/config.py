@@ -43,6 +43,8 @@ def read_toml(path: str | os.PathLike, what: str) -> dict:
         raise ConfigError(f"{what} file {path} is not valid TOML: {exc}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{what} file {path} is not UTF-8 text; save it as UTF-8 TOML") from None
+    except OSError as exc:
+        raise ConfigError(f"{what} file {path} cannot be read ({exc.strerror}); check its permissions") from None
 
 
 def check_table(table: Any, schema: dict[str, Field], where: str) -> dict:

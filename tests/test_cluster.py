@@ -110,7 +110,7 @@ def test_bad_kind_or_missing_required_key(data, words):
 
 
 def test_missing_file_and_bad_toml(tmp_path):
-    with pytest.raises(ConfigError, match="no such file"):
+    with pytest.raises(ConfigError, match="does not exist"):
         load_cluster_config(tmp_path / "absent.toml")
     (tmp_path / "bad.toml").write_text('kind = "local\n')
     with pytest.raises(ConfigError, match="not valid TOML"):

@@ -34,13 +34,13 @@ import signal
 import sys
 import threading
 import time
-import tomllib
 import types
 from collections.abc import Iterator, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, Union, get_args, get_origin, get_type_hints
 
+from mklscale.config import read_toml
 from mklscale.errors import ClusterUnavailableError, ConfigError
 
 KINDS = ("local", "address", "slurm", "pbs")
@@ -209,14 +209,7 @@ def load_cluster_config(path_or_dict: str | Path | Mapping[str, Any] | ClusterCo
     if isinstance(path_or_dict, Mapping):
         return _from_mapping(path_or_dict, "<dict>")
     path = Path(path_or_dict)
-    if not path.is_file():
-        raise ConfigError(f"cluster config {path}: no such file; give a TOML file such as cluster/local.toml")
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cluster config {path}: not valid TOML ({exc}); fix the syntax") from None
-    except OSError as exc:
-        raise ConfigError(f"cluster config {path}: cannot be read ({exc}); check its permissions") from None
+    data = read_toml(path, "cluster config")
     return _from_mapping(data, str(path))
 
 
