@@ -91,7 +91,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--rows", type=int, default=None, help="use only the first ROWS rows (default: all)")
     b.add_argument("--normalize", choices=("trace", "diag", "none"), default="trace")
     b.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    b.add_argument("--scheduler", default=None, help="address of a running Dask scheduler (default: in-process threads)")
+    b.add_argument("--cluster", type=Path, default=None, help="a cluster TOML file (see cluster/); default: Dask "
+                   "threads in this process")
     b.add_argument("--overwrite", action="store_true", help="replace an existing bank built from other data or specs")
     b.add_argument("--out", type=Path, required=True, help="where to write the bank (a folder)")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -145,7 +146,8 @@ def _cmd_fit(args) -> int:
         task = args.task or ("regression" if ds.task == "regression" else "classification")
     else:
         if args.labels is None or args.task is None:
-            raise InvalidInputError("--features needs --labels y.npy and --task classification|regression")
+            raise InvalidInputError("--features needs its labels and the task: pass --labels y.npy and "
+                                    "--task classification|regression")
         X, y, task = _load_npy(args.features, "--features"), _load_npy(args.labels, "--labels"), args.task
     Estimator = MKLClassifier if task == "classification" else MKLRegressor
     estimator = Estimator(kernels=_kernels(args), solver=args.solver, C=args.C, solver_params=_params(args.param),
@@ -181,7 +183,15 @@ def _cmd_predict(args) -> int:
         X = load(args.dataset).X
     else:
         X = _load_npy(args.features, "--features")
-    values = estimator.predict_proba(X) if args.proba else estimator.predict(X)
+    predict = estimator.predict
+    if args.proba:
+        try:
+            predict = estimator.predict_proba
+        except AttributeError as exc:
+            reason = exc.__cause__ if exc.__cause__ is not None else exc
+            raise InvalidInputError(f"--proba: {reason}. On the command line, leave out --proba to get the predicted "
+                                    "labels") from None
+    values = predict(X)
     if args.out is None:
         np.savetxt(sys.stdout, np.atleast_1d(values), fmt="%s")
     elif args.out.suffix == ".csv":
@@ -200,11 +210,18 @@ def _cmd_report(args) -> int:
 
 def _load_npy(path: Path, what: str) -> np.ndarray:
     if not path.is_file():
-        raise InvalidInputError(f"{what} {path}: no such file")
+        raise InvalidInputError(f"{what} {path}: no such file; give the path of an existing .npy file "
+                                "(write one with numpy.save)")
     try:
-        return np.load(path, allow_pickle=False)
-    except ValueError as exc:
-        raise InvalidInputError(f"{what} {path}: not a plain .npy array ({exc})") from None
+        array = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise InvalidInputError(f"{what} {path}: not a plain .npy array ({exc}); save the array with "
+                                "numpy.save(path, array) (numbers only, no objects)") from None
+    if not isinstance(array, np.ndarray):  # an .npz archive
+        array.close()
+        raise InvalidInputError(f"{what} {path}: is an .npz archive, not one array; save the array alone with "
+                                "numpy.save(path, array)")
+    return array
 
 
 def _load_features(args) -> np.ndarray:
@@ -216,7 +233,8 @@ def _load_features(args) -> np.ndarray:
         X = _load_npy(args.features, "--features")
     if args.rows is not None:
         if args.rows < 2:
-            raise InvalidInputError(f"--rows must be >= 2, got {args.rows}")
+            raise InvalidInputError(f"--rows must be >= 2, got {args.rows}; give --rows 2 or more (or leave it out "
+                                    "for all rows)")
         X = X[: args.rows]
     return X
 
@@ -226,29 +244,34 @@ def _cmd_build(args) -> int:
 
     X = _load_features(args)
     specs = families.resolve(_kernels(args), X.shape[1])
-    client = None
-    if args.scheduler:
-        from distributed import Client
+    normalize = None if args.normalize == "none" else args.normalize
+    if args.cluster is None:
+        bank = build_bank(X, specs, args.out, normalize=normalize, dtype=args.dtype, overwrite=args.overwrite,
+                          progress=not args.quiet)
+    else:
+        from mklscale.runtime.cluster import load_cluster_config, open_client
 
-        try:
-            client = Client(args.scheduler, timeout="20s")
-        except OSError as exc:
-            raise InvalidInputError(f"cannot reach the Dask scheduler at {args.scheduler}: {exc}") from None
-    try:
-        bank = build_bank(X, specs, args.out, normalize=None if args.normalize == "none" else args.normalize,
-                          dtype=args.dtype, client=client, overwrite=args.overwrite, progress=not args.quiet)
-    finally:
-        if client is not None:
-            client.close()
+        with open_client(load_cluster_config(args.cluster), quiet=args.quiet) as client:
+            bank = build_bank(X, specs, args.out, normalize=normalize, dtype=args.dtype, client=client,
+                              overwrite=args.overwrite, progress=not args.quiet)
     print(f"bank: {bank.path}  M={len(bank)} kernels  n={bank.n}  {bank.nbytes / 1e9:.3f} GB  "
           f"({bank.last_build_computed} computed now)")
     return 0
 
 
-def _cmd_info(args) -> int:
+def _open_bank(path: Path):
+    """The bank at ``path``; a folder that is not a bank gets a message saying what to give instead."""
     from mklscale.bank import KernelBank
+    from mklscale.errors import NotABankError
 
-    bank = KernelBank.open(args.path)
+    if path.exists() and not KernelBank.is_bank(path):
+        raise NotABankError(f"{path} exists but is not an mklscale kernel bank (no bank metadata found); give the "
+                            "folder written by `mklscale bank build --out FOLDER` (or by build_bank)")
+    return KernelBank.open(path)
+
+
+def _cmd_info(args) -> int:
+    bank = _open_bank(args.path)
     complete = bank.complete
     info = {
         "path": str(bank.path), "M": len(bank), "n": bank.n, "dtype": bank.dtype.name,
@@ -273,9 +296,7 @@ def _cmd_info(args) -> int:
 
 
 def _cmd_verify(args) -> int:
-    from mklscale.bank import KernelBank
-
-    report = KernelBank.open(args.path).verify(progress=not args.quiet)
+    report = _open_bank(args.path).verify(progress=not args.quiet)
     print(report)
     return 0 if report.ok else 1
 
