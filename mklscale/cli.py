@@ -215,7 +215,8 @@ def _load_npy(path: Path, what: str) -> np.ndarray:
     try:
         array = np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
-        raise InvalidInputError(f"{what} {path}: not a plain .npy array ({exc}); save the array with "
+        reason = "not in .npy format, or it holds Python objects" if "pickle" in str(exc) else str(exc)
+        raise InvalidInputError(f"{what} {path}: not a plain .npy array ({reason}); save the array with "
                                 "numpy.save(path, array) (numbers only, no objects)") from None
     if not isinstance(array, np.ndarray):  # an .npz archive
         array.close()

@@ -40,7 +40,8 @@ def read_toml(path: str | os.PathLike, what: str) -> dict:
         with path.open("rb") as fh:
             return tomllib.load(fh)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{what} file {path} is not valid TOML: {exc}") from None
+        raise ConfigError(f"{what} file {path} is not valid TOML: {exc}; fix the syntax at that line "
+                          "(strings need quotes, tables [brackets] must close)") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{what} file {path} is not UTF-8 text; save it as UTF-8 TOML") from None
     except OSError as exc:
@@ -53,13 +54,13 @@ def check_table(table: Any, schema: dict[str, Field], where: str) -> dict:
         raise ConfigError(f"{where} must be a table, got {type_name(table)}")
     unknown = sorted(set(table) - set(schema))
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed keys are "
-                          f"{', '.join(sorted(schema))}")
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; remove or rename them (allowed keys "
+                          f"are {', '.join(sorted(schema))})")
     out = {}
     for key, field in schema.items():
         if key not in table:
             if field.default is REQUIRED:
-                raise ConfigError(f"{where}: missing required key {key!r}")
+                raise ConfigError(f"{where}: missing required key {key!r}; add {key} = ... to that table")
             out[key] = field.default
             continue
         out[key] = check_value(table[key], field, f"{where}.{key}")
@@ -73,12 +74,20 @@ def check_value(value: Any, field: Field, where: str) -> Any:
         value = float(value)
     if isinstance(value, bool) and bool not in types or not isinstance(value, types):
         expected = " or ".join(t.__name__ for t in types)
-        raise ConfigError(f"{where} must be {expected}, got {type_name(value)} {value!r}")
+        raise ConfigError(f"{where} must be {expected}, got {type_name(value)} {value!r}; {type_hint(types, value)}")
     if field.check is not None:
         problem = field.check(value)
         if problem:
             raise ConfigError(f"{where}: {problem}")
     return value
+
+
+def type_hint(types: tuple[type, ...], value: Any) -> str:
+    """What to write instead of a value of the wrong type (for messages)."""
+    wanted = " or ".join(type_name(t()) if t in (dict, list, str, bool, int, float) else t.__name__ for t in types)
+    if isinstance(value, str) and not {str} & set(types):
+        return f"write {wanted} without quotes (TOML quotes only strings)"
+    return f"give {wanted} there"
 
 
 def type_name(value: Any) -> str:

@@ -331,7 +331,8 @@ def load(name: str, **kwargs: Any) -> Dataset:
     """
     if name not in _REGISTRY:
         raise InvalidInputError(
-            f"unknown dataset {name!r}; available datasets: {', '.join(available())}"
+            f"unknown dataset {name!r}; choose one of the available datasets: {', '.join(available())} "
+            "(offline only; for your own data pass the arrays, or .npy files with --features/--labels)"
         )
     factory, accepted = _REGISTRY[name]
     for key in kwargs:
@@ -340,9 +341,9 @@ def load(name: str, **kwargs: Any) -> Dataset:
         if key in _SIZE_KW:
             raise InvalidInputError(
                 f"dataset {name!r} does not accept keyword {key!r}: bundled datasets have fixed "
-                f"size and content; only {sorted(accepted)} may be given"
+                f"size and content; remove it (only {sorted(accepted)} may be given)"
             )
         raise InvalidInputError(
-            f"dataset {name!r} does not accept keyword {key!r}; accepted: {sorted(accepted)}"
+            f"dataset {name!r} does not accept keyword {key!r}; remove it (accepted: {sorted(accepted)})"
         )
     return factory(**kwargs)

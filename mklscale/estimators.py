@@ -4,7 +4,8 @@ Both learn f(x) = sum_m w_m k_m(x, X_train) c + b over a bank of kernels k_m (Ke
 the standardised features, normalised as the bank's ``normalize`` rule says), with one of the solvers of
 :mod:`mklscale.solvers.registry`. ``fit(X, y)``:
 
-1. validates X, y with scikit-learn's ``validate_data`` (NaN/inf and shape errors are ValueErrors);
+1. validates X, y with scikit-learn's ``validate_data`` (NaN/inf and shape errors are InvalidInputErrors,
+   which are ValueErrors, with scikit-learn's text and what to do);
 2. builds the kernel bank in ``cache_dir`` under a key that hashes the data (raw float64 bytes, from
    which the standardisation follows), the kernel specs, ``normalize`` and the storage dtype
    (float32) -- or REUSES it when a previous fit built the same bank (``fit_stats_["kernels_built"]``
@@ -110,7 +111,24 @@ class _MKLBase(BaseEstimator):
                 f"solver {self.solver!r} does not support {self._task}; it supports "
                 f"{list(registry.info(self.solver).tasks)}. Use one of "
                 f"{[n for n in registry.names() if registry.supports(n, self._task)]}")
-        return registry.check_params(self.solver, self.solver_params, self._task)
+        params = registry.check_params(self.solver, self.solver_params, self._task)
+        self._check_C(params)
+        return params
+
+    def _check_C(self, params: dict) -> None:
+        """C is None or a finite number > 0 (>= 0 for pfbs' tau), checked before any bank is built."""
+        if self.C is None:
+            return
+        name = registry.c_parameter(self.solver, self._task, params)
+        zero_ok = name == "tau"  # pfbs: tau = 0 is the pure ridge end of the path (with mu > 0)
+        C = self.C
+        ok = (isinstance(C, (int, float, np.integer, np.floating)) and not isinstance(C, (bool, np.bool_))
+              and np.isfinite(C) and (C >= 0 if zero_ok else C > 0))
+        if not ok:
+            default = registry.default_C(self.solver, self._task, params)
+            raise InvalidInputError(
+                f"C = {C!r} is not a valid regularisation for solver {self.solver!r} (it sets {name}); pass a finite "
+                f"number {'>= 0' if zero_ok else '> 0'}, or C=None for the default {default:g}")
 
     def _fit_features(self, X, y_targets: list[np.ndarray]):
         """Build or reuse the bank for X, then solve every head."""
@@ -173,7 +191,11 @@ class _MKLBase(BaseEstimator):
         from mklscale.bank.store import KernelBank
 
         bank = bank if isinstance(bank, KernelBank) else KernelBank.open(bank)
-        y = column_or_1d(check_array(y, ensure_2d=False, dtype=None), warn=True)
+        try:
+            y = column_or_1d(check_array(y, ensure_2d=False, dtype=None), warn=True)
+        except ValueError as exc:
+            raise InvalidInputError(f"y: {exc}; pass one finite target per row of the bank (drop or impute rows "
+                                    "with missing targets before building it)") from exc
         if y.shape[0] != bank.n:
             raise InvalidInputError(f"y has {y.shape[0]} entries but the bank {bank.path} has n = {bank.n} "
                                     "training rows; pass the targets of the rows the bank was built on")
@@ -189,7 +211,7 @@ class _MKLBase(BaseEstimator):
     def _decision(self, X) -> np.ndarray:
         """f(x) = sum_m w_m k_m(x, X_S) c_S + b per head: (n,) for binary / regression, (n, K) for OvR."""
         check_is_fitted(self, "model_")
-        X = validate_data(self, X, reset=False, dtype=np.float64)
+        X = _validated(self, X, reset=False, dtype=np.float64)
         return self.model_.decision_function(X)
 
     def decision_function_from_kernels(self, K_cross) -> np.ndarray:
@@ -247,7 +269,7 @@ class MKLClassifier(ClassifierMixin, _MKLBase):
 
     def fit(self, X, y):
         """Fit on raw features X (n, d) and labels y (any hashable labels, at least two classes)."""
-        X, y = validate_data(self, X, y, ensure_min_samples=2, dtype=np.float64)
+        X, y = _validated(self, X, y, ensure_min_samples=2, dtype=np.float64)
         return self._fit_features(X, self._targets(y))
 
     def fit_bank(self, bank, y):
@@ -268,8 +290,9 @@ class MKLClassifier(ClassifierMixin, _MKLBase):
         check_classification_targets(y)
         self.classes_, idx = np.unique(y, return_inverse=True)
         if self.classes_.size < 2:
-            raise InvalidInputError(f"y has only one class ({self.classes_[0]!r}); a classifier needs at least "
-                                    "two classes to train")
+            only = self.classes_[:1].tolist()[0]
+            raise InvalidInputError(f"y has only one class ({only!r}); a classifier needs at least two classes to "
+                                    "train: give labels of at least two classes")
         if self.classes_.size == 2:
             return [np.where(idx == 1, 1.0, -1.0)]
         return [np.where(idx == k, 1.0, -1.0) for k in range(self.classes_.size)]
@@ -322,7 +345,7 @@ class MKLRegressor(RegressorMixin, _MKLBase):
 
     def fit(self, X, y):
         """Fit on raw features X (n, d) and real targets y (n,)."""
-        X, y = validate_data(self, X, y, ensure_min_samples=2, y_numeric=True, dtype=np.float64)
+        X, y = _validated(self, X, y, ensure_min_samples=2, y_numeric=True, dtype=np.float64)
         return self._fit_features(X, [np.asarray(y, dtype=np.float64)])
 
     def fit_bank(self, bank, y):
@@ -343,6 +366,39 @@ class MKLRegressor(RegressorMixin, _MKLBase):
 
     def predict_from_kernels(self, K_cross) -> np.ndarray:
         return self.decision_function_from_kernels(K_cross)
+
+
+# ---- input validation --------------------------------------------------------------------------------
+#: (fragment of scikit-learn's message, what to do) for the ValueErrors of validate_data
+_VALIDATION_HINTS = (
+    ("contains NaN", "impute or drop the rows with missing values first (e.g. sklearn.impute.SimpleImputer)"),
+    ("contains infinity", "replace or drop the infinite values first"),
+    ("features, but", "pass X with the same columns, in the same order, as at fit"),
+    ("feature names", "pass the same columns, with the same names, as at fit"),
+    ("inconsistent numbers of samples", "pass one target per row of X"),
+    ("could not convert", "convert X to numbers first (e.g. encode categorical columns)"),
+    ("Unknown label type", "pass class labels (ints or strings) to a classifier, or use MKLRegressor"),
+)
+
+
+def _validated(est, X, y="no_validation", **kwargs):
+    """sklearn's ``validate_data`` with its ValueErrors raised as InvalidInputError saying what to do.
+
+    The scikit-learn text stays first (its estimator checks match on it); a hint is appended.
+    """
+    try:
+        if isinstance(y, str) and y == "no_validation":
+            return validate_data(est, X, **kwargs)
+        return validate_data(est, X, y, **kwargs)
+    except InvalidInputError:
+        raise
+    except ValueError as exc:
+        text = str(exc).rstrip()
+        hint = next((h for fragment, h in _VALIDATION_HINTS if fragment in text),
+                    "pass a finite numeric array of shape (n_samples, n_features)")
+        if "contains NaN" in text or "contains infinity" in text:
+            text = text.splitlines()[0]  # sklearn's first line; its long advice follows as our hint
+        raise InvalidInputError(f"{text}{'' if text.endswith('.') else '.'} {hint[0].upper()}{hint[1:]}.") from exc
 
 
 # ---- kernels ---------------------------------------------------------------------------------------
@@ -442,7 +498,8 @@ def estimator_from_model(model: MKLModel, doc: dict):
     classes = {"MKLClassifier": MKLClassifier, "MKLRegressor": MKLRegressor}
     cls = classes.get(est_doc.get("class"))
     if cls is None:
-        raise ModelFileError(f"model.json names estimator class {est_doc.get('class')!r}; expected one of {list(classes)}")
+        raise ModelFileError(f"model.json names estimator class {est_doc.get('class')!r}; expected one of "
+                             f"{list(classes)}; re-save the model with this mklscale or refit it")
     est = cls(**params_from_json(est_doc.get("params") or {}))
     est.model_ = model
     if cls is MKLClassifier:

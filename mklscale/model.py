@@ -164,7 +164,8 @@ class MKLModel:
         """x~ = (x - mean) / scale with the training standardisation (the same formula as the bank)."""
         X = validate_features(X, "X")
         if self.n_features is not None and X.shape[1] != self.n_features:
-            raise InvalidInputError(f"X has {X.shape[1]} feature(s) but the model was fitted on {self.n_features}")
+            raise InvalidInputError(f"X has {X.shape[1]} feature(s) but the model was fitted on {self.n_features}; "
+                                    f"pass X with the same {self.n_features} columns, in the same order, as at fit")
         if self.mean is None:
             return X
         return (X - self.mean) / self.scale
@@ -213,9 +214,11 @@ class MKLModel:
         if K.ndim != 3 or K.shape[2] != self.n_train or K.shape[0] not in (k, self.n_bank_kernels):
             raise InvalidInputError(
                 f"K_cross must have shape ({self.n_bank_kernels} (all bank kernels) or {k} (kept kernels), "
-                f"n_new, {self.n_train}); got {K.shape}")
+                f"n_new, {self.n_train}); got {K.shape}. Pass K_m(X_new, X_train) for every kernel of the bank "
+                "(bank.cross(...)) or for the kept ones, with one column per training row")
         if not np.isfinite(K).all():
-            raise InvalidInputError("K_cross contains NaN or inf")
+            raise InvalidInputError("K_cross contains NaN or inf; check how the cross kernels were computed (drop "
+                                    "rows of X_new with missing values)")
         if K.shape[0] != k:  # all bank kernels given (k == M means every kernel is kept, in bank order)
             K = K[self.bank_kernels]
         F = np.zeros((K.shape[1], self.n_heads))
@@ -333,13 +336,16 @@ def read_document(path: Path) -> dict:
     """model.json of ``path``, checked for format and schema version."""
     f = path / JSON_FILE
     if not path.is_dir() or not f.is_file():
-        raise ModelFileError(f"no mklscale model at {path}: {JSON_FILE} is missing (save one with est.save(path))")
+        raise ModelFileError(f"no mklscale model at {path}: {JSON_FILE} is missing; give the folder written by "
+                             "est.save(path) or `mklscale fit --out`")
     try:
         doc = json.loads(f.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ModelFileError(f"{f} is unreadable or truncated ({exc}); re-save the model or refit it") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise ModelFileError(f"{f} is not an mklscale model file (format {doc.get('format') if isinstance(doc, dict) else None!r})")
+        raise ModelFileError(f"{f} is not an mklscale model file (format "
+                             f"{doc.get('format') if isinstance(doc, dict) else None!r}); give the folder written by "
+                             "est.save(path) or `mklscale fit --out`")
     version = doc.get("schema_version")
     if not isinstance(version, int):
         raise ModelFileError(f"{f} has no valid schema_version; re-save the model or refit it")

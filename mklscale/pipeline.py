@@ -139,7 +139,8 @@ def load_pipeline(spec: str | os.PathLike | dict) -> Pipeline:
     names = [s["name"] for s in solvers] + [p["name"] for p in paths]
     duplicates = sorted(n for n, c in collections.Counter(names).items() if c > 1)
     if duplicates:
-        raise ConfigError(f"{where}: solver/path names must be unique; repeated: {', '.join(duplicates)}")
+        raise ConfigError(f"{where}: solver/path names must be unique; repeated: {', '.join(duplicates)}; rename "
+                          "the repeated entries (each name becomes a model folder)")
     bad = [n for n in names if not n or not all(c.isalnum() or c in "-_." for c in n)]
     if bad:
         raise ConfigError(f"{where}: names may use letters, digits, '-', '_' and '.' only (they name model "
@@ -157,6 +158,11 @@ def _check_bank(table, where: str) -> dict:
         raise ConfigError(f"{where} must be a table")
     family = table.get("family")
     param_keys = set(FAMILY_PARAMS.get(family, ())) if isinstance(family, str) else set()
+    unknown = sorted(set(table) - set(_BANK) - param_keys)
+    if unknown and family in FAMILY_PARAMS:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)} for family {family!r}; remove or rename them "
+                          f"(family parameters: {', '.join(FAMILY_PARAMS[family]) or 'none'}; bank keys: "
+                          f"{', '.join(k for k in _BANK if k != 'families')})")
     fixed = check_table({k: v for k, v in table.items() if k not in param_keys}, _BANK, where)
     if (fixed["family"] is None) == (fixed["families"] is None):
         raise ConfigError(f"{where}: give either family = \"...\" (with its parameters) or families = [...]")
@@ -170,11 +176,12 @@ def _check_bank(table, where: str) -> dict:
         for i, entry in enumerate(kernels):
             if not isinstance(entry, dict) or entry.get("family") not in FAMILY_PARAMS:
                 raise ConfigError(f"{where}.families[{i}] must be a table with family = one of "
-                                  f"{', '.join(FAMILY_PARAMS)}; got {entry!r}")
+                                  f"{', '.join(FAMILY_PARAMS)}; got {entry!r}; choose one of those families")
             unknown = sorted(set(entry) - {"family"} - set(FAMILY_PARAMS[entry["family"]]))
             if unknown:
                 raise ConfigError(f"{where}.families[{i}]: unknown key(s) {', '.join(unknown)} for family "
-                                  f"{entry['family']!r}; allowed: {', '.join(FAMILY_PARAMS[entry['family']])}")
+                                  f"{entry['family']!r}; remove or rename them (allowed: "
+                                  f"{', '.join(FAMILY_PARAMS[entry['family']]) or 'none'})")
     return {"kernels": kernels, "normalize": fixed["normalize"], "dtype": fixed["dtype"], "path": fixed["path"]}
 
 
@@ -192,8 +199,8 @@ def _check_solver(table, where: str) -> dict:
     params = {k: v for k, v in table.items() if k not in _SOLVER_FIXED}
     unknown = sorted(set(params) - set(accepted))
     if unknown:
-        raise ConfigError(f"{where}: solver {fixed['solver']!r} does not take {', '.join(unknown)}; its "
-                          f"parameters are C, {', '.join(sorted(accepted))}")
+        raise ConfigError(f"{where}: solver {fixed['solver']!r} does not take {', '.join(unknown)}; remove it or use "
+                          f"one of its parameters: {', '.join(['C'] + sorted(set(accepted) - {'C'}))}")
     for key, value in params.items():
         check_value(value, Field(_PARAM_TYPES), f"{where}.{key}")
     return {**fixed, "params": params}
@@ -223,13 +230,16 @@ def run_pipeline(spec, out: str | os.PathLike | None = None, cluster=None, quiet
     pipe = spec if isinstance(spec, Pipeline) else load_pipeline(spec)
     cluster_config = load_cluster_config(cluster) if cluster is not None else None
     run_dir = Path(out) if out is not None else Path("runs") / pipe.name
-    _prepare_run_dir(run_dir, pipe)
+    _check_run_dir(run_dir)
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
     started, t0 = _now(), time.perf_counter()
     data = _load_data(pipe)
     say(f"[{pipe.name}] {data.name}: {len(data.y_train)} training rows, {len(data.y_test)} test rows, "
         f"{data.X_train.shape[1]} features ({data.task})")
     with open_client(cluster_config, quiet=quiet) as client:
+        # the run folder is created only once the data loaded and the cluster answered, so a bad
+        # dataset or an unreachable cluster leaves nothing on disk
+        _prepare_run_dir(run_dir, pipe)
         bank, bank_info = _build_bank(pipe, data, run_dir, client, quiet, say)
         entries = [_run_solver(entry, bank, data, run_dir, client, quiet, say) for entry in pipe.solvers]
         entries += [_run_path(entry, bank, data, client, quiet, say) for entry in pipe.paths]
@@ -253,10 +263,14 @@ def run_pipeline(spec, out: str | os.PathLike | None = None, cluster=None, quiet
     return results
 
 
-def _prepare_run_dir(run_dir: Path, pipe: Pipeline) -> None:
-    """Create the run directory and keep a copy of the spec that produced it."""
+def _check_run_dir(run_dir: Path) -> None:
     if run_dir.exists() and not run_dir.is_dir():
         raise InvalidInputError(f"--out {run_dir} exists and is not a directory; choose another run directory")
+
+
+def _prepare_run_dir(run_dir: Path, pipe: Pipeline) -> None:
+    """Create the run directory and keep a copy of the spec that produced it."""
+    _check_run_dir(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if pipe.source is not None:
         shutil.copyfile(pipe.source, run_dir / "pipeline.toml")

@@ -60,7 +60,10 @@ class ClusterConfig:
         for name in keys_of(type(self)):
             value = getattr(self, name)
             if not _matches(value, hints[name]):
-                self._fail(name, f"expected {_describe(hints[name])}, got {value!r} ({type(value).__name__})")
+                quoted = isinstance(value, str) and hints[name] in (int, float, bool)
+                hint = " without quotes (TOML quotes only strings)" if quoted else ""
+                self._fail(name, f"expected {_describe(hints[name])}, got {value!r} ({type(value).__name__}); "
+                                 f"set it to {_describe(hints[name])}{hint}")
             if isinstance(value, list):  # frozen and hashable: lists become tuples
                 object.__setattr__(self, name, tuple(value))
             elif hints[name] is float and isinstance(value, int):
@@ -76,7 +79,7 @@ class ClusterConfig:
     def _positive(self, *names: str) -> None:
         for name in names:
             if getattr(self, name) <= 0:
-                self._fail(name, f"must be > 0, got {getattr(self, name)!r}")
+                self._fail(name, f"must be > 0, got {getattr(self, name)!r}; give a positive value")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -223,11 +226,12 @@ def _from_mapping(data: Mapping[str, Any], source: str) -> ClusterConfig:
     unknown = sorted(set(data) - set(allowed) - {"kind"})
     if unknown:
         raise ConfigError(f"cluster config {source}: unknown key(s) {', '.join(map(repr, unknown))} for kind = \"{kind}\"; "
-                          f"allowed keys: kind, {', '.join(allowed)}")
+                          f"remove or rename them (allowed keys: kind, {', '.join(allowed)})")
     missing = [f.name for f in fields(cls) if f.name in allowed and f.name not in data
                and f.default is MISSING and f.default_factory is MISSING]
     if missing:
-        raise ConfigError(f"cluster config {source}: missing required key(s) {', '.join(map(repr, missing))} for kind = \"{kind}\"")
+        raise ConfigError(f"cluster config {source}: missing required key(s) {', '.join(map(repr, missing))} for kind = \"{kind}\"; "
+                          "add them to the file")
     return cls(source=source, **{k: v for k, v in data.items() if k != "kind"})
 
 
