@@ -45,10 +45,21 @@ bias absorbs the mean).
 
 Results: for a finite bank (an engine or FiniteBank) weights have length M; for a family they index the
 selected kernels listed in ``params["kernels"]`` (see ``sources``).
+
+Checkpoints (``checkpoint=Checkpoint(...)`` of ``fit_one_stage`` / ``fit_two_stage``,
+mklscale.runtime.checkpoint): ``checkpoint.step`` runs before every greedy step. The state is the
+weights so far (keys as ``source.describe`` dicts in selection order, values), the driver-side
+(n, n) combination the next step starts from (K_theta for GCD-1s, K for Algorithms 7 and 8: an exact
+copy, since recomputing it from the weights changes its rounding), the loop's scalars (GCD-1s: alpha*,
+J and the last gap; FSAM: F of the previous step; Algorithm 8: beta and the last gap), the history
+and its time / pass counters (``_Run``). A resumed run is bit-identical (the two-stage final fit runs
+after the loop, as without a resume); its first new history entry has ``"resumed": True``. The
+caller's fingerprint must identify the source (bank), y, the stage / criterion and every parameter.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
@@ -80,6 +91,17 @@ class _Weights:
             self.values[key] = 0.0
         self.values[key] += amount
 
+    def state(self, source) -> dict:
+        return {"weight_keys": [source.describe(k) for k in self.keys],
+                "weight_values": np.array([self.values[k] for k in self.keys], dtype=np.float64)}
+
+    @classmethod
+    def from_state(cls, state: dict, source) -> _Weights:
+        weights = cls()
+        weights.keys = [source.key_from(d) for d in state["weight_keys"]]
+        weights.values = dict(zip(weights.keys, state["weight_values"].tolist()))
+        return weights
+
     def as_result_arrays(self, source) -> tuple[np.ndarray, dict]:
         """(weights, extra params) in MKLResult layout; exact zeros are dropped from family lists."""
         if source.finite:
@@ -99,6 +121,43 @@ def _engine_stats(source) -> dict:
     return {"passes": 0, "bytes_read": 0}
 
 
+class _Run:
+    """A greedy loop's history (with elapsed seconds and engine counters) and its checkpoint.
+
+    ``load()`` returns the saved state (or None) and continues history, clock and counters from it;
+    ``step(it, weights, get_state)`` calls ``checkpoint.step`` (if any) with the loop's own
+    ``get_state()`` plus the weights, the history and the counters.
+    """
+
+    def __init__(self, src, t0: float, checkpoint):
+        self.src, self.t0, self.checkpoint = src, t0, checkpoint
+        self.history: list[dict] = []
+        self.offset = {"passes": 0, "bytes_read": 0}     # engine counters before a resume
+        self.resumed = False
+
+    def stats(self) -> dict:
+        return {k: v + self.offset[k] for k, v in _engine_stats(self.src).items()}
+
+    def append(self, entry: dict) -> None:
+        entry.update(seconds=time.perf_counter() - self.t0, **self.stats())
+        if self.resumed:
+            entry["resumed"], self.resumed = True, False
+        self.history.append(entry)
+
+    def load(self) -> dict | None:
+        saved = self.checkpoint.load() if self.checkpoint is not None else None
+        if saved is not None:
+            self.history, self.resumed = list(saved["history"]), True
+            self.t0 -= float(saved["seconds"])
+            self.offset = {k: int(saved[k]) - v for k, v in _engine_stats(self.src).items()}
+        return saved
+
+    def step(self, it: int, weights: _Weights, get_state) -> None:
+        if self.checkpoint is not None:
+            self.checkpoint.step(it, lambda: {**get_state(), **weights.state(self.src), "history": self.history,
+                                              "seconds": time.perf_counter() - self.t0, **self.stats()})
+
+
 def _targets(y, n, fit_intercept):
     y = check_targets(y, n, classification=False, loss_name="squared")
     b = float(y.mean()) if fit_intercept else 0.0
@@ -108,11 +167,14 @@ def _targets(y, n, fit_intercept):
 # ---- GCD-1s --------------------------------------------------------------------------------------------
 @single_blas_thread_for_small_n
 def fit_one_stage(source, y, lam: float = 1.0, max_iter: int = 100, tol: float = 1e-4,
-                  fit_intercept: bool = True, reg: float = 0.0, verbose: bool = False) -> MKLResult:
+                  fit_intercept: bool = True, reg: float = 0.0, verbose: bool = False,
+                  checkpoint=None) -> MKLResult:
     """GCD-1s / CKL (Algorithm 6) on a finite bank (engine) or a continuous family; see the module docstring.
 
     ``lam`` is the ridge of J (``_final_fit`` convention), ``tol`` the relative Frank-Wolfe gap,
-    ``reg`` the per-feature width regulariser of a per-feature Gaussian family.
+    ``reg`` the per-feature width regulariser of a per-feature Gaussian family. ``checkpoint``: None or
+    a :class:`mklscale.runtime.checkpoint.Checkpoint`; resume from its state if it holds one, save it
+    before each step when due and on SIGTERM/SIGINT (module docstring; the caller clears it).
     """
     t_start = time.perf_counter()
     src = as_source(source)
@@ -121,19 +183,24 @@ def fit_one_stage(source, y, lam: float = 1.0, max_iter: int = 100, tol: float =
     tol = check_positive("tol", tol)
     y, t, bias = _targets(y, src.n, fit_intercept)
     n = src.n
-    weights = _Weights()
-    K_theta = np.zeros((n, n))
-    history = []
+    run = _Run(src, t_start, checkpoint)
+    saved = run.load()
     converged = False
-    alpha, J = _final_fit.ridge_dual(K_theta, t, lam)
-    gap = np.inf
-    for it in range(1, max_iter + 1):
+    if saved is None:
+        weights, K_theta, first = _Weights(), np.zeros((n, n)), 1
+        alpha, J = _final_fit.ridge_dual(K_theta, t, lam)
+        gap = np.inf
+    else:
+        weights, K_theta, first = _Weights.from_state(saved, src), saved["K"], saved["iteration"] + 1
+        alpha, J, gap = saved["alpha"], float(saved["J"]), float(saved["gap"])
+    for it in range(first, max_iter + 1):
+        run.step(it - 1, weights, functools.partial(dict, K=K_theta, alpha=alpha, J=J, gap=gap))
         key, q_max, _ = src.argmax_frobenius(None, alpha=alpha) if src.finite else \
             src.argmax_frobenius(None, alpha=alpha, reg=reg)
         gap = max(0.5 * (q_max - float(alpha @ K_theta @ alpha)), 0.0)
         if gap <= tol * abs(J):
             converged = True
-            history.append(_entry(it, J, gap, 0.0, key, src, t_start))
+            run.append(_entry(it, J, gap, 0.0, key, src))
             break
         K_new = src.block(key)
         eta, J = _final_fit.exact_segment_search(K_theta, K_new, t, lam)
@@ -141,20 +208,19 @@ def fit_one_stage(source, y, lam: float = 1.0, max_iter: int = 100, tol: float =
         weights.add(key, eta)
         K_theta = (1.0 - eta) * K_theta + eta * K_new
         alpha, J = _final_fit.ridge_dual(K_theta, t, lam)
-        history.append(_entry(it, J, gap, eta, key, src, t_start))
+        run.append(_entry(it, J, gap, eta, key, src))
         if verbose:
             print(f"gcd-1s it {it:4d} J={J:.10g} gap={gap:.3e} eta={eta:.4f} key={src.describe(key)}")
     w, extra = weights.as_result_arrays(src)
     return MKLResult(weights=w, dual_coef=alpha, bias=bias, active=np.flatnonzero(w), objective=J,
-                     gap=gap / max(abs(J), np.finfo(float).tiny), history=history, converged=converged,
+                     gap=gap / max(abs(J), np.finfo(float).tiny), history=run.history, converged=converged,
                      solver="gcd-1s", params={"lam": lam, "max_iter": max_iter, "tol": tol,
                                               "fit_intercept": fit_intercept, "reg": reg, "simplex": "Delta_1",
-                                              "iterations": len(history), **extra})
+                                              "iterations": len(run.history), **extra})
 
 
-def _entry(it, J, gap, eta, key, src, t0) -> dict:
-    return {"iteration": it, "objective": J, "gap": gap, "eta": eta, "kernel": src.describe(key),
-            "seconds": time.perf_counter() - t0, **_engine_stats(src)}
+def _entry(it, J, gap, eta, key, src) -> dict:
+    return {"iteration": it, "objective": J, "gap": gap, "eta": eta, "kernel": src.describe(key)}
 
 
 # ---- GCD-2s --------------------------------------------------------------------------------------------
@@ -162,11 +228,13 @@ def _entry(it, J, gap, eta, key, src, t0) -> dict:
 def fit_two_stage(source, y, criterion: str = "alignment", task: str = "auto", lam: float = 1.0, C: float = 1.0,
                   max_iter: int = 50, delta: float = 1e-3, eps: float = 1e-6, eta_max: float = 1.0,
                   beta: float | None = None, step: str = "exact", tol: float = 1e-6, reg: float = 0.0,
-                  verbose: bool = False) -> MKLResult:
+                  verbose: bool = False, checkpoint=None) -> MKLResult:
     """GCD-2s: Algorithm 7 (criterion="alignment") or Algorithm 8 (criterion="euclidean"), then the final
     fit (kernel ridge with ridge ``lam`` for regression, SVM with ``C`` for classification).
 
     ``objective`` is the centred alignment of the learned kernel sum_i w_i K_i; ``params["alignment"]`` too.
+    ``checkpoint``: None or a :class:`mklscale.runtime.checkpoint.Checkpoint` for the greedy loop (module
+    docstring; the caller clears it after storing the result).
     """
     t_start = time.perf_counter()
     src = as_source(source)
@@ -180,13 +248,15 @@ def fit_two_stage(source, y, criterion: str = "alignment", task: str = "auto", l
     yc = y - y.mean()
     if not np.any(yc):
         raise InvalidInputError("y is constant: the centred ideal kernel is zero and alignment is undefined")
+    run = _Run(src, t_start, checkpoint)
     if criterion == "alignment":
-        weights, history, converged, extra = _fsam(src, yc, max_iter, check_positive("delta", delta, allow_zero=True),
-                                                   check_positive("eps", eps), check_positive("eta_max", eta_max),
-                                                   reg, verbose, t_start)
+        weights, converged, extra = _fsam(src, yc, max_iter, check_positive("delta", delta, allow_zero=True),
+                                          check_positive("eps", eps), check_positive("eta_max", eta_max),
+                                          reg, verbose, run)
     else:
-        weights, history, converged, extra = _euclidean(src, yc, max_iter, beta, step,
-                                                        check_positive("tol", tol), reg, verbose, t_start)
+        weights, converged, extra = _euclidean(src, yc, max_iter, beta, step, check_positive("tol", tol), reg,
+                                               verbose, run)
+    history = run.history
     w, fam = weights.as_result_arrays(src)
     if criterion == "euclidean" and w.sum() > 0:
         w = w / w.sum()
@@ -215,19 +285,24 @@ def _argmax(src, A, reg):
     return key, val
 
 
-def _fsam(src, yc, T, delta, eps, eta_max, reg, verbose, t0):
+def _fsam(src, yc, T, delta, eps, eta_max, reg, verbose, run: _Run):
     """Algorithm 7 with the closed-form step of Prop. 5.4."""
     n = src.n
     star_norm = float(yc @ yc)                      # ||y_c y_c^T||_F
-    K = eps * np.eye(n)
 
     def F(Kmat):
         return float(yc @ Kmat @ yc) / (np.linalg.norm(Kmat) * star_norm)
 
-    weights, history = _Weights(), []
-    F_old = F(K)
+    saved = run.load()
+    if saved is None:
+        K = eps * np.eye(n)
+        weights, F_old, first = _Weights(), F(K), 1
+    else:
+        K, weights = saved["K"], _Weights.from_state(saved, src)
+        F_old, first = float(saved["F_old"]), saved["iteration"] + 1
     converged = False
-    for it in range(1, T + 1):
+    for it in range(first, T + 1):
+        run.step(it - 1, weights, functools.partial(dict, K=K, F_old=F_old))
         normK = np.linalg.norm(K)
         a = float(yc @ K @ yc)
         Fprime = (np.outer(yc, yc) - (a / normK**2) * K) / (normK * star_norm)
@@ -248,35 +323,40 @@ def _fsam(src, yc, T, delta, eps, eta_max, reg, verbose, t0):
         K = K + eta * Kp
         weights.add(key, eta)
         F_new = max(values)
-        history.append({"iteration": it, "alignment": F_new, "objective": F_new, "eta": eta, "eta_star": eta_star,
-                        "kernel": src.describe(key), "seconds": time.perf_counter() - t0, **_engine_stats(src)})
+        run.append({"iteration": it, "alignment": F_new, "objective": F_new, "eta": eta, "eta_star": eta_star,
+                    "kernel": src.describe(key)})
         if verbose:
             print(f"gcd-2s/alignment it {it:3d} F={F_new:.6f} eta={eta:.4f} key={src.describe(key)}")
         if it > 1 and F_new <= F_old + delta:   # K^0 is not part of the model: no test at k = 1
             converged = True
             break
         F_old = F_new
-    return weights, history, converged, {"delta": delta, "eps": eps, "eta_max": eta_max, "gap": np.nan}
+    return weights, converged, {"delta": delta, "eps": eps, "eta_max": eta_max, "gap": np.nan}
 
 
-def _euclidean(src, yc, T, beta, step, tol, reg, verbose, t0):
+def _euclidean(src, yc, T, beta, step, tol, reg, verbose, run: _Run):
     """Algorithm 8 (Frank-Wolfe on (5.9)) with the exact convex-combination step (erratum above)."""
     n = src.n
     Kstar = np.outer(yc, yc)
-    K = np.zeros((n, n))                           # beta * sum theta_i K_{i,c}, centred
-    weights, history = _Weights(), []
     J0 = 0.5 * float(np.sum(Kstar * Kstar)) / n**2
     auto_beta = beta is None
-    converged, gap = False, np.nan
-    for it in range(1, T + 1):
+    converged = False
+    saved = run.load()
+    if saved is None:
+        K = np.zeros((n, n))                       # beta * sum theta_i K_{i,c}, centred
+        weights, gap, first = _Weights(), np.nan, 1
+    else:
+        K, weights = saved["K"], _Weights.from_state(saved, src)
+        beta, gap, first = saved["beta"], float(saved["gap"]), saved["iteration"] + 1
+    for it in range(first, T + 1):
+        run.step(it - 1, weights, functools.partial(dict, K=K, beta=beta, gap=gap))
         R = Kstar - K
         key, val = _argmax(src, R, reg)           # <K_i, R> = <K_{i,c}, R> since R is centred
         J = 0.5 * float(np.sum(R * R)) / n**2
         gap = (float(np.sum(K * -R)) + max(val, 0.0) * (beta or 0.0)) / n**2
         if val <= 0 or (it > 1 and gap <= tol * J0):
             converged = True
-            history.append({"iteration": it, "objective": J, "gap": gap, "eta": 0.0, "kernel": src.describe(key),
-                            "seconds": time.perf_counter() - t0, **_engine_stats(src)})
+            run.append({"iteration": it, "objective": J, "gap": gap, "eta": 0.0, "kernel": src.describe(key)})
             break
         Kc = centre(src.block(key))
         if beta is None:
@@ -294,10 +374,10 @@ def _euclidean(src, yc, T, beta, step, tol, reg, verbose, t0):
             weights.scale(0.5)
         R = Kstar - K
         J = 0.5 * float(np.sum(R * R)) / n**2
-        history.append({"iteration": it, "objective": J, "gap": gap, "eta": eta, "beta": beta,
-                        "kernel": src.describe(key), "seconds": time.perf_counter() - t0, **_engine_stats(src)})
+        run.append({"iteration": it, "objective": J, "gap": gap, "eta": eta, "beta": beta,
+                    "kernel": src.describe(key)})
         if verbose:
             print(f"gcd-2s/euclidean it {it:3d} J={J:.8g} eta={eta:.4f} beta={beta:.4g} key={src.describe(key)}")
     # the returned weights are beta * theta (normalised to sum one by the caller)
     weights.scale(beta if beta else 1.0)
-    return weights, history, converged, {"beta": beta, "step": step, "tol": tol, "gap": gap / J0 if J0 else np.nan}
+    return weights, converged, {"beta": beta, "step": step, "tol": tol, "gap": gap / J0 if J0 else np.nan}

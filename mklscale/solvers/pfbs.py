@@ -80,11 +80,24 @@ FISTA (``accelerated=True``): Beck-Teboulle extrapolation z = x_k + ((t_{k-1} - 
 (K_j z is a combination of cached g_j, so still one matvec per kernel), with O'Donoghue-Candes
 gradient restart when <z - x_{k+1}, x_{k+1} - x_k>_H > 0, and a restart whenever W changes.
 The per-iteration gap pairs P(x_{k+1}) with the dual point from the residual at z.
+
+Checkpoints (``fit(..., checkpoint=Checkpoint(...))``, mklscale.runtime.checkpoint)
+-----------------------------------------------------------------------------------
+``checkpoint.step`` runs at the start of every PFBS iteration (all working-set rounds). The state
+(:meth:`PFBSSolver._state`) is the iterate and everything the remaining iterations read: the
+working-set kernel indices in held order, alpha_j and g_j = K_j alpha_j (exactly as cached, not
+recomputed), the FISTA pair (x_{k-1}, K x_{k-1}) and t_k, the round's gap target, the cached step
+size (|W|, sigma) and Lanczos start vector, the reference residual and norms of the last full pass
+(the inactivity bound), the iteration count and the history with its pass / byte / time counters.
+No kernel blocks: a resume re-reads W with engine.blocks. The resumed run is bit-identical to an
+uninterrupted one; its first new history entry has ``"resumed": True``. The caller's fingerprint
+must identify the problem: the bank, y, tau, mu and every other parameter of :func:`fit`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 
@@ -314,7 +327,9 @@ class PFBSSolver:
         self._sigma_for = None     # (working-set size, sigma) of the last step-size computation
 
     # -- public ---------------------------------------------------------------------------------
-    def solve(self, tau: float, init=None, return_coefficients: bool = False):
+    def solve(self, tau: float, init=None, return_coefficients: bool = False, checkpoint=None):
+        """Solve for ``tau`` (see :func:`fit`); with ``checkpoint`` (a fresh solver only) resume
+        from its state when there is one (``init`` is then ignored) and save as it goes."""
         tau = check.check_positive("tau", tau, allow_zero=True)
         if tau == 0.0 and self.mu == 0.0:
             raise InvalidInputError("tau = 0 and mu = 0 is unregularised least squares (no unique "
@@ -322,9 +337,16 @@ class PFBSSolver:
         self.t0, self.base = time.perf_counter(), self.bank.counters()
         self.history: list[dict] = []
         self.iterations = 0
-        self._set_initial(init)
-        self._initial_working_set(tau)
-        converged, certificate = self._outer_loop(tau)
+        self._target = INNER_TOL_FACTOR * self.tol     # gap target of the working-set rounds
+        self._momentum = None     # (x_prev, K x_prev, t) the next round starts from (a resume)
+        self._resumed = False     # mark the next history entry
+        state = checkpoint.load() if checkpoint is not None else None
+        if state is None:
+            self._set_initial(init)
+            self._initial_working_set(tau)
+        else:
+            self._restore(state)
+        converged, certificate = self._outer_loop(tau, checkpoint)
         result = self._result(tau, certificate, converged)
         if return_coefficients:
             return result, PFBSCoefficients(self.ws.index.copy(), self.ws.alphas.copy())
@@ -384,14 +406,17 @@ class PFBSSolver:
         self._sigma_for = (self.ws.size, sigma)
         return sigma
 
-    def _iterate(self, tau: float, target_gap: float) -> float:
+    def _iterate(self, tau: float, target_gap: float, checkpoint=None) -> float:
         """Iterate on W until its (restricted) relative gap <= target_gap or the budget runs out."""
         ws, y, mu = self.ws, self.y, self.mu
         sigma = self._sigma()
         x, Kx = ws.alphas, ws.K_alphas
-        x_prev, Kx_prev, t = x, Kx, 1.0
+        x_prev, Kx_prev, t = self._momentum or (x, Kx, 1.0)
+        self._momentum = None
         gap = math.inf
         while self.iterations < self.max_iter:
+            if checkpoint is not None:
+                checkpoint.step(self.iterations, functools.partial(self._state, x, Kx, x_prev, Kx_prev, t))
             self.iterations += 1
             if self.accelerated:
                 t_next = 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * t * t))
@@ -415,11 +440,10 @@ class PFBSSolver:
         ws.alphas, ws.K_alphas = x, Kx
         return gap
 
-    def _outer_loop(self, tau: float):
-        target = INNER_TOL_FACTOR * self.tol
+    def _outer_loop(self, tau: float, checkpoint=None):
         while True:
             if self.ws.size:
-                self._iterate(tau, target)
+                self._iterate(tau, self._target, checkpoint)
             certificate = self._certify(tau)
             gap, violators = certificate["gap"], certificate["violators"]
             if gap <= self.tol:
@@ -430,7 +454,7 @@ class PFBSSolver:
                 order = np.argsort(-certificate["kkt"][violators], kind="stable")
                 self.bank.hold(self.ws, violators[order][: max(MIN_ADDITIONS, self.ws.size)])
             else:
-                target = max(0.1 * target, 1e-15)
+                self._target = max(0.1 * self._target, 1e-15)
 
     def _certify(self, tau: float) -> dict:
         """Gap of the model built from the current iterate (see "Returned model") over ALL
@@ -486,6 +510,38 @@ class PFBSSolver:
         objective = primal_value(F - self.y, block_norms, tau, self.mu)
         return {"weights": weights, "dual_coef": c, "objective": objective}
 
+    # -- checkpoints ----------------------------------------------------------------------------
+    def _state(self, x, Kx, x_prev, Kx_prev, t) -> dict:
+        """Checkpoint state at the start of an iteration (module docstring, "Checkpoints")."""
+        passes, bytes_read = self.bank.counters()
+        state = {"kernels": self.ws.index.copy(), "alphas": x, "K_alphas": Kx, "alphas_prev": x_prev,
+                 "K_alphas_prev": Kx_prev, "t": t, "target": self._target,
+                 "sigma_for": None if self._sigma_for is None else list(self._sigma_for),
+                 "history": self.history, "passes": passes - self.base[0],
+                 "bytes_read": bytes_read - self.base[1], "seconds": time.perf_counter() - self.t0}
+        if self.bank.ref_vector is not None:
+            state["ref_vector"], state["ref_norms"] = self.bank.ref_vector, self.bank.ref_norms
+        if self.ws._top_vector is not None:
+            state["top_vector"] = self.ws._top_vector
+        return state
+
+    def _restore(self, state: dict) -> None:
+        """Continue from :meth:`_state`'s dict: re-hold W (one engine.blocks read), set the rest."""
+        if self.ws.size:
+            raise InvalidInputError("a checkpoint resumes into a fresh PFBSSolver (this one holds kernels)")
+        self.base = (self.base[0] - int(state["passes"]), self.base[1] - int(state["bytes_read"]))
+        self.t0 -= float(state["seconds"])
+        self.history, self.iterations = list(state["history"]), int(state["iteration"])
+        self.bank.hold(self.ws, state["kernels"])
+        self.ws.alphas, self.ws.K_alphas = state["alphas"], state["K_alphas"]
+        self._momentum = (state["alphas_prev"], state["K_alphas_prev"], float(state["t"]))
+        self._target = float(state["target"])
+        self._sigma_for = None if state["sigma_for"] is None else (int(state["sigma_for"][0]), float(state["sigma_for"][1]))
+        if "ref_vector" in state:
+            self.bank.ref_vector, self.bank.ref_norms = state["ref_vector"], state["ref_norms"]
+        self.ws._top_vector = state.get("top_vector")
+        self._resumed = True
+
     # -- bookkeeping ----------------------------------------------------------------------------
     def _record(self, primal, dual, gap, n_active, scope, **extra) -> None:
         passes, bytes_read = self.bank.counters()
@@ -493,6 +549,8 @@ class PFBSSolver:
                  "n_active": n_active, "working_set": self.ws.size, "scope": scope,
                  "passes": passes - self.base[0], "bytes_read": bytes_read - self.base[1],
                  "seconds": time.perf_counter() - self.t0, **extra}
+        if self._resumed:
+            entry["resumed"], self._resumed = True, False
         self.history.append(entry)
         if self.verbose and (scope == "all" or self.iterations % 100 == 0):
             print(f"pfbs it {self.iterations:6d} [{scope}] P={primal:.10g} D={dual:.10g} gap={gap:.2e} "
@@ -520,7 +578,7 @@ def _flag(name: str, value) -> bool:
 @single_blas_thread_for_small_n
 def fit(engine, y, tau, mu, tol: float = 1e-6, max_iter: int = 20000, accelerated: bool = False,
         center: bool = False, init=None, working_set=None, step: str = "lipschitz",
-        return_coefficients: bool = False, verbose: bool = False):
+        return_coefficients: bool = False, verbose: bool = False, checkpoint=None):
     """Solve problem (1) by PFBS (see the module docstring for formulas, gap and errata).
 
     Parameters
@@ -537,10 +595,13 @@ def fit(engine, y, tau, mu, tol: float = 1e-6, max_iter: int = 20000, accelerate
         kernel indices to start from (violators are re-added by certification).
     step : "lipschitz" or "paper" (see "Step size").
     return_coefficients : also return the raw PFBSCoefficients of the last iterate.
+    checkpoint : None or a :class:`mklscale.runtime.checkpoint.Checkpoint`: resume from its state
+        if it holds one (``init`` is then ignored), save it every iteration when due and on
+        SIGTERM/SIGINT (see "Checkpoints"; the caller clears it after storing the result).
     """
     solver = PFBSSolver(engine, y, mu, center=center, step=step, working_set=working_set,
                         accelerated=accelerated, tol=tol, max_iter=max_iter, verbose=verbose)
-    return solver.solve(tau, init=init, return_coefficients=return_coefficients)
+    return solver.solve(tau, init=init, return_coefficients=return_coefficients, checkpoint=checkpoint)
 
 
 def __getattr__(name):

@@ -33,8 +33,18 @@ accepted ones. The mapped parameter may also be given in ``params`` when ``C`` i
 runner does that), but not both. ``seed`` (where a solver has one) is the solver's random seed.
 
 This module imports no estimator code, so the pipeline runner can use it directly:
-``fit_solver(name, engine, y, task, C=None, params=None)``, ``names()``, ``supports(name, task)``,
-``accepted_params(name)``, ``c_parameter(name, task, params)``, ``default_C(name, task, params)``.
+``fit_solver(name, engine, y, task, C=None, params=None, checkpoint=None)``, ``names()``,
+``supports(name, task)``, ``checkpoints(name)``, ``accepted_params(name)``,
+``c_parameter(name, task, params)``, ``default_C(name, task, params)``.
+
+Checkpoints: ``fit_solver(..., checkpoint=Checkpoint(path, fingerprint, ...))``
+(:mod:`mklscale.runtime.checkpoint`) is passed to the solvers whose row has ``checkpoints=True``
+(pfbs, smo, sgd, gcd): they resume from a saved state, save as they go and raise ``Preempted`` on
+SIGTERM/SIGINT inside ``stop_on_signals()``. The others (elasticnet, uniform, alignment, and spicy
+until it supports them) ignore it and run from the start. The caller chooses the fingerprint: it must
+identify the problem (solver name, task, the mapped C value and every parameter including the seed, the
+bank and the targets), so that a checkpoint of another problem is refused; and the caller clears the
+checkpoint after storing the result (the solvers leave it in place).
 """
 
 from __future__ import annotations
@@ -59,7 +69,8 @@ class SolverInfo:
     adds the names C may stand for);
     c_param(task, params) -> name of the solver parameter ``C`` sets; c_default(task, params) -> its
     default; run(engine, y, task, c_value, params) -> MKLResult (params already checked);
-    seed_param : the parameter holding the solver's random seed, or None; summary : one line.
+    seed_param : the parameter holding the solver's random seed, or None; summary : one line;
+    checkpoints : whether ``run`` takes ``checkpoint=`` (resumable solves, module docstring).
     """
 
     name: str
@@ -70,6 +81,7 @@ class SolverInfo:
     run: Callable[..., MKLResult]
     seed_param: str | None
     summary: str
+    checkpoints: bool = False
 
 
 # ---- adapters ------------------------------------------------------------------------------------
@@ -96,37 +108,37 @@ def _run_elasticnet(engine, y, task, C, params):
     return elasticnet.fit(engine, y, C=C, **params)
 
 
-def _run_smo(engine, y, task, C, params):
+def _run_smo(engine, y, task, C, params, checkpoint=None):
     from mklscale.solvers import smo
 
-    return smo.fit(engine, y, C=C, **params)
+    return smo.fit(engine, y, C=C, checkpoint=checkpoint, **params)
 
 
-def _run_pfbs(engine, y, task, C, params):
+def _run_pfbs(engine, y, task, C, params, checkpoint=None):
     from mklscale.solvers import pfbs
 
     params = dict(params)
     params.setdefault("mu", 0.0)
     params.setdefault("center", True)
-    return pfbs.fit(engine, y, tau=C, **params)
+    return pfbs.fit(engine, y, tau=C, checkpoint=checkpoint, **params)
 
 
-def _run_sgd(engine, y, task, C, params):
+def _run_sgd(engine, y, task, C, params, checkpoint=None):
     from mklscale.solvers import sgd
 
-    return sgd.fit(engine, y, lam=C, **params)
+    return sgd.fit(engine, y, lam=C, checkpoint=checkpoint, **params)
 
 
-def _run_gcd(engine, y, task, C, params):
+def _run_gcd(engine, y, task, C, params, checkpoint=None):
     from mklscale.solvers import gcd
 
     _check_gcd(task, params)
     params = dict(params)
     if params.pop("stage", "one") == "one":
-        return gcd.fit_one_stage(engine, y, lam=C, **params)
+        return gcd.fit_one_stage(engine, y, lam=C, checkpoint=checkpoint, **params)
     key = _final_fit_param(task, params)
     params[key] = C
-    return gcd.fit_two_stage(engine, y, task=task, **params)
+    return gcd.fit_two_stage(engine, y, task=task, checkpoint=checkpoint, **params)
 
 
 def _check_gcd(task: str, params: dict) -> None:
@@ -190,16 +202,16 @@ _TABLE: dict[str, SolverInfo] = {
                              _run_elasticnet, "seed",
                              "Citi elastic-net constrained MKL, hinge loss (eta default 0.5; eta = 1 is L1 MKL)"),
     "smo": SolverInfo("smo", ("classification",), _SMO, _fixed("C"), _const(100.0), _run_smo, "seed",
-                      "SMO-MKL support kernel machine (squared block-1 MKL, hinge loss)"),
+                      "SMO-MKL support kernel machine (squared block-1 MKL, hinge loss)", checkpoints=True),
     "pfbs": SolverInfo("pfbs", TASKS, _PFBS, _fixed("tau"), _const(1e-3), _run_pfbs, None,
-                       "PFBS elastic-net MKL, square loss (mu default 0, center default True)"),
+                       "PFBS elastic-net MKL, square loss (mu default 0, center default True)", checkpoints=True),
     "sgd": SolverInfo("sgd", TASKS, _SGD, _fixed("lam"), _const(0.01), _run_sgd, "seed",
-                      "SGD-1s one-stage MKL with importance-sampled kernels, square loss"),
+                      "SGD-1s one-stage MKL with importance-sampled kernels, square loss", checkpoints=True),
     "gcd": SolverInfo("gcd", TASKS, ("stage",) + tuple(sorted(set(_GCD_ONE) | set(_GCD_TWO))),
                       _gcd_c_param, lambda task, params: 0.01 if _gcd_c_param(task, params) == "lam" else 100.0,
                       _run_gcd, None,
                       "greedy coordinate descent MKL: stage='one' (GCD-1s/CKL, square loss, default) or "
-                      "stage='two' (GCD-2s alignment/euclidean, then SVM or kernel ridge)"),
+                      "stage='two' (GCD-2s alignment/euclidean, then SVM or kernel ridge)", checkpoints=True),
     "uniform": SolverInfo("uniform", TASKS, _BASELINE, _final_fit_param, _final_fit_default,
                           _run_baseline("uniform"), None, "UNIFORM weights 1/M, then SVM or kernel ridge"),
     "alignment": SolverInfo("alignment", TASKS, _BASELINE, _final_fit_param, _final_fit_default,
@@ -233,6 +245,11 @@ def supports(name: str, task: str) -> bool:
     """Whether solver ``name`` fits ``task`` ("classification" or "regression")."""
     _check_task(task)
     return task in info(name).tasks
+
+
+def checkpoints(name: str) -> bool:
+    """Whether solver ``name`` uses a ``checkpoint`` given to :func:`fit_solver` (else it is ignored)."""
+    return info(name).checkpoints
 
 
 def accepted_params(name: str) -> tuple[str, ...]:
@@ -275,11 +292,14 @@ def check_params(name: str, params: dict | None, task: str | None = None) -> dic
     return dict(params)
 
 
-def fit_solver(name: str, engine, y, task: str, C=None, params: dict | None = None) -> MKLResult:
+def fit_solver(name: str, engine, y, task: str, C=None, params: dict | None = None,
+               checkpoint=None) -> MKLResult:
     """Run solver ``name`` on ``engine`` for ``task`` and return its MKLResult.
 
     ``C`` sets the solver's main regularisation (module table); None uses the value in ``params``
     under the solver's own name for it (e.g. ``{"tau": 0.01}`` for pfbs) or else the default.
+    ``checkpoint`` (a ``mklscale.runtime.checkpoint.Checkpoint`` or None) goes to the solvers with
+    :func:`checkpoints` true and is ignored by the others (module docstring, "Checkpoints").
     """
     entry = info(name)
     _check_task(task)
@@ -292,6 +312,8 @@ def fit_solver(name: str, engine, y, task: str, C=None, params: dict | None = No
     if C is not None and given is not None:
         raise InvalidInputError(f"solver {name!r}: C and solver_params[{key!r}] set the same parameter; give only one")
     value = C if C is not None else (given if given is not None else entry.c_default(task, params))
+    if checkpoint is not None and entry.checkpoints:
+        return entry.run(engine, y, task, value, params, checkpoint=checkpoint)
     return entry.run(engine, y, task, value, params)
 
 

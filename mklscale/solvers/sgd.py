@@ -38,6 +38,17 @@ theory covers) by default, or the last one (``iterate="last"``); the other is su
 ``params``. f = K_theta alpha*(theta) + b: weights = theta / rho^2, dual_coef = alpha*, bias = b. For
 families, weights index the selected kernels in ``params["kernels"]`` (see ``sources``); polynomial
 multi-indices that are permutations of each other (the same kernel) are merged there.
+
+Checkpoints (``fit(..., checkpoint=Checkpoint(...))``, mklscale.runtime.checkpoint): ``checkpoint.step``
+runs before every iteration (cheap; it writes only when due or on SIGTERM/SIGINT). The state
+(``_Loop.state``) is: the iterate theta (keys as ``source.describe`` dicts in selection order, u, the
+lazy scale, 1/rho^2 per key), K_theta and the running sum of K_theta of the averaged iterate (two
+driver (n, n) matrices: exact copies, since recomputing them from theta changes their rounding), the
+lazy averaging sums, the sampling distribution and C of the latest refresh, the running C estimate
+of continuous families, the random generator's state, blocks read, the history and the time / pass
+counters. A resumed run draws the same kernels and is bit-identical; its first new history entry has
+``"resumed": True``. The caller's fingerprint must identify the source (bank), y, lam, seed and every
+other parameter.
 """
 
 from __future__ import annotations
@@ -168,14 +179,81 @@ class _Iterate:
     def last(self) -> dict:
         return {k: self.scale * v for k, v in self.u.items()}
 
+    def state(self, src) -> dict:
+        """theta (keys as ``src.describe`` dicts, in insertion order: sums over them keep their order),
+        the lazy scale and averaging sums, K_theta and its running sum (exact copies)."""
+        keys = list(self.u)
+        return {"keys": [src.describe(k) for k in keys], "u": np.array([self.u[k] for k in keys]),
+                "kw": np.array([self.kw[k] for k in keys]), "last_G": np.array([self.last_G[k] for k in keys]),
+                "acc": np.array([self.acc.get(k, 0.0) for k in keys]),
+                "has_acc": np.array([k in self.acc for k in keys], dtype=bool),
+                "scale": self.scale, "sumsq_u": self.sumsq_u, "G": self.G, "count": self.count,
+                "K": self.K, "K_sum": self.K_sum}
+
+    def restore(self, state: dict, src) -> None:
+        """Set everything from :meth:`state`'s dict."""
+        keys = [src.key_from(d) for d in state["keys"]]
+        self.u = dict(zip(keys, state["u"].tolist()))
+        self.kw = dict(zip(keys, state["kw"].tolist()))
+        self.last_G = dict(zip(keys, state["last_G"].tolist()))
+        self.acc = {k: v for k, v, has in zip(keys, state["acc"].tolist(), state["has_acc"]) if has}
+        self.scale, self.sumsq_u, self.G = float(state["scale"]), float(state["sumsq_u"]), float(state["G"])
+        self.count, self.K, self.K_sum = int(state["count"]), state["K"], state["K_sum"]
+
+
+class _Loop:
+    """Everything Algorithm 2's loop carries besides theta: the iterate, the sampling reference,
+    counters and the history (what a checkpoint holds, with the generator's state)."""
+
+    def __init__(self, src, t0: float):
+        self.src, self.t0 = src, t0
+        self.it = _Iterate(src.n)
+        self.history: list[dict] = []
+        self.blocks_read = 0
+        self.s_ref = self.C_ref = None
+        self.C_est_sum, self.C_est_count = 0.0, 0
+        self.offset = {"passes": 0, "bytes_read": 0}     # engine counters before a resume
+        self.resumed = False
+
+    def record(self, entry: dict) -> None:
+        stats = _stats(self.src)
+        entry.update(seconds=time.perf_counter() - self.t0, **{k: v + self.offset[k] for k, v in stats.items()})
+        if self.resumed:
+            entry["resumed"], self.resumed = True, False
+        self.history.append(entry)
+
+    def state(self, rng) -> dict:
+        stats = _stats(self.src)
+        return {**self.it.state(self.src), "history": self.history, "blocks_read": self.blocks_read,
+                "C_ref": self.C_ref, "C_est_sum": self.C_est_sum, "C_est_count": self.C_est_count,
+                "rng": rng.bit_generator.state, "seconds": time.perf_counter() - self.t0,
+                **({"s_ref": self.s_ref} if self.s_ref is not None else {}),
+                **{k: v + self.offset[k] for k, v in stats.items()}}
+
+    def restore(self, state: dict, rng) -> int:
+        """Continue from :meth:`state`'s dict; returns the next iteration."""
+        self.it.restore(state, self.src)
+        self.history, self.blocks_read = list(state["history"]), int(state["blocks_read"])
+        self.s_ref, self.C_ref = state.get("s_ref"), state["C_ref"]
+        self.C_est_sum, self.C_est_count = float(state["C_est_sum"]), int(state["C_est_count"])
+        rng.bit_generator.state = state["rng"]
+        self.t0 -= float(state["seconds"])
+        self.offset = {k: int(state[k]) - v for k, v in _stats(self.src).items()}
+        self.resumed = True
+        return int(state["iteration"]) + 1
+
 
 @single_blas_thread_for_small_n
 def fit(source, y, lam: float = 1.0, nu: float = 2, T: int = 1000, step="auto", seed: int = 0,
         refresh: int = 50, mix: float = 0.1, eta0: float = 1.0, iterate: str = "average",
-        fit_intercept: bool = True, record_every: int | None = None, verbose: bool = False) -> MKLResult:
+        fit_intercept: bool = True, record_every: int | None = None, verbose: bool = False,
+        checkpoint=None) -> MKLResult:
     """SGD-1s (Algorithm 2) on a finite bank (an engine), a PolynomialFamily or a Gaussian/Dirichlet family.
 
     See the module docstring for the problem, the sampling, the step rule and the returned model.
+    ``checkpoint``: None or a :class:`mklscale.runtime.checkpoint.Checkpoint`; resume from its state if
+    it holds one, save it before each iteration when due and on SIGTERM/SIGINT (module docstring; the
+    caller clears it after storing the result).
     """
     t0 = time.perf_counter()
     src = as_source(source)
@@ -204,31 +282,34 @@ def fit(source, y, lam: float = 1.0, nu: float = 2, T: int = 1000, step="auto", 
     rng = np.random.default_rng(seed)
     record_every = record_every or max(1, T // 200)
 
-    state = _Iterate(src.n)
-    history, blocks_read = [], 0
-    s_ref, C_ref, C_est_sum, C_est_count = None, None, 0.0, 0
+    loop = _Loop(src, t0)
+    state = loop.it
+    saved = checkpoint.load() if checkpoint is not None else None
+    first = 1 if saved is None else loop.restore(saved, rng)
     J = 0.5 * float(t @ t) / lam
-    for k in range(1, T + 1):
+    for k in range(first, T + 1):
+        if checkpoint is not None:
+            checkpoint.step(k - 1, lambda: loop.state(rng))
         alpha, J = _final_fit.ridge_dual(state.K, t, lam)
         state.accumulate()
         if src.finite:
-            if s_ref is None or (k - 1) % refresh == 0:
+            if loop.s_ref is None or (k - 1) % refresh == 0:
                 q_all = np.maximum(src.quad_forms(alpha), 0.0)
-                C_ref = 0.5 * float(q_all.sum())
-                s_ref = (1.0 - mix) * (q_all / q_all.sum() if q_all.sum() > 0 else 1.0 / src.M) + mix / src.M
-            key = int(rng.choice(src.M, p=s_ref))
+                loop.C_ref = 0.5 * float(q_all.sum())
+                loop.s_ref = (1.0 - mix) * (q_all / q_all.sum() if q_all.sum() > 0 else 1.0 / src.M) + mix / src.M
+            key = int(rng.choice(src.M, p=loop.s_ref))
             K_key = src.block(key)
-            blocks_read += 1
-            q, prob, weight = float(alpha @ K_key @ alpha), float(s_ref[key]), 1.0
-            C_step = C_ref
+            loop.blocks_read += 1
+            q, prob, weight = float(alpha @ K_key @ alpha), float(loop.s_ref[key]), 1.0
+            C_step = loop.C_ref
         elif isinstance(src, PolynomialFamily):
             key, K_key, q, prob, C_sum = src.sample(alpha, rng)
             weight, C_step = src.weight(key), 0.5 * C_sum
         else:
             key, K_key, q, prob, _ = src.sample(alpha, rng)
             weight = 1.0
-            C_step = C_est_sum / C_est_count if C_est_count else 0.5 * q / prob
-            C_est_sum, C_est_count = C_est_sum + 0.5 * q / prob, C_est_count + 1
+            C_step = loop.C_est_sum / loop.C_est_count if loop.C_est_count else 0.5 * q / prob
+            loop.C_est_sum, loop.C_est_count = loop.C_est_sum + 0.5 * q / prob, loop.C_est_count + 1
         eta = eta0 / (max(C_step, np.finfo(float).tiny) * math.sqrt(T)) if step == "auto" else step
         state.increase(key, eta * 0.5 * q / prob, K_key, weight)
         if nu == 2.0:
@@ -240,9 +321,8 @@ def fit(source, y, lam: float = 1.0, nu: float = 2, T: int = 1000, step="auto", 
             w_full[keys] = proj
             state.set_theta(keys, proj, _final_fit.combine_weights(src.engine, w_full))
         if k % record_every == 0 or k == T:
-            history.append({"iteration": k, "objective": J, "eta": eta, "C": C_step, "kernel": src.describe(key),
-                            "n_active": len(state.u), "blocks_read": blocks_read,
-                            "seconds": time.perf_counter() - t0, **_stats(src)})
+            loop.record({"iteration": k, "objective": J, "eta": eta, "C": C_step, "kernel": src.describe(key),
+                         "n_active": len(state.u), "blocks_read": loop.blocks_read})
             if verbose:
                 print(f"sgd-1s it {k:6d} J={J:.8g} C={C_step:.4g} active={len(state.u)}")
 
@@ -254,9 +334,9 @@ def fit(source, y, lam: float = 1.0, nu: float = 2, T: int = 1000, step="auto", 
     weights, extra = _result_weights(src, chosen, state.kw)
     params = {"lam": lam, "nu": nu, "T": T, "step": step, "eta0": eta0, "seed": seed, "refresh": refresh, "mix": mix,
               "iterate": iterate, "fit_intercept": fit_intercept, "objective_average": J_avg,
-              "objective_last": J_last, "blocks_read": blocks_read, **extra}
+              "objective_last": J_last, "blocks_read": loop.blocks_read, **extra}
     return MKLResult(weights=weights, dual_coef=alpha_out, bias=bias, active=np.flatnonzero(weights),
-                     objective=J_out, gap=float("nan"), history=history, converged=True, solver="sgd-1s",
+                     objective=J_out, gap=float("nan"), history=loop.history, converged=True, solver="sgd-1s",
                      params=params)
 
 

@@ -59,10 +59,20 @@ makes 3 passes after the kappa = 1 SVM (the first, this early check, the final c
 
 Quantities reported: ``objective`` = P(w, alpha, b) (primal (P) at the returned model,
 ||w_j|| = w_j sqrt(q_j)); ``gap`` = (P - D) / |P| with D over all kernels; history per kappa stage.
+
+Checkpoints (``fit(..., checkpoint=Checkpoint(...))``, mklscale.runtime.checkpoint): ``checkpoint.step``
+runs before every MY stage (one numba SMO solve; a signal is acted on when the stage ends). The state
+(``_SMO._state``) is what the remaining stages read: alpha, the working set W (sorted indices), the
+caches Z = K_W D(y) alpha and q_W, the zero-eta streaks, kappa, the SMO precision, whether the early
+certification ran, the model of the last converged stage (alpha, W, w, f0, kappa), the stage count,
+the history, and the pass / byte / time counters. No kernel blocks (a resume re-reads W; the kappa = 1
+SVM and first pass are not repeated). Resumed runs are bit-identical; the first new history entry has
+``"resumed": True``. The caller's fingerprint must identify the bank, y, C and every other parameter.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
@@ -88,7 +98,7 @@ WORKING_SET_BYTES = 2 * 2**30
 def fit(engine, y, C, eps1: float | None = None, eps2: float = 1e-4, mu: float = 0.5, d=None,
         tol: float | None = None, continuation: str = "target", kappa_min: float = 1e-5,
         max_stages: int = 60, max_steps: int | None = None, max_working_set: int | None = None,
-        drop_after: int = 2, seed: int = 0, verbose: bool = False) -> MKLResult:
+        drop_after: int = 2, seed: int = 0, verbose: bool = False, checkpoint=None) -> MKLResult:
     """Solve the support kernel machine (P) by SMO-MKL (see the module docstring).
 
     Parameters
@@ -111,6 +121,9 @@ def fit(engine, y, C, eps1: float | None = None, eps2: float = 1e-4, mu: float =
     max_working_set : most kernels held at once (None: as many as fit in 2 GiB of float64 blocks).
     drop_after : drop a kernel of the working set after this many successive stages with eta_j = 0.
     seed : seed of the PSD probe vectors of the first pass.
+    checkpoint : None or a :class:`mklscale.runtime.checkpoint.Checkpoint`: resume from its state if it
+        holds one, save it before each stage when due and on SIGTERM/SIGINT (module docstring; the caller
+        clears it after storing the result).
 
     Returns
     -------
@@ -143,7 +156,7 @@ def fit(engine, y, C, eps1: float | None = None, eps2: float = 1e-4, mu: float =
               "max_working_set": max_working_set, "drop_after": drop_after, "seed": seed}
     solver = _SMO(engine, y, C, d, lambda_max, eps1, eps2, mu, tol, continuation, kappa_min, max_stages,
                   max_steps, max_working_set, drop_after, seed, verbose)
-    return solver.run(params)
+    return solver.run(params, checkpoint)
 
 
 def _check_d(d, M: int) -> np.ndarray:
@@ -201,6 +214,7 @@ class _SMO:
         self.drop_after, self.seed, self.verbose = drop_after, seed, verbose
         self.n, self.M = y.size, d.size
         self.history: list[dict] = []
+        self._resumed = False   # mark the next history entry
 
     # ---- engine access --------------------------------------------------------------------------
     def _stats(self) -> tuple[int, int]:
@@ -245,29 +259,37 @@ class _SMO:
         return primal, dual, (primal - dual) / max(abs(primal), 1e-300), bias
 
     # ---- main loop ------------------------------------------------------------------------------
-    def run(self, params: dict) -> MKLResult:
-        t_start = time.perf_counter()
-        passes0, bytes0 = self._stats()
+    def run(self, params: dict, checkpoint=None) -> MKLResult:
+        self._t_start = time.perf_counter()
+        self._base = self._stats()
         y, C, d = self.y, self.C, self.d
+        state = checkpoint.load() if checkpoint is not None else None
+        if state is None:
+            # kappa = 1: the SVM on sum_j K_j / d_j^2, to eps2 / 2 (libsvm tol = 2 (eps2 / 2))
+            t0, p0 = time.perf_counter(), self._stats()
+            K_sum = _svm.combine(self.engine, 1.0 / (d * d))
+            alpha, _, _, svm_ok = _svm.fit_svc(K_sum, y, C, self.eps2)
+            del K_sum
+            q_all = self._full_pass(alpha, with_probes=True)
+            self._record(1.0, alpha, q_all, d, None, None, self.M, 0, np.nan, svm_ok, t0, p0)
 
-        # kappa = 1: the SVM on sum_j K_j / d_j^2, to eps2 / 2 (libsvm tol = 2 (eps2 / 2))
-        t0, p0 = time.perf_counter(), self._stats()
-        K_sum = _svm.combine(self.engine, 1.0 / (d * d))
-        alpha, _, _, svm_ok = _svm.fit_svc(K_sum, y, C, self.eps2)
-        del K_sum
-        q_all = self._full_pass(alpha, with_probes=True)
-        self._record(1.0, alpha, q_all, d, None, None, self.M, 0, np.nan, svm_ok, t0, p0)
-
-        # the working set: the kernels with the largest q_j / d_j^2, all of them when they fit
-        W = np.sort(np.argsort(-(q_all / (d * d)), kind="stable")[: self.max_working_set])
-        K, Z, q = self._load(W, alpha)
-        zero_streak = np.zeros(W.size, dtype=np.int64)
-        kappa = self.mu
-        smo_eps = 0.5 * self.eps2
-        early_checked = False
+            # the working set: the kernels with the largest q_j / d_j^2, all of them when they fit
+            W = np.sort(np.argsort(-(q_all / (d * d)), kind="stable")[: self.max_working_set])
+            K, Z, q = self._load(W, alpha)
+            zero_streak = np.zeros(W.size, dtype=np.int64)
+            kappa = self.mu
+            smo_eps = 0.5 * self.eps2
+            early_checked = False
+            final = None
+            first = 0
+        else:
+            first, alpha, W, Z, q, zero_streak, kappa, smo_eps, early_checked, final = self._restore(state)
+            K = np.ascontiguousarray(self.engine.blocks(W), dtype=np.float64)
         status = "max_stages"
-        final = None
-        for _ in range(self.max_stages):
+        for stage in range(first, self.max_stages):
+            if checkpoint is not None:
+                checkpoint.step(stage, functools.partial(self._state, alpha, W, Z, q, zero_streak, kappa,
+                                                         smo_eps, early_checked, final))
             if kappa < self.kappa_min:
                 status = "kappa_min"
                 break
@@ -328,11 +350,35 @@ class _SMO:
         gap = (primal - dual) / max(abs(primal), 1e-300)
         passes1, bytes1 = self._stats()
         params = dict(params, kappa=kappa, stages=len(self.history) - 1, status=status,
-                      passes=passes1 - passes0, bytes_read=bytes1 - bytes0,
-                      seconds=time.perf_counter() - t_start, dual=dual, n_working=int(W.size))
+                      passes=passes1 - self._base[0], bytes_read=bytes1 - self._base[1],
+                      seconds=time.perf_counter() - self._t_start, dual=dual, n_working=int(W.size))
         return MKLResult(weights=weights, dual_coef=y * alpha, bias=bias, active=np.flatnonzero(weights),
                          objective=primal, gap=gap, history=self.history, converged=status == "converged",
                          solver="smo_mkl", params=params)
+
+    # ---- checkpoints ----------------------------------------------------------------------------
+    def _state(self, alpha, W, Z, q, zero_streak, kappa, smo_eps, early_checked, final) -> dict:
+        """Checkpoint state before a stage (module docstring); ``final`` is the last converged
+        stage's (alpha, W, w, f0, kappa) or None. The stage count is the checkpoint's iteration."""
+        passes, bytes_read = self._stats()
+        state = {"alpha": alpha, "W": W, "Z": Z, "q": q, "zero_streak": zero_streak, "kappa": kappa,
+                 "smo_eps": smo_eps, "early_checked": early_checked, "final_kappa": None,
+                 "history": self.history, "passes": passes - self._base[0],
+                 "bytes_read": bytes_read - self._base[1], "seconds": time.perf_counter() - self._t_start}
+        if final is not None:
+            state.update(final_alpha=final[0], final_W=final[1], final_w=final[2], final_f0=final[3],
+                         final_kappa=final[4])
+        return state
+
+    def _restore(self, state: dict):
+        """(stage, alpha, W, Z, q, zero_streak, kappa, smo_eps, early_checked, final) from :meth:`_state`."""
+        self._base = (self._base[0] - int(state["passes"]), self._base[1] - int(state["bytes_read"]))
+        self._t_start -= float(state["seconds"])
+        self.history, self._resumed = list(state["history"]), True
+        final = None if state["final_kappa"] is None else \
+            (state["final_alpha"], state["final_W"], state["final_w"], state["final_f0"], float(state["final_kappa"]))
+        return (int(state["iteration"]), state["alpha"], state["W"], state["Z"], state["q"], state["zero_streak"],
+                float(state["kappa"]), float(state["smo_eps"]), bool(state["early_checked"]), final)
 
     # ---- working set ----------------------------------------------------------------------------
     def _violators(self, q_all, W, kappa, q_W, d_W) -> np.ndarray:
@@ -385,6 +431,8 @@ class _SMO:
                  "smo_converged": bool(smo_ok), "opt4": opt4, "eps1_excess": excess,
                  "n_violators": n_violators, "passes": p1[0] - p0[0], "bytes_read": p1[1] - p0[1],
                  "seconds": time.perf_counter() - t0}
+        if self._resumed:
+            entry["resumed"], self._resumed = True, False
         self.history.append(entry)
         if self.verbose:
             print(f"[smo] kappa {kappa:.3e}  W {n_working:4d}  active {n_active:4d}  steps {steps:7d}  "

@@ -78,6 +78,10 @@ class FiniteBank:
     def describe(self, key) -> dict:
         return {"index": int(key)}
 
+    def key_from(self, desc) -> int:
+        """The key of ``describe(key)`` (as the families have; solver checkpoints store descriptions)."""
+        return int(desc["index"])
+
     def cross(self, X_new, keys):
         raise InvalidInputError("cross kernels of a bank come from the bank: bank.cross(X_new, kernels=result.active)")
 
