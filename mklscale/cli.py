@@ -10,7 +10,8 @@
     mklscale bank verify PATH
 
 Exit codes: 0 success; 1 ``verify`` found problems or a pipeline solver failed (see results.json);
-2 bad input, a bad config or a bank/model/cluster that cannot be used (the message says what to do).
+2 bad input, a bad config or a bank/model/cluster that cannot be used (the message says what to do);
+75 stopped by SIGTERM/SIGINT after saving a checkpoint (``mklscale run ... --resume`` continues).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
                    "an embedded LocalCluster with 2 worker processes")
     r.add_argument("--out", type=Path, default=None, help="run directory (default: runs/<pipeline name>)")
     r.add_argument("--quiet", action="store_true", help="no progress bars or per-iteration lines")
+    r.add_argument("--resume", action="store_true", help="continue an interrupted run in --out from its checkpoints")
     r.set_defaults(func=_cmd_run)
 
     f = sub.add_parser("fit", help="fit one MKL model on a dataset or on features and labels, and save it")
@@ -128,7 +130,14 @@ def _kernels(args) -> dict:
 def _cmd_run(args) -> int:
     from mklscale.pipeline import run_pipeline
 
-    results = run_pipeline(args.pipeline, out=args.out, cluster=args.cluster, quiet=args.quiet)
+    from mklscale.runtime.checkpoint import EXIT_PREEMPTED, Preempted
+
+    try:
+        results = run_pipeline(args.pipeline, out=args.out, cluster=args.cluster, quiet=args.quiet,
+                               resume=args.resume)
+    except Preempted as exc:
+        print(f"mklscale: {exc}", file=sys.stderr)
+        return EXIT_PREEMPTED
     failed = [s["name"] for s in results["solvers"] if s["status"] != "ok"]
     if failed:
         print(f"mklscale: {len(failed)} solver(s) failed: {', '.join(failed)} (errors in results.json)", file=sys.stderr)

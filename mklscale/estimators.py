@@ -46,6 +46,7 @@ from mklscale.bank import families
 from mklscale.bank.spec import KernelSpec, specs_to_json
 from mklscale.errors import InvalidInputError
 from mklscale.model import MKLModel
+from mklscale.runtime.checkpoint import Checkpoint, stop_on_signals
 from mklscale.solvers import registry
 from mklscale.solvers.result import json_safe
 
@@ -80,13 +81,20 @@ class _MKLBase(BaseEstimator):
         object cannot be pickled, so with process-based ``n_jobs`` pass the address instead.
     progress : show progress bars (bank build and passes).
     verbose : print one line per solver iteration (objective, gap, active kernels, passes).
+    checkpoint_dir : None, or a folder where iterative solvers (spicy, smo, pfbs, sgd, gcd) save their
+        state every ``checkpoint_every_s`` seconds, one file per head. During such a fit SIGTERM and
+        SIGINT save the state and raise ``mklscale.runtime.checkpoint.Preempted``; ``fit(...,
+        resume=True)`` then continues from it and gives the same model as an uninterrupted fit.
+        Without ``resume`` an old checkpoint is discarded. Checkpoints are removed when the fit ends.
+    checkpoint_every_s : seconds between checkpoint writes.
     random_state : seed for random kernel subsets and the solvers that draw random numbers.
     """
 
     _task = "classification"
 
     def __init__(self, kernels="simplemkl", solver="spicy", C=None, solver_params=None, normalize="trace",
-                 cache_dir=None, client=None, progress=False, verbose=False, random_state=None):
+                 cache_dir=None, client=None, progress=False, verbose=False, random_state=None, checkpoint_dir=None,
+                 checkpoint_every_s=60.0):
         self.kernels = kernels
         self.solver = solver
         self.C = C
@@ -96,6 +104,8 @@ class _MKLBase(BaseEstimator):
         self.client = client
         self.progress = progress
         self.verbose = verbose
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_every_s = checkpoint_every_s
         self.random_state = random_state
 
     def __sklearn_clone__(self):
@@ -130,14 +140,14 @@ class _MKLBase(BaseEstimator):
                 f"C = {C!r} is not a valid regularisation for solver {self.solver!r} (it sets {name}); pass a finite "
                 f"number {'>= 0' if zero_ok else '> 0'}, or C=None for the default {default:g}")
 
-    def _fit_features(self, X, y_targets: list[np.ndarray]):
+    def _fit_features(self, X, y_targets: list[np.ndarray], resume: bool = False):
         """Build or reuse the bank for X, then solve every head."""
         t0 = time.perf_counter()
         params = self._check_solver()
         specs = families.resolve(self.kernels, X.shape[1], self._seed())
         with _client(self.client) as client:
             bank, seconds = self._bank_for(X, specs, client)
-            self._solve(bank, y_targets, params, t0, client, build_seconds=seconds)
+            self._solve(bank, y_targets, params, t0, client, build_seconds=seconds, resume=resume)
         return self
 
     def _bank_for(self, X: np.ndarray, specs: list[KernelSpec], client):
@@ -152,7 +162,8 @@ class _MKLBase(BaseEstimator):
                               client=client, progress=bool(self.progress))
         return bank, time.perf_counter() - t0
 
-    def _solve(self, bank, y_targets: list[np.ndarray], params: dict, t0: float, client, build_seconds: float = 0.0):
+    def _solve(self, bank, y_targets: list[np.ndarray], params: dict, t0: float, client, build_seconds: float = 0.0,
+               resume: bool = False):
         from mklscale.engine import Engine
 
         seed = self._seed()
@@ -161,11 +172,15 @@ class _MKLBase(BaseEstimator):
             params[seed_param] = seed
         if self.verbose and "verbose" in registry.accepted_params(self.solver):
             params.setdefault("verbose", True)
+        checkpoints = [self._checkpoint(bank, y, h, params, resume) for h, y in enumerate(y_targets)]
+        signals = stop_on_signals() if any(checkpoints) else contextlib.nullcontext()
         t_solve = time.perf_counter()
-        with Engine(bank, client=client, progress=bool(self.progress)) as engine:
-            results = [registry.fit_solver(self.solver, engine, y, self._task, C=self.C, params=params)
-                       for y in y_targets]
+        with Engine(bank, client=client, progress=bool(self.progress)) as engine, signals:
+            results = [registry.fit_solver(self.solver, engine, y, self._task, C=self.C, params=params, checkpoint=ck)
+                       for y, ck in zip(y_targets, checkpoints)]
             stats = engine.stats
+        for ck in filter(None, checkpoints):
+            ck.clear()
         info = {"solver": self.solver, "C": self.C, "solver_params": params, "bank": str(bank.path),
                 "solvers": [r.solver for r in results]}
         self.result_ = results[0] if len(results) == 1 else results
@@ -178,6 +193,25 @@ class _MKLBase(BaseEstimator):
             "kernels_built": int(getattr(bank, "last_build_computed", 0)), "n_kernels": int(bank.M),
             "n_heads": len(results),
         }
+
+    def _checkpoint(self, bank, y: np.ndarray, head: int, params: dict, resume: bool) -> Checkpoint | None:
+        """Head ``head``'s checkpoint (None without checkpoint_dir or for one-shot solvers).
+
+        The fingerprint ties it to this problem: solver, C, parameters, the bank's checksums and y.
+        """
+        if self.checkpoint_dir is None or not registry.checkpoints(self.solver):
+            return None
+        fingerprint = {
+            "solver": self.solver, "C": json_safe(self.C), "head": head,
+            "params": json_safe({k: v for k, v in params.items() if k != "verbose"}),
+            "bank": hashlib.sha256(np.ascontiguousarray(bank.checksums).tobytes()).hexdigest(),
+            "y": hashlib.sha256(np.ascontiguousarray(y, dtype=np.float64).tobytes()).hexdigest(),
+        }
+        ck = Checkpoint(Path(self.checkpoint_dir) / f"{self.solver}-head{head}.npz", fingerprint,
+                        every_s=self.checkpoint_every_s)
+        if not resume:
+            ck.clear()
+        return ck
 
     def _seed(self) -> int | None:
         if self.random_state is None:
@@ -267,12 +301,15 @@ class MKLClassifier(ClassifierMixin, _MKLBase):
         kernels_built (0 when the bank came from the cache), n_kernels, n_heads.
     """
 
-    def fit(self, X, y):
-        """Fit on raw features X (n, d) and labels y (any hashable labels, at least two classes)."""
-        X, y = _validated(self, X, y, ensure_min_samples=2, dtype=np.float64)
-        return self._fit_features(X, self._targets(y))
+    def fit(self, X, y, resume: bool = False):
+        """Fit on raw features X (n, d) and labels y (any hashable labels, at least two classes).
 
-    def fit_bank(self, bank, y):
+        ``resume``: continue from the checkpoints in ``checkpoint_dir`` (see the class docstring).
+        """
+        X, y = _validated(self, X, y, ensure_min_samples=2, dtype=np.float64)
+        return self._fit_features(X, self._targets(y), resume)
+
+    def fit_bank(self, bank, y, resume: bool = False):
         """Fit on a precomputed KernelBank (or its path); y are the labels of the bank's rows.
 
         Prediction from raw features needs a bank built from features (``build_bank``); for banks
@@ -283,7 +320,7 @@ class MKLClassifier(ClassifierMixin, _MKLBase):
         bank, y = self._fit_bank(bank, y)
         targets = self._targets(y)
         with _client(self.client) as client:
-            self._solve(bank, targets, params, t0, client)
+            self._solve(bank, targets, params, t0, client, resume=resume)
         return self
 
     def _targets(self, y) -> list[np.ndarray]:
@@ -343,12 +380,12 @@ class MKLRegressor(RegressorMixin, _MKLBase):
 
     _task = "regression"
 
-    def fit(self, X, y):
-        """Fit on raw features X (n, d) and real targets y (n,)."""
+    def fit(self, X, y, resume: bool = False):
+        """Fit on raw features X (n, d) and real targets y (n,); ``resume`` as in MKLClassifier.fit."""
         X, y = _validated(self, X, y, ensure_min_samples=2, y_numeric=True, dtype=np.float64)
-        return self._fit_features(X, [np.asarray(y, dtype=np.float64)])
+        return self._fit_features(X, [np.asarray(y, dtype=np.float64)], resume)
 
-    def fit_bank(self, bank, y):
+    def fit_bank(self, bank, y, resume: bool = False):
         """Fit on a precomputed KernelBank (or its path); see MKLClassifier.fit_bank."""
         t0 = time.perf_counter()
         params = self._check_solver()
@@ -357,7 +394,7 @@ class MKLRegressor(RegressorMixin, _MKLBase):
         if not np.isfinite(y).all():
             raise InvalidInputError("y contains NaN or inf; drop or impute those rows")
         with _client(self.client) as client:
-            self._solve(bank, [y], params, t0, client)
+            self._solve(bank, [y], params, t0, client, resume=resume)
         return self
 
     def predict(self, X) -> np.ndarray:

@@ -34,11 +34,20 @@ A pipeline is a TOML file (see ``pipelines/``)::
     [report]
     enabled = true
 
+    [checkpoint]                        # iterative solvers save their state into checkpoints/
+    every_s = 60.0
+
 Unknown keys and wrong types are :class:`~mklscale.errors.ConfigError` before any work starts.
 
 The run directory holds ``pipeline.toml`` (a copy of the spec), ``bank.zarr`` (unless the bank
 path is absolute), ``models/<name>/`` (one model file per solver, see ``mklscale.model``),
-``results.json`` (schema below, written atomically when the run ends) and ``report/``.
+``results.json`` (schema below, written atomically when the run ends), ``report/`` and
+``checkpoints/``: each solver's state while it runs (see ``mklscale.runtime.checkpoint``) and, for
+each finished solver, its results entry (``<name>.done.json``). On SIGTERM/SIGINT (preemption,
+walltime) the running solver saves its state and the run stops with exit code 75;
+``run_pipeline(..., resume=True)`` (``mklscale run ... --resume``) reuses the bank (builds resume
+kernel by kernel), the finished solvers' entries and models, and continues the interrupted solver
+from its checkpoint, giving the same results as an uninterrupted run.
 
 results.json: ``schema_version``, ``mklscale_version``, ``pipeline`` {name, path, config},
 ``started``/``finished``/``seconds``, ``machine``, ``cluster`` {kind, dashboard, workers},
@@ -81,6 +90,7 @@ _TOP = {
     "solver": Field((list,), []),
     "path": Field((list,), []),
     "report": Field((dict,), {}),
+    "checkpoint": Field((dict,), {}),
 }
 _DATASET = {
     "name": Field((str,)),
@@ -105,6 +115,7 @@ _PATH = {
     "cv_folds": Field((int,), 0, lambda v: None if v == 0 or v > 1 else "must be 0 (no CV) or >= 2"),
 }
 _REPORT = {"enabled": Field((bool,), True)}
+_CHECKPOINT = {"every_s": Field((float,), 60.0, positive)}
 _PARAM_TYPES = (str, int, float, bool, list)
 
 
@@ -120,6 +131,7 @@ class Pipeline:
     solvers: list[dict]
     paths: list[dict]
     report: bool
+    checkpoint_every_s: float
     source: Path | None
     raw: dict
 
@@ -146,8 +158,9 @@ def load_pipeline(spec: str | os.PathLike | dict) -> Pipeline:
         raise ConfigError(f"{where}: names may use letters, digits, '-', '_' and '.' only (they name model "
                           f"folders); fix {', '.join(map(repr, bad))}")
     report = check_table(top["report"], _REPORT, f"{where} [report]")["enabled"]
+    every_s = check_table(top["checkpoint"], _CHECKPOINT, f"{where} [checkpoint]")["every_s"]
     return Pipeline(top["name"], top["description"], top["seed"], dataset, bank, solvers, paths, report,
-                    source, raw)
+                    every_s, source, raw)
 
 
 def _check_bank(table, where: str) -> dict:
@@ -218,12 +231,15 @@ class _Data:
     classes: list | None
 
 
-def run_pipeline(spec, out: str | os.PathLike | None = None, cluster=None, quiet: bool = False) -> dict:
+def run_pipeline(spec, out: str | os.PathLike | None = None, cluster=None, quiet: bool = False,
+                 resume: bool = False) -> dict:
     """Run every stage of a pipeline and return the results dict (also written to ``out/results.json``).
 
     ``spec``: a path, a dict or a :class:`Pipeline`. ``out``: the run directory (default
     ``runs/<name>``). ``cluster``: a cluster config path/dict for ``mklscale.runtime.cluster``
     (None: the embedded LocalCluster). ``quiet``: no progress bars or per-iteration lines.
+    ``resume``: continue an interrupted run in ``out`` (see the module docstring); without it,
+    earlier checkpoints in ``out`` are discarded. Raises ``Preempted`` on SIGTERM/SIGINT.
     """
     from mklscale.runtime.cluster import load_cluster_config, open_client
 
@@ -241,7 +257,8 @@ def run_pipeline(spec, out: str | os.PathLike | None = None, cluster=None, quiet
         # dataset or an unreachable cluster leaves nothing on disk
         _prepare_run_dir(run_dir, pipe)
         bank, bank_info = _build_bank(pipe, data, run_dir, client, quiet, say)
-        entries = [_run_solver(entry, bank, data, run_dir, client, quiet, say) for entry in pipe.solvers]
+        entries = [_run_solver(entry, bank, data, run_dir, client, quiet, say, pipe.checkpoint_every_s, resume)
+                   for entry in pipe.solvers]
         entries += [_run_path(entry, bank, data, client, quiet, say) for entry in pipe.paths]
         cluster_info = _cluster_info(cluster_config, client)
     results = {
@@ -321,20 +338,36 @@ def _kernels_computed() -> int | None:
     return getattr(build, "last_build_computed", None)
 
 
-def _run_solver(entry: dict, bank, data: _Data, run_dir: Path, client, quiet: bool, say) -> dict:
-    """Fit one [[solver]] entry on the bank, evaluate it on the test rows and save its model."""
+def _run_solver(entry: dict, bank, data: _Data, run_dir: Path, client, quiet: bool, say, every_s: float,
+                resume: bool) -> dict:
+    """Fit one [[solver]] entry on the bank, evaluate it on the test rows and save its model.
+
+    The finished entry is kept in ``checkpoints/<name>.done.json``; with ``resume`` a finished
+    entry with the same parameters is reused instead of fitting again.
+    """
     from mklscale.estimators import MKLClassifier, MKLRegressor
+    from mklscale.runtime.checkpoint import Preempted
 
     name = entry["name"]
     params = dict(entry["params"])
     record = {"name": name, "solver": entry["solver"], "params": {"C": entry["C"], **params}, "status": "ok",
               "error": None, "model": None, "path": None}
+    done = run_dir / "checkpoints" / f"{name}.done.json"
+    if resume and done.is_file():
+        previous = json.loads(done.read_text())
+        if previous.get("params") == json_safe(record["params"]) and (run_dir / str(previous.get("model"))).is_dir():
+            say(f"[{name}] finished before the interruption; kept")
+            return previous
+    done.unlink(missing_ok=True)
     Estimator = MKLClassifier if data.task == "classification" else MKLRegressor
     estimator = Estimator(solver=entry["solver"], C=entry["C"], solver_params=params, client=client,
-                          verbose=not quiet)
+                          verbose=not quiet, checkpoint_dir=str(run_dir / "checkpoints" / name),
+                          checkpoint_every_s=every_s)
     t0 = time.perf_counter()
     try:
-        estimator.fit_bank(bank, data.y_train)
+        estimator.fit_bank(bank, data.y_train, resume=resume)
+    except Preempted:
+        raise
     except MKLScaleError as exc:
         record.update(status="failed", error=f"{type(exc).__name__}: {exc}", seconds=time.perf_counter() - t0)
         say(f"[{name}] FAILED: {record['error']}")
@@ -345,6 +378,7 @@ def _run_solver(entry: dict, bank, data: _Data, run_dir: Path, client, quiet: bo
     model_dir = run_dir / "models" / name
     estimator.save(model_dir)
     record["model"] = str(model_dir.relative_to(run_dir))
+    write_json_atomic(done, json_safe(record))
     _say_solver(say, record, len(bank))
     return record
 
@@ -448,13 +482,8 @@ def _now() -> str:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON to a temporary file next to ``path``, fsync it and rename it into place."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with tmp.open("w") as fh:
-            json.dump(data, fh, indent=1, allow_nan=False)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    """Write JSON atomically (temp file, fsync, rename: see ``runtime.checkpoint.write_atomic``)."""
+    from mklscale.runtime.checkpoint import write_atomic
+
+    text = json.dumps(data, indent=1, allow_nan=False).encode()
+    write_atomic(path, lambda fh: fh.write(text))
