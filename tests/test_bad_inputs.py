@@ -257,10 +257,8 @@ API = [
           "mklscale/bank/spec.py _validate_params: 'gaussian width must be a positive finite number, got -1.0' "
           "says no fix; suggest '...; give the standard deviation s > 0 of exp(-||x-z||^2/(2 s^2)), e.g. 1.0'"),
     Case("families_empty_widths", lambda ws: families.gaussian([]), SpecError, r"widths is empty; give"),
-    xfail(Case("family_unknown_parameter", lambda ws: families.resolve({"family": "gaussian", "width": [1]}, 5),
-               SpecError, r"does not take width.*\b(remove|use)\b"),
-          "mklscale/bank/families.py _family_specs: \"kernel family 'gaussian' does not take width; its parameters "
-          "are widths, features\" says no fix; suggest '...; remove it or use one of: widths, features'"),
+    Case("family_unknown_parameter", lambda ws: families.resolve({"family": "gaussian", "width": [1]}, 5),
+         SpecError, r"does not take width.*\b(remove|use)\b"),
     Case("bank_of_other_data_at_existing_path",
          lambda ws: build_bank(_X(ws)[:30], SPECS, ws / "bank", progress=False),
          BankMismatchError, r"different data.*pass overwrite=True.*choose another path"),
@@ -276,18 +274,11 @@ API = [
     # -- solvers on the engine -----------------------------------------------------------------------------
     Case("spicy_y_of_wrong_length", lambda ws: _spicy(ws, y=_y(ws)[:-1]), InvalidInputError,
          r"y has 39 entries.*n = 40.*pass the targets"),
-    xfail(Case("spicy_one_class_only", lambda ws: _spicy(ws, y=np.ones(40)), InvalidInputError,
+    Case("spicy_one_class_only", lambda ws: _spicy(ws, y=np.ones(40)), InvalidInputError,
                r"both classes.*\bgive\b"),
-          "mklscale/solvers/_validation.py check_targets: 'the logistic loss needs both classes -1 and +1 in y; "
-          "only [1.0] is present' says no fix; suggest '...; give labels of both classes (check the rows the bank "
-          "was built on)'"),
-    xfail(Case("spicy_C_not_positive", lambda ws: _spicy(ws, C=-1.0), InvalidInputError, r"C must.*\bpass\b"),
-          "mklscale/solvers/_validation.py check_positive: 'C must be finite and > 0; got -1.0' says no fix; "
-          "suggest '...; pass a finite C > 0 (see the solver's docstring for its meaning)'"),
-    xfail(Case("spicy_elastic_net_lam_outside_0_1",
+    Case("spicy_C_not_positive", lambda ws: _spicy(ws, C=-1.0), InvalidInputError, r"C must.*\bpass\b"),
+    Case("spicy_elastic_net_lam_outside_0_1",
                lambda ws: _spicy(ws, penalty="elastic_net", lam=1.5), InvalidInputError, r"lam.*\b(give|pass|use)\b"),
-          "mklscale/solvers/penalties.py ElasticNet: 'elastic net mixing lam must lie in [0, 1]; got 1.5' says no "
-          "fix; suggest '...; give lam in [0, 1] (1 is the block 1-norm: penalty=\"l1\")'"),
     Case("spicy_block_q_not_above_1", lambda ws: _spicy(ws, penalty="block_q", q=1.0), InvalidInputError,
          r"q > 1.*use penalty='l1'"),
     Case("spicy_nan_in_y", lambda ws: _spicy(ws, y=np.where(np.arange(40) == 5, np.nan, _y(ws))), InvalidInputError,
@@ -303,11 +294,9 @@ API = [
          r"only one class.*give labels of at least two classes"),
     Case("estimator_unknown_solver", lambda ws: _clf(ws, solver="newton").fit(_X(ws), _y(ws)), InvalidInputError,
          r"unknown solver 'newton'; choose one of"),
-    xfail(Case("estimator_unknown_solver_parameter",
+    Case("estimator_unknown_solver_parameter",
                lambda ws: _clf(ws, solver_params={"nonsense": 1}).fit(_X(ws), _y(ws)), InvalidInputError,
                r"does not take parameter\(s\) \['nonsense'\].*\b(remove|use)\b"),
-          "mklscale/solvers/registry.py check_params: \"solver 'spicy' does not take parameter(s) ['nonsense']; "
-          "it accepts [...]\" says no fix; suggest '...; remove it or use one of [...]'"),
     Case("estimator_solver_without_the_task",
          lambda ws: MKLRegressor(kernels=SPECS, solver="smo", cache_dir=ws / "cache").fit(_X(ws), _y(ws)),
          InvalidInputError, r"does not support regression.*Use one of"),
@@ -315,12 +304,9 @@ API = [
          r"C = -1.0 .*pass a finite number > 0, or C=None"),
     Case("estimator_C_zero", lambda ws: _clf(ws, solver="smo", C=0).fit(_X(ws), _y(ws)), InvalidInputError,
          r"C = 0 .*pass a finite number > 0"),
-    xfail(Case("estimator_fit_lam_outside_0_1_builds_no_bank",
+    Case("estimator_fit_lam_outside_0_1_builds_no_bank",
                lambda ws: _clf(ws, solver_params={"penalty": "elastic_net", "lam": 1.5}).fit(_X(ws)[:30], _y(ws)[:30]),
                InvalidInputError, r"lam.*\b(give|pass|use)\b"),
-          "mklscale/solvers/registry.py check_params(task=...) does not check parameter values, so fit() builds "
-          "and caches a bank in cache_dir before spicy rejects lam=1.5 (and the message says no fix); suggest "
-          "_check_spicy also build make_loss/make_penalty (lam in [0, 1], q > 1, eps >= 0) before any work"),
     Case("predict_with_wrong_width", lambda ws: _model(ws).predict(_X(ws)[:, :3]), InvalidInputError,
          r"X has 3 features, but MKLClassifier is expecting 30.*Pass X with the same columns"),
     Case("predict_nan_X", lambda ws: _model(ws).predict(_with(_X(ws), np.nan)), InvalidInputError,

@@ -173,7 +173,7 @@ def test_gcd_two_stage(cancer, cache):
 
 def test_solver_errors(cancer, cache):
     X, y, _, _ = cancer
-    with pytest.raises(InvalidInputError, match=r"does not take parameter\(s\) \['nonsense'\].*accepts"):
+    with pytest.raises(InvalidInputError, match=r"does not take parameter\(s\) \['nonsense'\].*remove it or use one of"):
         MKLClassifier(kernels=TWO, solver="smo", solver_params={"nonsense": 1}, cache_dir=cache).fit(X, y)
     with pytest.raises(InvalidInputError, match="does not support regression"):
         MKLRegressor(kernels=TWO, solver="smo", cache_dir=cache).fit(X, y)

@@ -153,8 +153,8 @@ def _family_specs(entry: dict, d: int, seed: int | None) -> list[KernelSpec]:
     params = {k: v for k, v in entry.items() if k != "family"}
     unknown = sorted(set(params) - set(FAMILY_PARAMS[family]))
     if unknown:
-        raise SpecError(f"kernel family {family!r} does not take {', '.join(unknown)}; its parameters are "
-                        f"{', '.join(FAMILY_PARAMS[family]) or 'none'}")
+        raise SpecError(f"kernel family {family!r} does not take {', '.join(unknown)}; remove it or use one of "
+                        f"its parameters: {', '.join(FAMILY_PARAMS[family]) or 'none'}")
     if family == "simplemkl":
         return simplemkl(d, **params)
     if family == "random_subsets":

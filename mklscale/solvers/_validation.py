@@ -33,7 +33,7 @@ def check_targets(y, n: int, classification: bool, loss_name: str) -> np.ndarray
                 "for 0/1 labels); for more than two classes use one-vs-rest")
         if labels.size != 2:
             raise InvalidInputError(f"the {loss_name} loss needs both classes -1 and +1 in y; "
-                                    f"only {labels.tolist()} is present")
+                                    f"only {labels.tolist()} is present; give labels of both classes")
     return y
 
 
@@ -45,13 +45,13 @@ def check_positive(name: str, value, allow_zero: bool = False) -> float:
     ok = math.isfinite(value) and (value >= 0.0 if allow_zero else value > 0.0)
     if not ok:
         bound = ">= 0" if allow_zero else "> 0"
-        raise InvalidInputError(f"{name} must be finite and {bound}; got {value}")
+        raise InvalidInputError(f"{name} must be finite and {bound}; got {value}; pass a finite {name} {bound}")
     return value
 
 
 def check_count(name: str, value, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise InvalidInputError(f"{name} must be an integer >= {minimum}; got {value!r}")
+        raise InvalidInputError(f"{name} must be an integer >= {minimum}; got {value!r}; pass an integer >= {minimum}")
     return int(value)
 
 

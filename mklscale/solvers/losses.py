@@ -201,7 +201,7 @@ class EpsInsensitive(Loss):
     def __init__(self, eps: float = 0.1):
         eps = float(eps)
         if not (np.isfinite(eps) and eps >= 0.0):
-            raise InvalidInputError(f"eps of the eps-insensitive loss must be finite and >= 0; got {eps}")
+            raise InvalidInputError(f"eps of the eps-insensitive loss must be finite and >= 0; got {eps}; give eps >= 0")
         self.eps = eps
 
     def value(self, y, f):

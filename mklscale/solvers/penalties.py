@@ -121,7 +121,8 @@ class ElasticNet(Penalty):
     def __init__(self, lam: float = 0.5):
         lam = float(lam)
         if not (0.0 <= lam <= 1.0):
-            raise InvalidInputError(f"elastic net mixing lam must lie in [0, 1]; got {lam}")
+            raise InvalidInputError(f"elastic net mixing lam must lie in [0, 1]; got {lam}; give lam in [0, 1] "
+                                        "(0: block-1, 1: pure squared block norms)")
         self.lam = lam
         self.smooth_conjugate = lam > 0.0
 

@@ -95,9 +95,15 @@ def _run_spicy(engine, y, task, C, params):
 
 
 def _check_spicy(task: str, params: dict) -> None:
+    from mklscale.solvers.losses import make_loss
+    from mklscale.solvers.penalties import make_penalty
+
     loss = params.get("loss", SPICY_LOSSES[task][0])
     if loss not in SPICY_LOSSES[task]:
         raise InvalidInputError(f"spicy loss {loss!r} does not fit task {task!r}; use one of {SPICY_LOSSES[task]}")
+    # the loss and penalty objects check eps, lam and q: fail here, before a bank is built
+    make_loss(loss, params.get("eps", 0.1))
+    make_penalty(params.get("penalty", "l1"), params.get("lam", 0.5), params.get("q", 1.5))
 
 
 def _run_elasticnet(engine, y, task, C, params):
@@ -285,7 +291,7 @@ def check_params(name: str, params: dict | None, task: str | None = None) -> dic
     accepted = accepted_params(name)
     unknown = sorted(str(p) for p in params if p not in accepted)
     if unknown:
-        raise InvalidInputError(f"solver {name!r} does not take parameter(s) {unknown}; it accepts "
+        raise InvalidInputError(f"solver {name!r} does not take parameter(s) {unknown}; remove it or use one of "
                                 f"{sorted(accepted)} (its main regularisation is best set by C)")
     if task is not None and name in _PRECHECKS:
         _PRECHECKS[name](task, params)
