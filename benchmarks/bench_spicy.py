@@ -112,7 +112,10 @@ def out_of_core(path: Path, C: float) -> dict:
                      "bytes_read_GB": stats["bytes_read"] / 1e9, "bank_GB": bank.nbytes / 1e9,
                      "bank_reads": stats["bytes_read"] / bank.nbytes, "outer_iterations": len(res.history),
                      "active": int(np.asarray(res.active).size), "gap": float(res.gap),
-                     "converged": bool(res.converged), "peak_rss_GB": rss.peak_total / 1e9})
+                     "converged": bool(res.converged), "peak_rss_GB": rss.peak_total / 1e9,
+                     "max_working_set": max(h["working_set"] for h in res.history),
+                     "working_set_GB": max(h["working_set"] for h in res.history) * bank.n ** 2
+                     * bank.dtype.itemsize / 1e9})
         print(rows[-1], flush=True)
     return {"bank": str(path), "M": len(bank), "n": bank.n, "rows": rows,
             "targets": {"seconds": 600, "peak_rss_GB": 4.0}}

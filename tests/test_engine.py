@@ -128,7 +128,7 @@ def test_operations_match_numpy(banks, name):
         assert np.array_equal(G, G.T)
         close(eng.gram_of_kernels(), np.einsum("aij,bij->ab", K, K))
         B = eng.blocks(idx)
-        assert B.dtype == np.float64 and np.array_equal(B, K[idx])
+        assert B.dtype == bank.dtype and B.flags.writeable and np.array_equal(B, K[idx])
         assert eng.quad_forms(u, kernels=[]).shape == (0,)
         assert eng.blocks([]).shape == (0, n, n)
 
@@ -217,11 +217,12 @@ def test_stats_count_passes_bytes_and_calls(banks):
 
 def test_cache_respects_budget_and_evicts_lru(banks):
     bank, K = banks["f32"]
-    one = bank.n ** 2 * 8
+    one = bank.n ** 2 * 4  # the cache holds kernels as stored: float32
     with Engine(bank, cache_bytes=3 * one) as eng:
         cache = eng.cache
         assert np.array_equal(eng.blocks([0, 1]), K[[0, 1]])
         assert sorted(cache.keys()) == [0, 1] and cache.nbytes == 2 * one
+        assert all(cache.peek(m).dtype == np.float32 and not cache.peek(m).flags.writeable for m in (0, 1))
         eng.blocks([0])  # 0 becomes most recently used, 1 is the oldest
         assert np.array_equal(eng.blocks([2, 3]), K[[2, 3]])
         assert sorted(cache.keys()) == [0, 2, 3] and cache.nbytes <= cache.budget and cache.evictions == 1
@@ -240,6 +241,38 @@ def test_cache_respects_budget_and_evicts_lru(banks):
         close(q, K[[14]].sum(axis=(1, 2)))
     with Engine(bank, cache_bytes=0) as eng:
         assert np.array_equal(eng.blocks([4]), K[[4]]) and len(eng.cache) == 0
+
+
+@pytest.mark.parametrize("name", ["f32", "f64"])
+def test_blocks_hold_one_copy_per_kernel(banks, name):
+    """Memory held for k kernels fetched through blocks(): the cache keeps each kernel once, in the
+    storage dtype, and never pins the returned stack; with keep=False nothing is kept beyond the
+    returned array (tracemalloc counts numpy's buffers)."""
+    import gc
+    import tracemalloc
+
+    bank, K = banks[name]
+    k, one = 16, bank.n ** 2 * bank.dtype.itemsize
+    slack = 0.5 * k * one + 16384  # reader buffers, bookkeeping; a second copy would be >= k * one
+    idx = np.arange(k)
+    with Engine(bank, cache_bytes="64MB", threads=1) as eng:
+        eng.quad_forms(np.ones(eng.n))  # compile / warm up outside the measurement
+        gc.collect()
+        tracemalloc.start()
+        B = eng.blocks(idx, keep=False)
+        held, _ = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert np.array_equal(B, K[idx]) and B.dtype == bank.dtype and B.nbytes == k * one
+        assert len(eng.cache) == 0 and eng.cache.nbytes == 0
+        assert held < k * one + slack, "blocks(keep=False) keeps more than the returned array"
+        B = eng.blocks(idx)  # kept: one own copy per kernel, independent of the returned stack
+        assert eng.cache.nbytes == k * one and len(eng.cache) == k
+        assert all(eng.cache.peek(m).base is None or eng.cache.peek(m).base is not B for m in idx)
+        tracemalloc.start()
+        again = eng.blocks(idx, keep=False)  # cache hits: just the returned stack
+        held, _ = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert np.array_equal(again, K[idx]) and held < k * one + slack and eng.cache.nbytes == k * one
 
 
 def test_cache_bytes_strings():

@@ -406,6 +406,119 @@ def test_real_engine_gives_the_dense_engine_result(wide_bank, loss, tmp_path):
     np.testing.assert_allclose(real.weights, dense.weights, rtol=1e-6, atol=1e-9)
 
 
+@pytest.mark.parametrize("loss, penalty", [("hinge", "l1"), ("logistic", "elastic_net")])
+def test_working_set_holds_each_kernel_once(wide_bank, loss, penalty, tmp_path):
+    """Memory held for the W working-set kernels on a float32 bank: one float32 copy each (the
+    solver's), none in the engine cache, products still in float64 (same optimum as the float64
+    DenseEngine up to the float32 rounding of the bank). tracemalloc counts numpy's buffers, so a
+    regression to a second copy (cache, concatenation, float64 conversion) adds >= W * one."""
+    import tracemalloc
+
+    from mklscale.bank import KernelBank
+    from mklscale.engine import Engine
+
+    grams, y = wide_bank
+    n = grams.shape[1]
+    one = n * n * 4
+    bank = KernelBank.from_arrays(grams, tmp_path / "bank", chunk_mb=0.02, shard_mb=0.1)
+    with Engine(bank, threads=1) as engine:
+        spicy.fit(engine, y, 0.05, loss=loss, penalty=penalty, tol=1e-6)  # compile outside the measurement
+    with Engine(bank, threads=1) as engine:
+        engine.quad_forms(np.ones(n))
+        solver = spicy._build(engine, y, 0.05, loss, penalty, LAM, Q, EPS, True, 1e-6, 500, 50, None, "auto", False)
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        result = solver.run()
+        held, peak = (v - base for v in tracemalloc.get_traced_memory())
+        tracemalloc.stop()
+        W = solver.index.size
+        assert result.converged and W >= 16
+        assert all(c.dtype == np.float32 for c in solver.kernels.chunks) and solver.kernels.nbytes == W * one
+        assert engine.cache.nbytes == 0 and len(engine.cache) == 0
+        assert held < 1.6 * W * one, f"{held / (W * one):.2f} copies of the working set held"
+        assert peak < 3.5 * W * one, f"peak {peak / (W * one):.2f} working sets"
+    dense = spicy.fit(DenseEngine(grams), y, 0.05, loss=loss, penalty=penalty, tol=1e-6)
+    assert result.objective == pytest.approx(dense.objective, rel=1e-6)
+
+
+def test_working_set_byte_budget(wide_bank):
+    """working_set_bytes caps W: a budget that holds the active kernels but not the usual initial
+    32 gives the same optimum (violators join as room allows); one too small for the active set
+    stops with a message saying what is needed."""
+    grams, y = wide_bank
+    one = grams.shape[1] ** 2 * 8  # DenseEngine blocks are float64
+    free = spicy.fit(DenseEngine(grams), y, 0.05, loss="logistic", tol=1e-6)
+    assert free.history[-1]["working_set"] > 12 and free.active.size < 12
+    capped = spicy.fit(DenseEngine(grams), y, 0.05, loss="logistic", tol=1e-6, working_set_bytes=12 * one)
+    assert capped.converged and max(h["working_set"] for h in capped.history) <= 12
+    assert capped.params["working_set_bytes"] == 12 * one
+    assert capped.objective == pytest.approx(free.objective, rel=1e-6)
+    with pytest.raises(InvalidInputError, match="working set is full.*working_set_bytes"):
+        spicy.fit(DenseEngine(grams), y, 0.05, loss="logistic", tol=1e-6, working_set_bytes=2 * one)
+    with pytest.raises(InvalidInputError, match="working_set_bytes"):
+        spicy.fit(DenseEngine(grams), y, 0.05, loss="logistic", working_set_bytes="lots")
+
+
+@pytest.mark.parametrize("loss", ("logistic", "hinge"))
+def test_one_step_working_set_grows_faster(loss, monkeypatch):
+    """ElastMKL (one_step) keeps most kernels active, so its working set quadruples per round
+    (GROWTH) instead of doubling: fewer certification passes, the same optimum."""
+    rng = np.random.default_rng(11)
+    n, M = 24, 400
+    X = rng.normal(size=(n, 6))
+    y = np.where(X[:, 0] + X[:, 1] ** 2 - 1 + 0.3 * rng.normal(size=n) > 0, 1.0, -1.0)
+    grams = []
+    for _ in range(M):
+        feats = rng.choice(6, size=int(rng.integers(1, 4)), replace=False)
+        sq = ((X[:, None, feats] - X[None, :, feats]) ** 2).sum(-1)
+        grams.append(_normalise(np.exp(-sq / (2 * (5 * rng.chisquare(1) + 0.1)))))
+    grams = np.array(grams)
+    runs = {}
+    for growth in (1, 3):
+        monkeypatch.setitem(spicy.GROWTH, "one_step", growth)
+        engine = DenseEngine(grams)
+        runs[growth] = (spicy.fit(engine, y, 0.05, loss=loss, penalty="elastic_net", lam=LAM, tol=1e-6),
+                        engine.stats["passes"])
+    (doubling, passes_doubling), (quadrupling, passes) = runs[1], runs[3]
+    assert quadrupling.converged and quadrupling.params["method"] == "one_step"
+    assert quadrupling.active.size > M // 4  # the regime the rule is for
+    assert passes < passes_doubling if loss == "logistic" else passes <= passes_doubling
+    assert quadrupling.objective == pytest.approx(doubling.objective, rel=1e-6)
+
+
+def test_kernel_term_keep_compacts_in_place():
+    """KernelTerm.keep drops working-set kernels chunk by chunk without a second copy; products
+    with the kept kernels are unchanged (float32 blocks, float64 accumulation)."""
+    from mklscale.solvers._spicy_inner import KernelTerm
+
+    import tracemalloc
+
+    rng = np.random.default_rng(3)
+    n = 24
+    tracemalloc.start()  # before the kernels exist, so that freeing them is counted
+    grams = rng.standard_normal((9, n, n)).astype(np.float32)
+    term = KernelTerm(n, make_penalty("elastic_net", LAM, Q), 0.1, "conjugate")
+    term.add(grams[:4].copy(), 10.0)
+    term.add(grams[4:].copy(), 10.0)
+    u = rng.standard_normal(n)
+    exact = np.einsum("mij,j->mi", grams.astype(np.float64), u)
+    np.testing.assert_allclose(term.matvec(u), exact, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(term.matvec(u, first=6), exact[6:], rtol=1e-12, atol=1e-12)
+    mask = np.array([True, False, True, True, False, False, False, False, True])
+    before = tracemalloc.get_traced_memory()[0]
+    tracemalloc.reset_peak()
+    term.keep(mask)
+    held, peak = (v - before for v in tracemalloc.get_traced_memory())
+    tracemalloc.stop()
+    assert term.size == 4 and term.nbytes == 4 * n * n * 4 and len(term.chunks) == 2
+    # 5 of 9 kernels freed; at no point a copy of a kept kernel (n * n * 4 bytes) more
+    assert held < -4 * n * n * 4 and peak < n * n * 4, "keep() copied kept kernels instead of compacting"
+    np.testing.assert_allclose(term.matvec(u), exact[mask], rtol=1e-12, atol=1e-12)
+    H = np.zeros((n, n))
+    term.add_weighted(np.array([0, 3]), np.array([2.0, -1.0]), H)
+    np.testing.assert_allclose(H, 2.0 * grams[0] - grams[8].astype(np.float64), rtol=1e-12, atol=1e-12)
+
+
 def test_uci_protocol_on_breast_cancer(tmp_path):
     """SpicyMKL §6.1 on breast_cancer: the 27 (d + 1) = 837-kernel SimpleMKL bank, unit trace,
     80/20 split, block 1-norm at C = 0.5, relative gap 0.01 (the paper's Table 4 averages 2 - 8

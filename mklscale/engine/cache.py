@@ -1,4 +1,5 @@
-"""The driver-side LRU cache of kernel blocks (float64 (n, n) arrays) under a byte budget."""
+"""The driver-side LRU cache of kernel blocks ((n, n) arrays in the bank's storage dtype) under a
+byte budget."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ import numpy as np
 from mklscale.errors import InvalidInputError
 
 
-def parse_bytes(value) -> int:
+def parse_bytes(value, name: str = "cache_bytes") -> int:
     """Bytes from an int or a string such as "2GB", "512MB", "1.5 GiB" (decimal units for kB/MB/GB,
-    binary for KiB/MiB/GiB)."""
+    binary for KiB/MiB/GiB); ``name`` is the parameter named in error messages."""
     if isinstance(value, bool):
-        raise InvalidInputError(f"cache_bytes must be a byte count or a string like '2GB', got {value!r}")
+        raise InvalidInputError(f"{name} must be a byte count or a string like '2GB', got {value!r}")
     if isinstance(value, (int, np.integer)):
         nbytes = int(value)
     elif isinstance(value, str):
@@ -24,16 +25,19 @@ def parse_bytes(value) -> int:
         try:
             nbytes = int(dask_parse(value))
         except (ValueError, TypeError):
-            raise InvalidInputError(f"cannot read {value!r} as a size; write it like '2GB', '512MB' or 1000000") from None
+            raise InvalidInputError(f"cannot read {name}={value!r} as a size; write it like '2GB', '512MB' "
+                                    "or 1000000") from None
     else:
-        raise InvalidInputError(f"cache_bytes must be a byte count or a string like '2GB', got {type(value).__name__}")
+        raise InvalidInputError(f"{name} must be a byte count or a string like '2GB', got {type(value).__name__}")
     if nbytes < 0:
-        raise InvalidInputError(f"cache_bytes must be >= 0, got {nbytes}")
+        raise InvalidInputError(f"{name} must be >= 0, got {nbytes}")
     return nbytes
 
 
 class BlockCache:
-    """Kernel index -> read-only float64 (n, n) array, least recently used evicted first.
+    """Kernel index -> read-only (n, n) array in the bank's storage dtype (float32 by default: the
+    values as stored, half the bytes of float64; the engine's numba kernels widen them exactly and
+    accumulate in float64), least recently used evicted first.
 
     The bytes held never exceed ``budget``: ``store`` refuses a set larger than the budget (the
     caller still returns the arrays, they are just not kept).
@@ -95,7 +99,7 @@ class BlockCache:
                     self._nbytes -= self._blocks.pop(m).nbytes
                     self.evictions += 1
             for m, b in new.items():
-                b = np.array(b, dtype=np.float64, order="C")  # own copy: never pins a larger fetched array
+                b = np.array(b, order="C")  # own copy: never pins the caller's (larger) array
                 b.setflags(write=False)
                 self._blocks[m] = b
                 self._nbytes += b.nbytes

@@ -160,14 +160,3 @@ def gram_task(path: str, rows_kernels: np.ndarray, cols_kernels: np.ndarray, upp
             B = A if upper else panel[len(rows_kernels):]
             K.gram_rows(A, B, G, upper)
     return G
-
-
-def fetch_task(path: str, kernels: np.ndarray) -> np.ndarray:
-    """(len(kernels), n, n) float64 copies of the task's kernels (for the driver's block cache)."""
-    bank = open_bank(path)
-    n = bank.n
-    out = np.empty((len(kernels), n, n))
-    with KernelReader(bank) as reader:
-        for pos, count, r0, r1, block in reader.pieces(kernels):
-            out[pos:pos + count, r0:r1] = block
-    return out

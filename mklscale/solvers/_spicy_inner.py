@@ -33,18 +33,42 @@ import dataclasses
 
 import numpy as np
 import scipy.linalg
+from numba import njit
 
+from mklscale.engine.kernels import axpy_rows, matvec_rows
 from mklscale.solvers.penalties import Penalty
 
 
+@njit(nogil=True, cache=True)
+def _stack_matvec(B, U, out):
+    """out[m, j] = K_m u_j for the kernels B (c, n, n) and vectors U (k, n): out (c, k, n) float64,
+    each entry a float64 dot product (``engine.kernels.matvec_rows``; a float32 B is widened
+    exactly)."""
+    for m in range(B.shape[0]):
+        matvec_rows(B[m], 0, U, out[m])
+
+
+@njit(nogil=True, cache=True)
+def _stack_axpy(B, sel, weights, out):
+    """out += sum_p weights[p] K_{sel[p]} over kernels of B (c, n, n), accumulated in float64."""
+    for p in range(sel.shape[0]):
+        axpy_rows(B[sel[p]], 0, weights[p], out)
+
+
 class KernelTerm:
-    """sum_{m in W} psi_m(||alpha_m + gamma_m rho||_{K_m}) with the working-set kernels held dense."""
+    """sum_{m in W} psi_m(||alpha_m + gamma_m rho||_{K_m}) with the working-set kernels held dense.
+
+    The kernels are kept exactly as the engine returned them (float32 from a float32 bank), one
+    copy each: ``add`` appends the fetched stack as a chunk instead of concatenating (which would
+    briefly hold W twice), and every product with them (``matvec``, ``add_weighted``) widens the
+    entries exactly and accumulates in float64, so the results are those of the float64 kernels.
+    """
 
     def __init__(self, n: int, penalty: Penalty, C: float, mode: str):
         if mode not in ("proximal", "conjugate"):
             raise ValueError(mode)
-        self.penalty, self.C, self.mode = penalty, float(C), mode
-        self.blocks = np.zeros((0, n, n))
+        self.penalty, self.C, self.mode, self.n = penalty, float(C), mode, int(n)
+        self.chunks: list[np.ndarray] = []   # (c, n, n) stacks of W's kernels, in W's order
         self.alpha = np.zeros((0, n))
         self.K_alpha = np.zeros((0, n))
         self.alpha_K_alpha = np.zeros(0)
@@ -52,15 +76,46 @@ class KernelTerm:
 
     @property
     def size(self) -> int:
-        return self.blocks.shape[0]
+        return self.gamma.size
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the dense kernels held."""
+        return sum(c.nbytes for c in self.chunks)
 
     def add(self, blocks: np.ndarray, gamma: float):
-        k, n = blocks.shape[0], blocks.shape[1]
-        self.blocks = np.concatenate([self.blocks, blocks])
+        k, n = blocks.shape[0], self.n
+        if k == 0:
+            return
+        self.chunks.append(np.ascontiguousarray(blocks))
         self.alpha = np.concatenate([self.alpha, np.zeros((k, n))])
         self.K_alpha = np.concatenate([self.K_alpha, np.zeros((k, n))])
         self.alpha_K_alpha = np.concatenate([self.alpha_K_alpha, np.zeros(k)])
         self.gamma = np.concatenate([self.gamma, np.full(k, 1.0 if self.mode == "conjugate" else gamma)])
+
+    def keep(self, mask: np.ndarray) -> None:
+        """Keep only the working-set kernels where ``mask`` is True. Each chunk is compacted in
+        place (kept kernels moved to its front, then the array shrunk), so no second copy of the
+        kept kernels is made."""
+        start, chunks = 0, []
+        for chunk in self.chunks:
+            part = mask[start:start + chunk.shape[0]]
+            start += chunk.shape[0]
+            kept = np.flatnonzero(part)
+            if kept.size == part.size:
+                chunks.append(chunk)
+            elif kept.size:
+                for dst, src in enumerate(kept.tolist()):   # src >= dst: never overwrites a kept one
+                    if src != dst:
+                        chunk[dst] = chunk[src]
+                try:
+                    chunk.resize((kept.size,) + chunk.shape[1:], refcheck=False)  # frees the tail
+                except ValueError:  # does not own its data (or is read-only): keep a compact copy
+                    chunk = chunk[:kept.size].copy()
+                chunks.append(chunk)
+        self.chunks = chunks
+        self.alpha, self.K_alpha = self.alpha[mask], self.K_alpha[mask]
+        self.alpha_K_alpha, self.gamma = self.alpha_K_alpha[mask], self.gamma[mask]
 
     def psi(self, norms: np.ndarray):
         """(psi, psi', psi'') at the norms n_m, one entry per working-set kernel."""
@@ -72,10 +127,30 @@ class KernelTerm:
         return (self.penalty.ghat(norms, scale) / self.gamma, self.penalty.prox(norms, scale) / self.gamma,
                 self.penalty.prox_derivative(norms, scale) / self.gamma)
 
-    def matvec(self, u: np.ndarray) -> np.ndarray:
-        """K_m u for every working-set kernel, (w, n)."""
-        w, n = self.blocks.shape[0], self.blocks.shape[1]
-        return (self.blocks.reshape(w * n, n) @ u).reshape(w, n)
+    def matvec(self, u: np.ndarray, first: int = 0) -> np.ndarray:
+        """K_m u for the working-set kernels at positions >= ``first``, (w - first, n) float64."""
+        U = np.ascontiguousarray(u, dtype=np.float64).reshape(1, self.n)
+        out = np.empty((self.size - first, 1, self.n))
+        start = 0
+        for chunk in self.chunks:
+            stop = start + chunk.shape[0]
+            if stop > first:
+                lo = max(first, start)
+                _stack_matvec(chunk[lo - start:], U, out[lo - first:stop - first])
+            start = stop
+        return out[:, 0]
+
+    def add_weighted(self, sel: np.ndarray, weights: np.ndarray, out: np.ndarray) -> None:
+        """out += sum_p weights[p] K_{sel[p]} (sel: ascending positions in W; out (n, n) float64)."""
+        sel = np.asarray(sel, dtype=np.int64)
+        weights = np.asarray(weights, dtype=np.float64)
+        start = 0
+        for chunk in self.chunks:
+            stop = start + chunk.shape[0]
+            lo, hi = np.searchsorted(sel, [start, stop])
+            if hi > lo:
+                _stack_axpy(chunk, sel[lo:hi] - start, weights[lo:hi], out)
+            start = stop
 
 
 @dataclasses.dataclass
@@ -164,11 +239,7 @@ class InnerProblem:
         if on.size:
             g2, nrm = k.gamma[on] ** 2, p.norms[on]
             scale = g2 * p.psi1[on] / nrm
-            if on.size == k.size:
-                H += np.tensordot(scale, k.blocks, axes=1)
-            else:
-                for m, c in zip(on, scale):   # no copy of the active blocks
-                    H += c * k.blocks[m]
+            k.add_weighted(on, scale, H)
             rank_one = g2 * (p.psi2[on] - p.psi1[on] / nrm) / nrm**2
             H += p.w[on].T @ (rank_one[:, None] * p.w[on])
         return H
