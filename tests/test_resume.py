@@ -35,7 +35,7 @@ from mklscale.runtime.checkpoint import (
     Preempted,
     stop_on_signals,
 )
-from mklscale.solvers import gcd, pfbs, registry, sgd, smo
+from mklscale.solvers import gcd, pfbs, registry, sgd, smo, spicy
 from mklscale.solvers.sources import GaussianFamily, PolynomialFamily
 
 CHILD = Path(__file__).with_name("_resume_child.py")
@@ -86,6 +86,7 @@ def regression_grams_and_y():
 #: subprocess cases: name -> (bank, solver, task, C, params, pause_at); pause_at is mid-solve
 #: (the child pauses there until the SIGTERM, sent when its first checkpoint appears, arrives)
 CASES = {
+    "spicy": ("classification", "spicy", "classification", 0.05, {"loss": "hinge", "tol": 1e-8}, 3),
     "pfbs": ("pfbs", "pfbs", "regression", 2e-3, {"tol": 1e-8, "accelerated": True, "working_set": [0]}, 200),
     "smo": ("classification", "smo", "classification", 1.0,
             {"max_working_set": 3, "drop_after": 1, "tol": 1e-6}, 7),
@@ -221,6 +222,31 @@ def test_pfbs_resumes_bit_identically(tmp_path, accelerated, stops):
         assert resumed.history[-1]["passes"] == reference.history[-1]["passes"]
 
 
+@pytest.mark.parametrize("loss, penalty", [("logistic", "l1"), ("hinge", "l1"), ("logistic", "elastic_net"),
+                                           ("eps_insensitive", "l1")])
+def test_spicy_resumes_bit_identically(tmp_path, loss, penalty):
+    """Stops early, mid-way and after the working set grew (proximal, slack and one-step methods)."""
+    if loss == "eps_insensitive":
+        grams, y = pfbs_bank(n=60, M=20)
+    else:
+        grams, y = subset_gaussian_bank(80, 40, seed=2)
+
+    def fit(checkpoint=None):
+        return spicy.fit(DenseEngine(grams), y, C=0.05 if loss != "eps_insensitive" else 0.01, loss=loss,
+                         penalty=penalty, tol=1e-6, checkpoint=checkpoint)
+
+    reference = fit()
+    outer = len(reference.history)
+    grown = [h["iteration"] for h in reference.history if h["violators"] > 0]
+    assert outer >= 2
+    for stop in sorted({1, outer // 2, grown[0] + 1 if grown else 1} & set(range(1, outer))):
+        resumed = interrupt_and_resume(fit, tmp_path / f"spicy{stop}.npz", stop)
+        assert_same_model(resumed, reference)
+        assert_resume_recorded(resumed, reference)
+        assert resumed.history[-1]["passes"] == reference.history[-1]["passes"]
+        assert resumed.history[-1]["working_set"] == reference.history[-1]["working_set"]
+
+
 def test_smo_resumes_bit_identically_across_readded_kernels(tmp_path):
     grams, y = classification_bank()
 
@@ -305,7 +331,7 @@ def test_checkpoint_of_another_problem_is_refused(tmp_path, banks):
 
 
 def test_registry_passes_checkpoints_only_to_solvers_that_take_them(tmp_path, banks):
-    assert [n for n in registry.names() if registry.checkpoints(n)] == ["smo", "pfbs", "sgd", "gcd"]
+    assert [n for n in registry.names() if registry.checkpoints(n)] == ["spicy", "smo", "pfbs", "sgd", "gcd"]
     bank_path, _, y = banks["regression"]
     checkpoint = Checkpoint(tmp_path / "u.npz", {"solver": "uniform"}, every_s=None, every_iter=1)
     plain = registry.fit_solver("uniform", Engine(bank_path), y, "regression", 0.1)

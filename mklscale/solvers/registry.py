@@ -39,9 +39,9 @@ This module imports no estimator code, so the pipeline runner can use it directl
 
 Checkpoints: ``fit_solver(..., checkpoint=Checkpoint(path, fingerprint, ...))``
 (:mod:`mklscale.runtime.checkpoint`) is passed to the solvers whose row has ``checkpoints=True``
-(pfbs, smo, sgd, gcd): they resume from a saved state, save as they go and raise ``Preempted`` on
-SIGTERM/SIGINT inside ``stop_on_signals()``. The others (elasticnet, uniform, alignment, and spicy
-until it supports them) ignore it and run from the start. The caller chooses the fingerprint: it must
+(spicy, pfbs, smo, sgd, gcd): they resume from a saved state, save as they go and raise ``Preempted``
+on SIGTERM/SIGINT inside ``stop_on_signals()``. The others (elasticnet, uniform, alignment: one-shot
+or short) ignore it and run from the start. The caller chooses the fingerprint: it must
 identify the problem (solver name, task, the mapped C value and every parameter including the seed, the
 bank and the targets), so that a checkpoint of another problem is refused; and the caller clears the
 checkpoint after storing the result (the solvers leave it in place).
@@ -85,13 +85,13 @@ class SolverInfo:
 
 
 # ---- adapters ------------------------------------------------------------------------------------
-def _run_spicy(engine, y, task, C, params):
+def _run_spicy(engine, y, task, C, params, checkpoint=None):
     from mklscale.solvers import spicy
 
     params = dict(params)
     params.setdefault("loss", SPICY_LOSSES[task][0])
     _check_spicy(task, params)
-    return spicy.fit(engine, y, C=C, **params)
+    return spicy.fit(engine, y, C=C, checkpoint=checkpoint, **params)
 
 
 def _check_spicy(task: str, params: dict) -> None:
@@ -203,7 +203,8 @@ _BASELINE = ("lam", "C")
 _TABLE: dict[str, SolverInfo] = {
     "spicy": SolverInfo("spicy", TASKS, _SPICY, _fixed("C"), _const(0.1), _run_spicy, None,
                         "SpicyMKL (block-1 / elastic-net / block-q penalty; logistic, hinge, square, "
-                        "eps-insensitive loss; default loss logistic for classification, square for regression)"),
+                        "eps-insensitive loss; default loss logistic for classification, square for regression)",
+                        checkpoints=True),
     "elasticnet": SolverInfo("elasticnet", ("classification",), _ELASTICNET, _fixed("C"), _const(100.0),
                              _run_elasticnet, "seed",
                              "Citi elastic-net constrained MKL, hinge loss (eta default 0.5; eta = 1 is L1 MKL)"),

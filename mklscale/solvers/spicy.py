@@ -72,6 +72,7 @@ much W needs.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
 
@@ -118,6 +119,7 @@ class _Bank:
         self.sqrt_lambda = np.sqrt(np.where(self.available, lambda_max, 0.0))
         self.ref_vector = None
         self.ref_norms = None
+        self.offset = (0, 0)
         # an engine with a block cache must not keep a second copy of what the solver holds
         self._fetch_kwargs = {"keep": False} if "keep" in inspect.signature(engine.blocks).parameters else {}
         # bytes of one kernel block as fetched (engines without block_nbytes: float64)
@@ -146,8 +148,9 @@ class _Bank:
         return self.ref_norms[idx] + self.sqrt_lambda[idx] * shift
 
     def stats(self) -> tuple[int, int]:
+        """Passes and bytes read in this solve (``offset``: those of the run a checkpoint resumed)."""
         s = self.engine.stats
-        return int(s.get("passes", 0)), int(s.get("bytes_read", 0))
+        return int(s.get("passes", 0)) + self.offset[0], int(s.get("bytes_read", 0)) + self.offset[1]
 
 
 class _Spicy:
@@ -172,6 +175,7 @@ class _Spicy:
         self.history: list[dict] = []
         self.params: dict = {}
         self.t0 = time.perf_counter()
+        self._resumed = False
 
     # -- setup ---------------------------------------------------------------------------------
     def _initial_rho(self) -> np.ndarray:
@@ -330,12 +334,19 @@ class _Spicy:
         return dual, above[np.argsort(-norms[above], kind="stable")]
 
     # -- main loop -----------------------------------------------------------------------------
-    def run(self) -> MKLResult:
-        rho = self._initial_rho()
-        norms0 = self.bank.full_pass(cert.project_dual(self.loss, self.y, rho, self.bias))
-        K_rho = self._add_kernels(*self._initial_working_set(norms0), rho, np.zeros((0, self.n)))
-        converged, best = False, None
-        for t in range(self.max_outer):
+    def run(self, checkpoint=None) -> MKLResult:
+        state = checkpoint.load() if checkpoint is not None else None
+        if state is None:
+            rho = self._initial_rho()
+            norms0 = self.bank.full_pass(cert.project_dual(self.loss, self.y, rho, self.bias))
+            K_rho = self._add_kernels(*self._initial_working_set(norms0), rho, np.zeros((0, self.n)))
+            first, best = 0, None
+        else:
+            rho, K_rho, best, first = self._restore(state)
+        converged = False
+        for t in range(first, self.max_outer):
+            if checkpoint is not None:
+                checkpoint.step(t, functools.partial(self._state, rho, K_rho, best))
             problem, point, report = self._outer_step(rho, K_rho)
             rho, K_rho = point.rho, point.K_rho
             d, b, f, x = self._model(problem, point)
@@ -358,6 +369,57 @@ class _Spicy:
                 grow = self._growth(self.index.size, violators.size)
                 K_rho = self._add_kernels(violators[:grow], 1, rho, K_rho, inactive=d == 0.0)
         return self._result(best, converged)
+
+    # -- checkpoints (mklscale.runtime.checkpoint) ---------------------------------------------
+    def _state(self, rho, K_rho, best) -> dict:
+        """Everything the next outer iterations read, at the top of one: the dual point and its
+        K_m rho on W, W itself (its kernels are re-read from the engine on resume), the kernel
+        term's alpha_m, K_m alpha_m, gamma_m, the loss term's multipliers and gammas, b, gamma_b,
+        tau, ck, the best certified model, the last full pass (inactivity bound), the history and
+        the pass counters."""
+        k = self.kernels
+        state = {"rho": rho, "K_rho": K_rho, "index": self.index, "alpha": k.alpha, "K_alpha": k.K_alpha,
+                 "alpha_K_alpha": k.alpha_K_alpha, "kernel_gamma": k.gamma, "available": self.bank.available,
+                 "b": float(self.b), "gamma_b": float(self.gamma_b), "tau": float(self.tau), "ck": float(self.ck),
+                 "history": self.history, "seconds": time.perf_counter() - self.t0}
+        state["passes"], state["bytes_read"] = self.bank.stats()
+        if self.bank.ref_vector is not None:
+            state["ref_vector"], state["ref_norms"] = self.bank.ref_vector, self.bank.ref_norms
+        for (owner, name), value in _loss_multipliers(self.loss_term).items():
+            state[f"loss_{owner}_{name}"] = value
+        if best is not None:
+            d, b, best_rho, primal, gap, index = best
+            state.update(best_d=d, best_b=float(b), best_rho=best_rho, best_primal=float(primal),
+                         best_gap=float(gap), best_index=index)
+        return state
+
+    def _restore(self, state: dict):
+        """Set the solver to a state of :meth:`_state`; returns (rho, K_rho, best, first iteration)."""
+        self.index = np.zeros(0, dtype=np.int64)
+        self.bank.available = state["available"].astype(bool)
+        if "ref_vector" in state:
+            self.bank.ref_vector, self.bank.ref_norms = state["ref_vector"], state["ref_norms"]
+        index = state["index"].astype(np.int64)
+        self.kernels.add(self.bank.blocks(index), 1.0)
+        self.index = index
+        k = self.kernels
+        k.alpha, k.K_alpha = state["alpha"], state["K_alpha"]
+        k.alpha_K_alpha, k.gamma = state["alpha_K_alpha"], state["kernel_gamma"]
+        for owner, name in _loss_multipliers(self.loss_term):
+            target = self.loss_term if owner == "term" else getattr(self.loss_term, owner)
+            setattr(target, name, state[f"loss_{owner}_{name}"])
+        self.b, self.gamma_b, self.tau, self.ck = state["b"], state["gamma_b"], state["tau"], state["ck"]
+        self.history = list(state["history"])
+        self.bank.offset = (0, 0)
+        passes, bytes_read = self.bank.stats()
+        self.bank.offset = (int(state["passes"]) - passes, int(state["bytes_read"]) - bytes_read)
+        self.t0 = time.perf_counter() - float(state["seconds"])
+        self._resumed = True
+        best = None
+        if "best_d" in state:
+            best = (state["best_d"], state["best_b"], state["best_rho"], state["best_primal"], state["best_gap"],
+                    state["best_index"].astype(np.int64))
+        return state["rho"], state["K_rho"], best, int(state["iteration"])
 
     def _outer_step(self, rho, K_rho):
         """Inner Newton solve, then the multiplier updates and the gamma schedule."""
@@ -387,6 +449,8 @@ class _Spicy:
         }
         if self.method == "proximal":
             entry["primal_alpha"] = self._alpha_primal()
+        if self._resumed:
+            entry["resumed"], self._resumed = True, False
         self.history.append(entry)
         if self.verbose:
             print(f"[spicy] it {t + 1:3d} primal {primal:.10g} dual {dual:.10g} gap {gap:.3e}"
@@ -405,7 +469,7 @@ class _Spicy:
 @single_blas_thread_for_small_n
 def fit(engine, y, C, loss="logistic", penalty="l1", lam=0.5, q=1.5, eps=0.1, bias=True, tol=1e-3,
         max_outer=500, max_inner=50, working_set=None, method="auto", working_set_bytes=None,
-        verbose=False) -> MKLResult:
+        verbose=False, checkpoint=None) -> MKLResult:
     """Solve problem (42) of SpicyMKL over the kernels of ``engine``; see the module docstring.
 
     Parameters
@@ -425,6 +489,9 @@ def fit(engine, y, C, loss="logistic", penalty="l1", lam=0.5, q=1.5, eps=0.1, bi
         string like "2GB"); None: the engine's block-cache budget (``engine.cache.budget``), no cap
         for an engine without one. A fit whose violators no longer fit raises InvalidInputError.
     verbose : print one line per outer iteration.
+    checkpoint : None or a ``mklscale.runtime.checkpoint.Checkpoint``: the state (see ``_Spicy._state``)
+        is saved at the top of outer iterations when due and on SIGTERM/SIGINT; a run started with a
+        checkpoint file continues from it and returns the same result bit for bit.
 
     Returns
     -------
@@ -432,7 +499,18 @@ def fit(engine, y, C, loss="logistic", penalty="l1", lam=0.5, q=1.5, eps=0.1, bi
     ``gap`` its relative duality gap certified over all kernels.
     """
     return _build(engine, y, C, loss, penalty, lam, q, eps, bias, tol, max_outer, max_inner, working_set,
-                  method, verbose, working_set_bytes).run()
+                  method, verbose, working_set_bytes).run(checkpoint)
+
+
+def _loss_multipliers(term) -> dict:
+    """{(owner, name): array} of the loss term's multipliers and their gammas (slack losses only):
+    owner "box" is the term's linear-constraint block, "term" the term itself."""
+    out = {}
+    for owner, name in (("box", "mu"), ("box", "gamma"), ("term", "mu_abs"), ("term", "gamma_abs")):
+        holder = term if owner == "term" else getattr(term, owner, None)
+        if holder is not None and hasattr(holder, name):
+            out[(owner, name)] = getattr(holder, name)
+    return out
 
 
 def _build(engine, y, C, loss, penalty, lam, q, eps, bias, tol, max_outer, max_inner, working_set, method,
