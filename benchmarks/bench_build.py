@@ -12,6 +12,8 @@ The baseline: numpy writes the same number of bytes, as the same number of files
 (one per shard), with the same number of threads, each file written with ndarray.tofile. Build and
 plain write alternate over the repeats so both see the same page-cache and disk state; the ratio
 reported is median(plain write time) / median(build time), i.e. build throughput / write throughput.
+Each run also records the process CPU time (user, system) of both and the load average before it:
+on a shared machine the write's own system time and the CPU left to this process decide the ratio.
 Results go to benchmarks/results/bench_build.json.
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -50,6 +53,22 @@ def plain_write(folder: Path, n_files: int, file_bytes: int, threads: int) -> fl
     return time.perf_counter() - t0
 
 
+def cpu_seconds() -> tuple[float, float]:
+    """(user, system) CPU seconds of this process so far, all threads."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime, r.ru_stime
+
+
+def timed(fn, *args, **kwargs):
+    """(result, wall seconds, {"user": s, "sys": s} of CPU this process spent)."""
+    u0, s0 = cpu_seconds()
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    wall = time.perf_counter() - t0
+    u1, s1 = cpu_seconds()
+    return out, wall, {"user": u1 - u0, "sys": s1 - s0}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--M", type=int, default=1000)
@@ -70,16 +89,17 @@ def main() -> None:
     runs = []
     for r in range(args.repeats):
         shutil.rmtree(args.workdir / "bank", ignore_errors=True)
-        t0 = time.perf_counter()
-        bank = build_bank(X, specs, args.workdir / "bank", progress=False)
-        t_build = time.perf_counter() - t0
+        load_avg = [round(x, 2) for x in os.getloadavg()]
+        bank, t_build, cpu_build = timed(build_bank, X, specs, args.workdir / "bank", progress=False)
         files = sorted((bank.path / "gram" / "c").rglob("*"))
         files = [f for f in files if f.is_file()]
         bytes_on_disk = sum(f.stat().st_size for f in files)
         shutil.rmtree(args.workdir / "plain", ignore_errors=True)
-        t_plain = plain_write(args.workdir / "plain", len(files), bytes_on_disk // len(files), threads)
-        runs.append({"build_s": t_build, "plain_write_s": t_plain})
-        print(f"repeat {r}: build {t_build:.2f} s, plain write {t_plain:.2f} s")
+        _, t_plain, cpu_plain = timed(plain_write, args.workdir / "plain", len(files), bytes_on_disk // len(files), threads)
+        runs.append({"build_s": t_build, "plain_write_s": t_plain, "build_cpu_s": cpu_build,
+                     "plain_write_cpu_s": cpu_plain, "load_average_before": load_avg})
+        print(f"repeat {r}: build {t_build:.2f} s (cpu user {cpu_build['user']:.2f} sys {cpu_build['sys']:.2f}), "
+              f"plain write {t_plain:.2f} s (cpu user {cpu_plain['user']:.2f} sys {cpu_plain['sys']:.2f}), load {load_avg}")
     t_build = statistics.median(x["build_s"] for x in runs)
     t_plain = statistics.median(x["plain_write_s"] for x in runs)
     gb = bank.nbytes / 1e9
@@ -93,6 +113,8 @@ def main() -> None:
             "build_s": t_build, "plain_write_s": t_plain,
             "kernels_per_s": args.M / t_build, "build_GBps": gb / t_build, "plain_write_GBps": gb / t_plain,
             "build_over_plain_write": t_plain / t_build,
+            "build_cpu_s": statistics.median(x["build_cpu_s"]["user"] + x["build_cpu_s"]["sys"] for x in runs),
+            "plain_write_cpu_s": statistics.median(x["plain_write_cpu_s"]["user"] + x["plain_write_cpu_s"]["sys"] for x in runs),
         },
         "target": {"build_over_plain_write": 0.7},
     }

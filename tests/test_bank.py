@@ -302,3 +302,91 @@ def test_cli_build_info_verify(tmp_path):
     assert r.returncode == 0 and len(KernelBank.open(tmp_path / "f.zarr")) == 2
     r = run("bank", "build", "--dataset", "nope", "--out", str(tmp_path / "x"), "--quiet")
     assert r.returncode == 2 and "unknown" in r.stderr.lower()
+
+
+# ---- build kernels: largest eigenvalue, exp, symmetry, determinism ---------------------------------
+def _lambda_cases():
+    rng = np.random.default_rng(7)
+    X = rng.normal(size=(300, 6))
+    Xc = X - X.mean(0)
+    cases = {"linear, centred (K 1 = 0)": Xc @ Xc.T, "c I": np.eye(120) * 1e-3, "zero": np.zeros((60, 60)),
+             "block diagonal": np.kron(np.eye(30), np.ones((4, 4))) + np.diag(np.linspace(0, 1, 120))}
+    for w in (0.05, 0.5, 2.0, 30.0):  # near identity ... near rank one
+        K = KernelSpec.gaussian(w, features=[0, 2, 3]).compute(X)
+        cases[f"gaussian w={w}"] = (K / np.trace(K)).astype(np.float32)
+    return cases
+
+
+@pytest.mark.parametrize("name", list(_lambda_cases()))
+def test_lambda_max_is_a_tight_upper_bound(name):
+    """kernel_stats' lambda_max never underestimates and overestimates by at most ~1e-8 relative."""
+    from mklscale.bank.store import kernel_stats
+
+    K = _lambda_cases()[name]
+    exact = np.linalg.eigvalsh(K.astype(np.float64))[-1]
+    tr, fro, lam, _ = kernel_stats(K)
+    slack = 1e-12 * max(1.0, np.abs(K).max())
+    assert exact - slack <= lam <= exact * (1 + 2e-8) + slack
+    assert tr == pytest.approx(np.trace(K.astype(np.float64)), rel=1e-12, abs=1e-300)
+    assert fro == pytest.approx(np.linalg.norm(K.astype(np.float64)), rel=1e-12, abs=1e-300)
+
+
+def test_exp_f64_matches_numpy():
+    from numba import njit
+
+    from mklscale.bank import _compute
+
+    @njit
+    def vexp(x):
+        out = np.empty_like(x)
+        for i in range(x.size):
+            out[i] = _compute.exp_f64(x[i])
+        return out
+
+    x = -np.concatenate([np.linspace(0, 710, 20001), np.random.default_rng(0).random(20000) * 50])
+    got, ref = vexp(x), np.exp(x)
+    normal = ref > 1e-300
+    assert np.all(np.abs(got[normal] - ref[normal]) <= 2 * np.spacing(ref[normal]))
+    assert np.all(got[~normal] <= 1e-300) and got[0] == 1.0
+
+
+def test_stored_kernels_exactly_symmetric_across_tiles(tmp_path):
+    X = np.random.default_rng(3).normal(size=(70, 5))  # 70: three 32-row tiles, the last partial
+    specs = families.gaussian([0.5, 2.0], features=[0, 4]) + families.polynomial([2, 3]) + families.linear()
+    for normalize in ("trace", "diag"):
+        bank = build_bank(X, specs, tmp_path / normalize, normalize=normalize, dtype="float64", progress=False)
+        for m, spec in enumerate(specs):
+            K = bank.kernel(m)
+            assert np.array_equal(K, K.T)
+            ref = _direct(spec, _standardised(X))
+            ref = ref / np.trace(ref) if normalize == "trace" else ref / np.sqrt(np.outer(np.diag(ref), np.diag(ref)))
+            np.testing.assert_allclose(K, ref, rtol=1e-12, atol=1e-14 * np.abs(ref).max())
+
+
+def test_shard_results_do_not_depend_on_concurrency(tmp_path):
+    """Two shards computed at once on two threads give the same bytes and statistics as one by one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mklscale.bank.build import build_shard
+    from mklscale.bank.spec import specs_to_json
+
+    X = _standardised(np.random.default_rng(4).normal(size=(90, 6)))
+    specs = specs_to_json(families.random_subsets(6, 6, seed=2))
+    run = lambda d: build_shard(str(tmp_path / d), specs, X, "trace", "float32", 0, (3, 6))[1]
+    alone = run("alone")
+    with ThreadPoolExecutor(2) as pool:
+        both = list(pool.map(run, ["t1", "t2"]))
+    for stats in both:
+        for key in alone:
+            np.testing.assert_array_equal(stats[key], alone[key])
+    assert (tmp_path / "t1" / "gram" / "c" / "0" / "0" / "0").read_bytes() == \
+        (tmp_path / "alone" / "gram" / "c" / "0" / "0" / "0").read_bytes()
+
+
+def test_checksum_is_crc32c_of_the_little_endian_bytes():
+    import google_crc32c
+
+    from mklscale.bank.store import checksum
+
+    for a in (np.random.default_rng(0).random((50, 50)).astype(np.float32), np.arange(12, dtype=">f8").reshape(3, 4)):
+        assert checksum(a) == google_crc32c.value(np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<")).tobytes())

@@ -1,51 +1,83 @@
-"""Numba kernels for the pairwise bases every kernel family is a function of.
+"""Numba kernels for building a bank: Gram matrices, their statistics and largest eigenvalue.
 
-Loops are written out (no BLAS) so a Gram matrix is bit-identical whichever process, thread
-count or BLAS build computes it: a resumed build must reproduce an uninterrupted one's checksums.
-Every entry is summed over features in feature order; the loops run features outside and the
-second point innermost over a feature-major copy, so the inner loop is contiguous and vectorises
-without changing any entry's summation order. Training matrices come out exactly symmetric since
-(a - b)^2 = (b - a)^2 and ab = ba in floating point; computing only a triangle measured 4x slower
-(the moving loop bound defeats vectorisation). ``nogil`` lets Dask's threads run them in parallel.
+Gram matrices and their trace and Frobenius norm are computed by loops written out (no BLAS, no
+fastmath, no parallel reductions), so they are bit-identical whichever process, thread count or
+BLAS build computes them -- a resumed build must reproduce an uninterrupted one's checksums. The
+largest eigenvalue also uses BLAS dot products and LAPACK on the small Lanczos tridiagonal:
+deterministic for a given machine and library, as ARPACK was. Every function is ``nogil``, so
+Dask's threads run them truly in parallel.
+
+Pairwise bases (``base_row``) sum over features in feature order, features outside and the second
+point innermost over a feature-major copy, so the inner loop is contiguous and vectorises without
+changing any entry's summation order; (a - b)^2 = (b - a)^2 and ab = ba in floating point, so a
+training Gram matrix is computed on its upper triangle and mirrored: exactly symmetric.
+
+Reductions over a matrix (Frobenius norm, K v) accumulate row by row into a length-n float64
+vector (``acc += a * row``), which vectorises while every element is still summed in index order.
 """
 
 from __future__ import annotations
 
 import numba
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+SQDIST, DOT = 0, 1  # pairwise bases: ||x - z||^2 and <x, z>
+GAUSSIAN, POLYNOMIAL, LINEAR = 0, 1, 2  # families, as in spec.py
+NO_NORM, TRACE, DIAG = 0, 1, 2  # normalisations, as in store.NORMALIZATIONS
+
+#: relative residual at which the largest-eigenvalue iteration stops (as ARPACK's tol before)
+LAMBDA_TOL = 1e-8
+_LANCZOS_STEPS = 48  # Krylov basis size before an explicit restart from the Ritz vector
+_LANCZOS_RESTARTS = 40
 
 
+# ---- pairwise bases ----------------------------------------------------------------------------
 @numba.njit(cache=True, nogil=True)
-def _sqdist_rows(Xt, Zt):
-    """D[i, j] = sum_k (Xt[k, i] - Zt[k, j])^2 over feature-major Xt (d, n), Zt (d, m)."""
-    d, n = Xt.shape
-    m = Zt.shape[1]
-    D = np.zeros((n, m), dtype=np.float64)
-    for i in range(n):
-        row = D[i]
-        for k in range(d):
-            x = Xt[k, i]
-            z = Zt[k]
-            for j in range(m):
+def base_row(Xt, i, Zt, j0, j1, kind, out):
+    """out[j - j0] = base(x_i, z_j) for j in [j0, j1), summed over features in feature order.
+
+    kind SQDIST: sum_k (Xt[k, i] - Zt[k, j])^2;  kind DOT: sum_k Xt[k, i] Zt[k, j];
+    Xt (d, n) and Zt (d, m) are feature-major float64. Four features per pass over out (one
+    load and store of out[j] per four terms, still added one by one in feature order).
+    """
+    L = j1 - j0
+    out[:L] = 0.0
+    d = Xt.shape[0]
+    k = 0
+    while k + 4 <= d:
+        x0, x1, x2, x3 = Xt[k, i], Xt[k + 1, i], Xt[k + 2, i], Xt[k + 3, i]
+        z0, z1, z2, z3 = Zt[k, j0:j1], Zt[k + 1, j0:j1], Zt[k + 2, j0:j1], Zt[k + 3, j0:j1]
+        if kind == SQDIST:
+            for j in range(L):
+                t0, t1, t2, t3 = x0 - z0[j], x1 - z1[j], x2 - z2[j], x3 - z3[j]
+                out[j] = out[j] + t0 * t0 + t1 * t1 + t2 * t2 + t3 * t3
+        else:
+            for j in range(L):
+                out[j] = out[j] + x0 * z0[j] + x1 * z1[j] + x2 * z2[j] + x3 * z3[j]
+        k += 4
+    for kk in range(k, d):
+        x = Xt[kk, i]
+        z = Zt[kk, j0:j1]
+        if kind == SQDIST:
+            for j in range(L):
                 t = x - z[j]
-                row[j] += t * t
-    return D
+                out[j] += t * t
+        else:
+            for j in range(L):
+                out[j] += x * z[j]
 
 
 @numba.njit(cache=True, nogil=True)
-def _dot_rows(Xt, Zt):
-    """G[i, j] = sum_k Xt[k, i] Zt[k, j] over feature-major Xt (d, n), Zt (d, m)."""
-    d, n = Xt.shape
-    m = Zt.shape[1]
-    G = np.zeros((n, m), dtype=np.float64)
+def _base_rows(Xt, Zt, kind):
+    """B[i, j] = base(x_i, z_j) for all pairs, float64 (n, m)."""
+    n, m = Xt.shape[1], Zt.shape[1]
+    B = np.empty((n, m), dtype=np.float64)
     for i in range(n):
-        row = G[i]
-        for k in range(d):
-            x = Xt[k, i]
-            z = Zt[k]
-            for j in range(m):
-                row[j] += x * z[j]
-    return G
+        base_row(Xt, i, Zt, 0, m, kind, B[i])
+    return B
 
 
 def _feature_major(X: np.ndarray) -> np.ndarray:
@@ -54,9 +86,318 @@ def _feature_major(X: np.ndarray) -> np.ndarray:
 
 def sqdist(X: np.ndarray, Z: np.ndarray) -> np.ndarray:
     """D[i, j] = ||X[i] - Z[j]||^2, float64, summed in feature order."""
-    return _sqdist_rows(_feature_major(X), _feature_major(Z))
+    return _base_rows(_feature_major(X), _feature_major(Z), SQDIST)
 
 
 def dot(X: np.ndarray, Z: np.ndarray) -> np.ndarray:
     """G[i, j] = <X[i], Z[j]>, float64, summed in feature order."""
-    return _dot_rows(_feature_major(X), _feature_major(Z))
+    return _base_rows(_feature_major(X), _feature_major(Z), DOT)
+
+
+# ---- exp that vectorises -----------------------------------------------------------------------
+@intrinsic
+def _f64_from_bits(typingctx, bits):
+    """The float64 whose IEEE-754 bit pattern is the int64 ``bits`` (an LLVM bitcast)."""
+    if bits != types.int64:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return types.float64(types.int64), codegen
+
+
+_LOG2E = 1.4426950408889634
+_LN2_HI = 6.93147180369123816490e-01  # ln 2 split so that k * _LN2_HI is exact (fdlibm)
+_LN2_LO = 1.90821492927058770002e-10
+_INV_FACT = tuple(1.0 / float(np.prod(np.arange(1, k + 1, dtype=np.float64))) for k in range(14))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def exp_f64(x):
+    """exp(x) for float64 x <= 0 to about 2 ulp, as straight-line arithmetic LLVM vectorises.
+
+    (Without SVML numba calls libm once per element.) x = k ln2 + r with k = round(x / ln2) and
+    |r| <= ln2 / 2; exp(r) = sum_{q <= 13} r^q / q! (truncation < 1e-17 relative) and 2^k is built
+    from its exponent bits. exp(x) < 3e-308 for x < -708 is returned as 0.
+    """
+    xc = min(max(x, -708.0), 709.0)
+    kf = np.floor(xc * _LOG2E + 0.5)
+    r = (xc - kf * _LN2_HI) - kf * _LN2_LO
+    c = _INV_FACT
+    p = c[13]
+    p = p * r + c[12]
+    p = p * r + c[11]
+    p = p * r + c[10]
+    p = p * r + c[9]
+    p = p * r + c[8]
+    p = p * r + c[7]
+    p = p * r + c[6]
+    p = p * r + c[5]
+    p = p * r + c[4]
+    p = p * r + c[3]
+    p = p * r + c[2]
+    p = p * r + c[1]
+    p = p * r + c[0]
+    y = p * _f64_from_bits((np.int64(kf) + 1023) << 52)
+    return y if x >= -708.0 else 0.0
+
+
+# ---- training Gram matrices: fused base, kernel map, normalisation and cast --------------------
+@numba.njit(cache=True, nogil=True)
+def _kernel_row(src, fam, a, p, ci, r, dst):
+    """dst[j] = f(src[j]) * ci * r[j] with the family map f (formulas in spec.py):
+
+    GAUSSIAN f(b) = exp(a b), a = -1 / (2 s^2), on squared distances;
+    POLYNOMIAL f(b) = (b + a)^p, a = offset, on inner products; LINEAR f(b) = b.
+    ci * r[j] is the normalisation (trace: 1 / tr K and 1; diag: 1 / sqrt(K_ii K_jj) as r_i r_j).
+    dst may be float32: the cast rounds to nearest, as ndarray.astype.
+    """
+    L = src.shape[0]
+    if fam == GAUSSIAN:
+        for j in range(L):
+            dst[j] = exp_f64(a * src[j]) * ci * r[j]
+    elif fam == POLYNOMIAL:
+        for j in range(L):
+            dst[j] = (src[j] + a) ** p * ci * r[j]
+    else:
+        for j in range(L):
+            dst[j] = src[j] * ci * r[j]
+
+
+@numba.njit(cache=True, nogil=True)
+def _base_diag(Xt, kind):
+    """b[i] = base(x_i, x_i), summed in feature order exactly as base_row sums it (0 for SQDIST)."""
+    b = np.zeros(Xt.shape[1])
+    for k in range(Xt.shape[0]):
+        x = Xt[k]
+        if kind == SQDIST:
+            for i in range(x.shape[0]):
+                t = x[i] - x[i]
+                b[i] += t * t
+        else:
+            for i in range(x.shape[0]):
+                b[i] += x[i] * x[i]
+    return b
+
+
+@numba.njit(cache=True, nogil=True)
+def _normalisers(Xt, kind, fams, a, p, norm):
+    """Per-kernel factor (trace: 1 / tr K, 1 when tr K <= 0) and per-point scales r (diag:
+    1 / sqrt(K_ii), 1 where K_ii <= 1e-300) of the unnormalised training kernels, from their
+    diagonals alone (bit-identical to the diagonal of the full sweep)."""
+    n, G = Xt.shape[1], fams.shape[0]
+    bdiag = _base_diag(Xt, kind)
+    ones = np.ones(n)
+    kdiag = np.empty(n)
+    factors = np.ones(G)
+    scales = np.ones((G, n))
+    for g in range(G):
+        _kernel_row(bdiag, fams[g], a[g], p[g], 1.0, ones, kdiag)
+        if norm == TRACE:
+            tr = 0.0
+            for i in range(n):
+                tr += kdiag[i]
+            if tr > 0:
+                factors[g] = 1.0 / tr
+        elif norm == DIAG:
+            for i in range(n):
+                scales[g, i] = 1.0 / np.sqrt(kdiag[i]) if kdiag[i] > 1e-300 else 1.0
+    return factors, scales
+
+
+_TILE = 32  # rows per block of the sweep, and the side of the tiles it mirrors
+
+
+@numba.njit(cache=True, nogil=True)
+def _mirror_rows(A, I, I1):
+    """A[j, i] = A[i, j] for rows i in [I, I1) and j > i: the diagonal tile element by element,
+    the tiles to its right as copies A[J, I] = A[I, J]^T. Run right after those rows are
+    computed, the source rows are still in cache."""
+    n = A.shape[0]
+    for i in range(I, I1):
+        for j in range(i + 1, I1):
+            A[j, i] = A[i, j]
+    for J in range(I1, n, _TILE):
+        J1 = min(J + _TILE, n)
+        A[J:J1, I:I1] = A[I:I1, J:J1].T
+
+
+@numba.njit(cache=True, nogil=True)
+def _fill_grams(Xt, kind, fams, a, p, norm, out):
+    """out[g] = normalised K_g(X, X) for kernels g sharing one base on feature-major Xt (d, n).
+
+    One sweep over the upper triangle, _TILE rows at a time: each row of the base is computed
+    once and mapped, scaled and cast into every kernel of the group, then the block of rows is
+    mirrored into the lower triangle (exact symmetry). Returns the normalisation factors.
+    """
+    n, G = Xt.shape[1], fams.shape[0]
+    factors, scales = _normalisers(Xt, kind, fams, a, p, norm)
+    buf = np.empty(n)
+    for I in range(0, n, _TILE):
+        I1 = min(I + _TILE, n)
+        for i in range(I, I1):
+            base_row(Xt, i, Xt, i, n, kind, buf)
+            for g in range(G):
+                ci = factors[g] * scales[g, i]
+                _kernel_row(buf[:n - i], fams[g], a[g], p[g], ci, scales[g, i:], out[g, i, i:])
+        for g in range(G):
+            _mirror_rows(out[g], I, I1)
+    return factors
+
+
+def fill_grams(Xsub: np.ndarray, kind: int, params: np.ndarray, norm: int, out: np.ndarray) -> np.ndarray:
+    """Fill out (G, n, n) with the normalised training kernels of G specs sharing one base.
+
+    Xsub: (n, d) features already restricted to the specs' subset; params: (G, 3) rows
+    (family, a, p) as in ``_kernel_row``; norm: NO_NORM, TRACE (K / tr K) or DIAG
+    (K_ij / sqrt(K_ii K_jj)). Returns each kernel's normalisation factor (1 unless TRACE).
+    """
+    return _fill_grams(_feature_major(Xsub), kind, params[:, 0].astype(np.int64), params[:, 1].copy(),
+                       params[:, 2].astype(np.int64), norm, out)
+
+
+# ---- statistics of a stored matrix -------------------------------------------------------------
+@numba.njit(cache=True, nogil=True)
+def trace_fro_colabs(K):
+    """(sum_i K_ii, sqrt(sum_ij K_ij^2), c) with c_j = sum_i |K_ij|, float64, in one pass over K.
+
+    max_j c_j is Gershgorin's bound (on columns): every eigenvalue of K is <= it. Squares and
+    absolute values accumulate row by row into per-column sums.
+    """
+    n, m = K.shape
+    sq = np.zeros(m)
+    ab = np.zeros(m)
+    tr = 0.0
+    for i in range(n):
+        row = K[i]
+        tr += np.float64(row[i])
+        for j in range(m):
+            v = np.float64(row[j])
+            sq[j] += v * v
+            ab[j] += abs(v)
+    s = 0.0
+    for j in range(m):
+        s += sq[j]
+    return tr, np.sqrt(s), ab
+
+
+@numba.njit(cache=True, nogil=True)
+def _symv(K, v, w):
+    """w = K v for symmetric K, as w = sum_j v_j K[j, :] (K^T v), in float64."""
+    w[:] = 0.0
+    for j in range(K.shape[0]):
+        vj = v[j]
+        row = K[j]
+        for i in range(K.shape[1]):
+            w[i] += vj * np.float64(row[i])
+
+
+@numba.njit(cache=True, nogil=True)
+def _orthogonalise(w, V, k):
+    """w -= V[:k]^T (V[:k] w), twice (classical Gram-Schmidt with reorthogonalisation)."""
+    for _ in range(2):
+        for q in range(k):
+            c = 0.0
+            for i in range(w.shape[0]):
+                c += V[q, i] * w[i]
+            for i in range(w.shape[0]):
+                w[i] -= c * V[q, i]
+
+
+@numba.njit(cache=True, nogil=True)
+def _probe(n, seed):
+    """A fixed positive pseudo-random vector (golden-ratio sequence); seed picks the sequence."""
+    v = np.empty(n)
+    for i in range(n):
+        t = (i + 1) * 0.6180339887498949 + seed * 0.7548776662466927
+        v[i] = 1.0 + (t - np.floor(t))
+    return v
+
+
+@numba.njit(cache=True, nogil=True)
+def _top_ritz(alpha, beta, k):
+    """Largest eigenvalue and its unit eigenvector of the k x k Lanczos tridiagonal T."""
+    T = np.zeros((k, k))
+    for q in range(k):
+        T[q, q] = alpha[q]
+        if q + 1 < k:
+            T[q, q + 1] = beta[q]
+            T[q + 1, q] = beta[q]
+    vals, vecs = np.linalg.eigh(T)
+    return vals[k - 1], vecs[:, k - 1].copy()
+
+
+@numba.njit(cache=True, nogil=True)
+def _lanczos_cycle(K, v, tol, upper):
+    """Up to _LANCZOS_STEPS Lanczos steps on symmetric K from unit v, fully reorthogonalised.
+
+    After step k the top Ritz pair (theta, y = V_k s) of the tridiagonal T_k has the residual
+    ||K y - theta y|| = beta_k |s_k| (exact up to rounding with full reorthogonalisation); the
+    cycle stops once that is <= tol * theta, or once the known bound ``upper`` >= lambda_max is
+    itself within a factor (1 + tol) of theta. A Krylov space that becomes invariant (beta ~ 0) is
+    the whole space when k = n (residual 0); otherwise the basis continues from a fixed probe
+    orthogonal to it (T becomes block diagonal) and the residual counts as unknown (inf): the
+    rest of the space is unexplored. Returns (theta, residual, y).
+    """
+    n = K.shape[0]
+    m = min(n, _LANCZOS_STEPS)
+    V = np.zeros((m, n))
+    alpha = np.zeros(m)
+    beta = np.zeros(m)
+    V[0] = v
+    w = np.empty(n)
+    theta, res, s, k = 0.0, np.inf, np.ones(1), 1
+    for j in range(m):
+        _symv(K, V[j], w)
+        alpha[j] = np.dot(V[j], w)
+        _orthogonalise(w, V, j + 1)
+        b = np.sqrt(np.dot(w, w))
+        invariant = b <= 1e-12 * (abs(alpha[j]) + (beta[j - 1] if j > 0 else 0.0))
+        k = j + 1
+        theta, s = _top_ritz(alpha, beta, k)
+        res = np.inf if invariant and k < n else b * abs(s[j])
+        if res <= tol * theta or theta * (1.0 + tol) >= upper or k == m:
+            break
+        if invariant:  # continue from a probe orthogonal to the basis; beta[j] stays 0
+            w = _probe(n, k)
+            _orthogonalise(w, V, k)
+            b = np.sqrt(np.dot(w, w))
+        else:
+            beta[j] = b
+        V[k] = w / b
+    y = np.zeros(n)
+    for q in range(k):
+        y += s[q] * V[q]
+    return theta, res, y / np.sqrt(np.dot(y, y))
+
+
+@numba.njit(cache=True, nogil=True)
+def lambda_max(K, tol, colabs):
+    """An upper bound on the largest eigenvalue of symmetric K (n x n, float32 or float64), within
+    a factor (1 + tol) of it: min(G, theta + ||K y - theta y|| + 8 n eps theta) for the top
+    Lanczos Ritz pair (theta, y), G = max_j colabs_j Gershgorin's bound (colabs_j = sum_i |K_ij|,
+    from ``trace_fro_colabs``).
+
+    theta <= lambda_max (a Rayleigh quotient), and some eigenvalue lies within the residual
+    ||K y - theta y|| of theta; Lanczos starts from colabs (= K 1 for nonnegative K: a positive
+    vector one power step from 1, which overlaps the Perron vector), so that eigenvalue is the
+    largest one: the value is >= lambda_max and exceeds it by at most tol * theta (plus rounding).
+    The iteration stops there, or once G <= (1 + tol) theta (e.g. K ~ c I, where Lanczos finds
+    only invariant subspaces), restarting from y every _LANCZOS_STEPS steps; after
+    _LANCZOS_RESTARTS restarts the best bound reached is returned. Exact to rounding for
+    n <= _LANCZOS_STEPS.
+    """
+    n = K.shape[0]
+    upper = colabs.max()
+    if upper == 0.0:
+        return 0.0  # K = 0
+    y = colabs + upper * 1e-3 * _probe(n, 0)  # positive even where a column is 0
+    y /= np.sqrt(np.dot(y, y))
+    bound = upper
+    for _ in range(_LANCZOS_RESTARTS):
+        theta, res, y = _lanczos_cycle(K, y, tol, upper)
+        bound = min(bound, theta + res + 8.0 * n * 2.220446049250313e-16 * abs(theta))
+        if res <= tol * theta or theta * (1.0 + tol) >= upper:
+            break
+    return bound

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from mklscale.bank import _compute
 from mklscale.bank.spec import KernelSpec, specs_from_json, specs_to_json
 from mklscale.bank.store import (
     NORMALIZATIONS,
@@ -27,11 +30,10 @@ from mklscale.bank.store import (
     creation_info,
     json_attr,
     kernel_stats,
-    normalize_block,
-    write_shard_file,
     prepare_path,
     validate_dtype,
     validate_features,
+    write_shard_file,
 )
 from mklscale.errors import InvalidInputError, SpecError
 
@@ -107,6 +109,7 @@ def build_bank(
                     bank.last_build_computed += len(stats["checksum"])
             finally:
                 writer.flush()
+                _BLOCKS.clear()
     return bank
 
 
@@ -115,31 +118,81 @@ def build_shard(path: str, specs_json: str, Xs: np.ndarray, normalize, dtype: st
                 layout: tuple[int, int]) -> tuple[int, dict]:
     """Compute, normalise and write the kernels of shard s; return (first kernel, statistics).
 
-    Kernels that share a pairwise base (same family kind and feature subset) reuse one base matrix.
+    Consecutive kernels that share a pairwise base (same family kind and feature subset) are
+    filled in one sweep that computes each row of the base once (``_compute.fill_grams``): the
+    stored matrix is cast(f(base) * normalisation), e.g. K = exp(-||x - z||^2 / (2 s^2)) / tr K
+    for a trace-normalised Gaussian, exactly symmetric. All heavy steps release the GIL.
     """
     specs = specs_from_json(specs_json)
-    n = Xs.shape[0]
-    block = np.empty((len(specs), n, n), dtype=dtype)
     stats = {k: np.empty(len(specs)) for k in PER_KERNEL_FLOATS}
     stats["checksum"] = np.empty(len(specs), dtype=np.uint32)
-    bases: dict[tuple, np.ndarray] = {}
-    for k, spec in enumerate(specs):
-        if spec.base_key not in bases:
-            bases = {spec.base_key: spec.base(Xs, Xs)}  # specs are grouped by base; keep one in memory
-        K = spec.from_base(bases[spec.base_key])
-        factor = 1.0
-        if normalize == "trace":
-            tr = float(np.trace(K))
-            factor = 1.0 / tr if tr > 0 else 1.0
-            K *= factor  # in place: the same values normalize_block gives, one temporary fewer
-        elif normalize is not None:
-            K = normalize_block(K, normalize, factor, spec, Xs, Xs)
-        block[k] = K
-        stats["norm_factor"][k] = factor
-        stats["trace"][k], stats["fro"][k], stats["lambda_max"][k], stats["checksum"][k] = kernel_stats(block[k])
-    per_chunk, per_shard = layout
-    write_shard_file(Path(path), s, block, per_chunk, per_shard)
+    with _BLOCKS.block(len(specs), Xs.shape[0], np.dtype(dtype)) as block:
+        for first, stop in _base_groups(specs):
+            group = specs[first:stop]
+            cols = slice(None) if group[0].features is None else list(group[0].features)
+            kind = _compute.SQDIST if group[0].base_key[0] == "sqdist" else _compute.DOT
+            stats["norm_factor"][first:stop] = _compute.fill_grams(
+                Xs[:, cols], kind, np.array([_kernel_params(sp) for sp in group]), _NORM_CODES[normalize],
+                block[first:stop])
+        for k in range(len(specs)):
+            stats["trace"][k], stats["fro"][k], stats["lambda_max"][k], stats["checksum"][k] = kernel_stats(block[k])
+        per_chunk, per_shard = layout
+        write_shard_file(Path(path), s, block, per_chunk, per_shard)
     return s * per_shard, stats
+
+
+class _BlockPool:
+    """Shard-sized output arrays reused from shard to shard within a process.
+
+    A fresh 64 MB array per shard costs as many page faults (and zeroed pages) as writing the
+    shard out; reusing one per running task removes that. At most ``keep`` arrays are kept
+    (about one per thread running shards); ``build_bank`` empties its own process's pool at the
+    end (worker processes of a distributed client keep theirs for their next build).
+    """
+
+    def __init__(self, keep: int):
+        self._free: list[np.ndarray] = []
+        self._keep = keep
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def block(self, k: int, n: int, dtype: np.dtype) -> Iterator[np.ndarray]:
+        with self._lock:
+            fits = [i for i, b in enumerate(self._free) if b.shape[0] >= k and b.shape[1] == n and b.dtype == dtype]
+            buf = self._free.pop(fits[0]) if fits else np.empty((k, n, n), dtype=dtype)
+        try:
+            yield buf[:k]
+        finally:
+            with self._lock:
+                if len(self._free) < self._keep:
+                    self._free.append(buf)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._free.clear()
+
+
+_BLOCKS = _BlockPool(keep=os.cpu_count() or 1)
+
+
+_NORM_CODES = {None: _compute.NO_NORM, "trace": _compute.TRACE, "diag": _compute.DIAG}
+
+
+def _base_groups(specs: Sequence[KernelSpec]) -> list[tuple[int, int]]:
+    """[first, stop) runs of consecutive specs with the same base_key."""
+    cuts = [k for k in range(1, len(specs)) if specs[k].base_key != specs[k - 1].base_key]
+    return list(zip([0, *cuts], [*cuts, len(specs)]))
+
+
+def _kernel_params(spec: KernelSpec) -> tuple[float, float, float]:
+    """(family code, a, p) for ``_compute.fill_grams``: Gaussian a = -1 / (2 s^2); polynomial
+    a = offset, p = degree; linear none."""
+    if spec.family == "gaussian":
+        w = float(spec.param("width"))
+        return _compute.GAUSSIAN, -1.0 / (2.0 * w * w), 0
+    if spec.family == "polynomial":
+        return _compute.POLYNOMIAL, float(spec.param("offset")), int(spec.param("degree"))
+    return _compute.LINEAR, 0.0, 0
 
 
 def _run_threaded(client, path, specs, Xs, normalize, dtype, layout, shards) -> Iterator[tuple[int, dict]]:
