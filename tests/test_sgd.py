@@ -24,17 +24,34 @@ def _one_blas_thread():
 
 
 def test_sgd_finite_bank_close_to_optimum(tmp_path):
-    """Averaged iterate within 5% of J* at T = 4000 (O(1/sqrt(T)) theory); last iterate within 1%."""
+    """Oracle: J* from cvxpy (Clarabel) on a 6-kernel bank (n = 25, lam = 0.1, nu = 2), seed 3.
+
+    Returned iterate = the suffix average over the second half (default average_from = 0.5).
+    Stated tolerances: J(theta_bar) / J* - 1 <= 1% at T = 1000 and <= 0.5% at T = 4000, and the gap
+    at T = 4000 is smaller than at T = 1000 (measured: 7.5e-3 and 3.9e-3; over seeds 0..5 at most
+    9.2e-3 and 4.3e-3). The full average (average_from = 0, Corollary 4.3's iterate) is much further
+    (measured 4.4e-2 at T = 4000): asserted only to be worse than the suffix average. Last iterate
+    within 1% at T = 4000.
+    """
     grams, _, y = small_grams(n=25, seed=0)
     lam = 0.1
     eng = engine_of(grams, tmp_path)
-    res = sgd.fit(eng, y, lam=lam, nu=2, T=4000, refresh=50, seed=3)
     J_star, _ = one_stage_optimum(grams, y - y.mean(), lam, nu=2)
-    assert J_star <= res.objective <= 1.05 * J_star
+    short = sgd.fit(eng, y, lam=lam, nu=2, T=1000, refresh=50, seed=3)
+    res = sgd.fit(eng, y, lam=lam, nu=2, T=4000, refresh=50, seed=3)
+    gap_short, gap = short.objective / J_star - 1.0, res.objective / J_star - 1.0
+    assert -1e-9 <= gap_short <= 1e-2, gap_short
+    assert -1e-9 <= gap <= 5e-3, gap
+    assert gap < gap_short                                     # the trend: T -> 4T closes the gap
+    assert res.params["averaged_iterates"] == 2000
+    full = sgd.fit(eng, y, lam=lam, nu=2, T=4000, refresh=50, seed=3, average_from=0.0)
+    assert full.params["averaged_iterates"] == 4000
+    assert full.objective > res.objective                      # same draws, same last iterate
+    assert full.params["objective_last"] == res.params["objective_last"]
     assert J_star <= res.params["objective_last"] <= 1.01 * J_star
     assert np.linalg.norm(res.weights) <= 1 + 1e-12 and np.all(res.weights >= 0)
-    # passes: one per refresh; blocks: one per iteration
-    assert res.history[-1]["passes"] == 4000 // 50
+    # passes (cumulative engine counters, `short` ran first): one per refresh; blocks: one per iteration
+    assert res.history[-1]["passes"] - short.history[-1]["passes"] == 4000 // 50
     assert res.params["blocks_read"] == 4000
     # the returned model is alpha*(theta_bar)
     K = np.einsum("m,mij->ij", res.weights, grams)
@@ -135,6 +152,78 @@ def test_sgd_gaussian_family_runs():
     assert all(1e-2 <= k["widths"][0] <= 1e2 for k in res.params["kernels"])
 
 
+def gp_data_1d(width=0.3, n=60, n_test=300, noise=0.1, seed=0):
+    """x ~ U[-1, 1]; f ~ GP(0, exp(-(x - x')^2 / width^2)) (the family's width convention); y = f + noise."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1, 1, n + n_test)
+    K = np.exp(-(x[:, None] - x[None, :]) ** 2 / width ** 2)
+    f = np.linalg.cholesky(K + 1e-8 * np.eye(x.size)) @ rng.standard_normal(x.size)
+    y = f + noise * rng.standard_normal(x.size)
+    return x[:n], y[:n], x[n:], f[n:]
+
+
+def test_sgd_gaussian_1d_reaches_best_grid_width():
+    """SGD-1s over continuous widths (Algorithm 4, 1-D) on data drawn from a GP with width 0.3.
+
+    Reference: the best SINGLE width on a fine grid (401 log-spaced widths in [1e-2, 1e2], theta = 1,
+    a feasible point of Delta_2): J_grid = min_sigma J(e_sigma) (measured: width 0.166, J = 4.54).
+    Stated tolerances (lam = 0.1, seed 0): J(theta_bar) <= 1.05 J_grid at T = 300 (measured 0.45 J_grid:
+    Delta_2 over a continuum holds sums of many nearby widths, i.e. a larger kernel, so SGD goes below
+    every single width), and J at T = 300 below J at T = 100 (measured 1.29 J_grid). Test MSE against
+    the noise-free f: at most 3x that of the best grid width (measured 0.0107 vs 0.0050) and at most
+    1/10 of that of badly chosen widths 0.01 and 3 (measured 0.20 and 0.22).
+    """
+    from mklscale.solvers._final_fit import one_stage_objective
+
+    xtr, ytr, xte, fte = gp_data_1d()
+    lam = 0.1
+    fam = GaussianFamily(xtr, (1e-2, 1e2))
+    t = ytr - ytr.mean()
+    grid = np.geomspace(1e-2, 1e2, 401)
+    J_grid = [one_stage_objective(fam.block((w,)), t, lam) for w in grid]
+    best = grid[int(np.argmin(J_grid))]
+
+    def width_mse(w):
+        c, b = kernel_ridge(fam.block((w,)), ytr, lam)
+        return float(np.mean((fam.cross(xte, [(w,)])[0] @ c + b - fte) ** 2))
+
+    short = sgd.fit(fam, ytr, lam=lam, T=100, seed=0)
+    res = sgd.fit(fam, ytr, lam=lam, T=300, seed=0)
+    assert res.objective <= 1.05 * min(J_grid), (res.objective, min(J_grid))
+    assert res.objective < short.objective
+    # the averaged kernel is what the model uses: alpha* of sum_i w_i K_i
+    K = sum(w * fam.block(k) for w, k in zip(res.weights, fam.keys_of(res)))
+    assert one_stage_objective(K, t, lam) == pytest.approx(res.objective, rel=1e-9)
+    mse = float(np.mean((fam.predict(res, xte) - fte) ** 2))
+    assert mse <= 3.0 * width_mse(best), (mse, width_mse(best))
+    assert mse <= 0.1 * min(width_mse(0.01), width_mse(3.0)), mse
+    widths = np.array([k["widths"][0] for k in res.params["kernels"]])
+    assert np.all((widths >= 1e-2) & (widths <= 1e2))
+
+
+def test_sgd_gaussian_per_feature_ignores_irrelevant_features():
+    """Per-feature widths (Algorithm 4, coordinate by coordinate): y = sin(3 x_0) + noise, features 1, 2
+    irrelevant (x ~ U[-1, 1]^3, n = 50, lam = 0.1, T = 60, seed 0, widths in [1e-2, 1e2]).
+
+    Stated tolerance: the weight-averaged log-width (weights of the learned combination) of each
+    irrelevant feature is at least 10x that of feature 0 (measured: 0.55 vs 43 and 17), i.e. their
+    factors exp(-(x_i - x'_i)^2 / sigma_i^2) are nearly constant, and the training fit explains
+    >= 90% of the variance.
+    """
+    rng = np.random.default_rng(1)
+    X = rng.uniform(-1, 1, (50, 3))
+    y = np.sin(3 * X[:, 0]) + 0.05 * rng.standard_normal(50)
+    fam = GaussianFamily(X, (1e-2, 1e2), per_feature=True)
+    res = sgd.fit(fam, y, lam=0.1, T=60, seed=0)
+    W = np.array([k["widths"] for k in res.params["kernels"]])
+    assert W.shape[1] == 3
+    w = res.weights / res.weights.sum()
+    geo = np.exp(w @ np.log(W))
+    assert geo[1] >= 10 * geo[0] and geo[2] >= 10 * geo[0], geo
+    resid = fam.predict(res, X) - y
+    assert np.mean(resid ** 2) <= 0.1 * np.var(y)
+
+
 def test_bad_input(tmp_path):
     grams, _, y = small_grams(n=20)
     eng = engine_of(grams, tmp_path)
@@ -142,6 +231,8 @@ def test_bad_input(tmp_path):
         sgd.fit(eng, y, nu=0.5)
     with pytest.raises(InvalidInputError, match="T"):
         sgd.fit(eng, y, T=0)
+    with pytest.raises(InvalidInputError, match="average_from"):
+        sgd.fit(eng, y, T=10, average_from=1.0)
     with pytest.raises(InvalidInputError, match="D"):
         PolynomialFamily(np.ones((5, 2)), D=0)
     with pytest.raises(InvalidInputError, match="r >= 1|r = 0"):
