@@ -8,8 +8,10 @@
     mklscale bank build --features X.npy --family gaussian --widths 0.5 1 2 --out bank.zarr
     mklscale bank info PATH
     mklscale bank verify PATH
+    mklscale bank repair PATH [--quiet]
 
-Exit codes: 0 success; 1 ``verify`` found problems or a pipeline solver failed (see results.json);
+Exit codes: 0 success; 1 ``verify`` found problems (it marks bad kernels unfinished in the bank;
+``bank repair`` recomputes them and exits 0 only when the bank verifies afterwards) or a pipeline solver failed (see results.json);
 2 bad input, a bad config or a bank/model/cluster that cannot be used (the message says what to do);
 75 stopped by SIGTERM/SIGINT after saving a checkpoint (``mklscale run ... --resume`` continues).
 """
@@ -83,7 +85,7 @@ def _parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="write RUN_DIR/report/index.html with plots from RUN_DIR/results.json")
     rep.add_argument("run_dir", type=Path)
     rep.set_defaults(func=_cmd_report)
-    bank = sub.add_parser("bank", help="build, inspect and verify kernel banks").add_subparsers(title="bank commands")
+    bank = sub.add_parser("bank", help="build, inspect, verify and repair kernel banks").add_subparsers(title="bank commands")
 
     b = bank.add_parser("build", help="compute a bank of Gram matrices from features")
     src = b.add_mutually_exclusive_group(required=True)
@@ -109,6 +111,12 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("path", type=Path)
     v.add_argument("--quiet", action="store_true")
     v.set_defaults(func=_cmd_verify)
+
+    rp = bank.add_parser("repair", help="recompute the kernels verify finds bad or unfinished (banks built from "
+                         "features); exit 0 when the bank verifies afterwards, 2 otherwise")
+    rp.add_argument("path", type=Path)
+    rp.add_argument("--quiet", action="store_true", help="no progress bars")
+    rp.set_defaults(func=_cmd_repair)
     return p
 
 
@@ -309,6 +317,17 @@ def _cmd_verify(args) -> int:
     report = _open_bank(args.path).verify(progress=not args.quiet)
     print(report)
     return 0 if report.ok else 1
+
+
+def _cmd_repair(args) -> int:
+    from mklscale.errors import BankCorruptError
+
+    report = _open_bank(args.path).repair(progress=not args.quiet)
+    print(report)
+    if not report.ok:
+        raise BankCorruptError(f"bank {args.path} still does not verify after the repair (see above); rebuild it "
+                               "with `mklscale bank build ... --overwrite`")
+    return 0
 
 
 if __name__ == "__main__":

@@ -48,6 +48,10 @@ class ReadOnlyStoreError(BankError, PermissionError):
     """The store cannot be written (read-only file system or permissions)."""
 
 
+class DiskFullError(BankError, OSError):
+    """The file system holding a bank ran out of space (ENOSPC/EDQUOT) while writing it."""
+
+
 class ConfigError(InvalidInputError):
     """A TOML config has unknown keys, wrong types or impossible values."""
 

@@ -4,17 +4,20 @@ One task computes the kernels of one shard (a whole file of the ``gram`` array),
 single write, and returns their statistics. Only the driver writes per-kernel metadata, in
 batches, and it marks a kernel complete only after the task that wrote its data has returned. A
 build killed at any moment therefore leaves complete kernels intact and, run again with the same
-arguments, recomputes exactly the unfinished shards.
+arguments, recomputes exactly the unfinished shards. ``repair_bank`` (``KernelBank.repair``)
+reuses the same tasks to recompute shards holding kernels that ``verify`` found bad.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,16 +29,18 @@ from mklscale.bank.store import (
     NORMALIZATIONS,
     PER_KERNEL_FLOATS,
     KernelBank,
+    VerifyReport,
     create_bank_group,
     creation_info,
     json_attr,
     kernel_stats,
     prepare_path,
+    raise_store_error,
     validate_dtype,
     validate_features,
     write_shard_file,
 )
-from mklscale.errors import InvalidInputError, SpecError
+from mklscale.errors import BankCorruptError, InvalidInputError, SpecError
 
 
 def build_bank(
@@ -66,6 +71,11 @@ def build_bank(
     ``overwrite=True``. Completion flags are written every ``flush_every_s`` seconds and at the
     end (0 = after every shard). Returns the opened bank; its ``last_build_computed`` says how many
     kernels this call computed.
+
+    A store that cannot be written raises ReadOnlyStoreError before any task runs. A disk that
+    fills up mid-build raises DiskFullError: shards are written whole (temporary file + rename), so
+    the kernels already flagged complete stay intact, no partial shard is left or flagged, and the
+    same call resumes once there is room (or after moving the bank elsewhere).
     """
     X = validate_features(X, "X")
     specs = _validate_specs(specs, X.shape[1])
@@ -92,31 +102,125 @@ def build_bank(
         create_bank_group(path, specs=specs, n=X.shape[0], dtype=dt, attrs=attrs, X=Xs,
                           chunk_mb=chunk_mb, shard_mb=shard_mb)
 
-    bank = KernelBank.open(path, mode="r+")
-    S = bank.kernels_per_shard
+    bank = KernelBank.open(path)
     done = bank.complete
-    todo = [s for s in range(-(-len(specs) // S)) if not done[s * S:(s + 1) * S].all()]
     bank.last_build_computed = 0  # kernels computed by this call (tests check resumption with it)
-    if todo:
-        writer = _MetadataWriter(bank, flush_every_s)
-        runner = _run_distributed if client is not None else _run_threaded
-        with _progress(len(specs), int(done.sum()), progress) as bar:
-            try:
-                layout = (int(bank.attrs["layout"]["kernels_per_chunk"]), S)
-                for first, stats in runner(client, str(path), specs, Xs, normalize, dt.name, layout, todo):
+    if not done.all():
+        bank = KernelBank.open(path, mode="r+")  # ReadOnlyStoreError here, before any task runs
+        bank.last_build_computed = _compute_shards(bank, specs, Xs, _unfinished_shards(done, bank.kernels_per_shard),
+                                                   keep=done, client=client, progress=progress,
+                                                   flush_every_s=flush_every_s)
+    return bank
+
+
+def _unfinished_shards(done: np.ndarray, per_shard: int) -> list[int]:
+    """Shards holding at least one kernel that is not flagged complete."""
+    return sorted({int(m) // per_shard for m in np.flatnonzero(~done)})
+
+
+def _compute_shards(bank: KernelBank, specs: Sequence[KernelSpec], Xs: np.ndarray, shards: list[int], *,
+                    keep: np.ndarray, client, progress: bool, flush_every_s: float = 2.0) -> int:
+    """Recompute and rewrite whole shards of an opened (writable) bank, one task per shard; return
+    the number of kernels computed.
+
+    Kernels flagged in ``keep`` are already stored and verified: their recomputed bytes must match
+    the recorded checksums bit for bit (the build is deterministic), else that shard's task raises
+    BankCorruptError before writing. The driver records statistics and ``complete`` flags as shards
+    finish (``_MetadataWriter``). A full disk raises DiskFullError and a read-only one
+    ReadOnlyStoreError; kernels finished before that keep their flags (best effort flush).
+    """
+    S = bank.kernels_per_shard
+    checks = bank.checksums.astype(np.int64)
+    expected = {s: np.where(keep[s * S:(s + 1) * S], checks[s * S:(s + 1) * S], -1) for s in shards}
+    layout = (int(bank.attrs["layout"]["kernels_per_chunk"]), S)
+    writer = _MetadataWriter(bank, flush_every_s)
+    runner = _run_distributed if client is not None else _run_threaded
+    computed = 0
+    todo = sum(len(range(*bank.shard_range(s))) for s in shards)
+    with _progress(len(specs), len(specs) - todo, progress) as bar:
+        try:
+            with contextlib.closing(runner(client, str(bank.path), specs, Xs, bank.normalize, bank.dtype.name,
+                                           layout, shards, expected)) as results:
+                for first, stats in results:
                     writer.record(first, stats)
                     bar.update(len(stats["checksum"]))
-                    bank.last_build_computed += len(stats["checksum"])
-            finally:
-                writer.flush()
-                _BLOCKS.clear()
-    return bank
+                    computed += len(stats["checksum"])
+            writer.flush()
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                writer.flush()  # best effort: keep the flags of the shards that did finish
+            if isinstance(exc, OSError):
+                raise_store_error(bank.path, exc)
+            raise
+        finally:
+            _BLOCKS.clear()
+    return computed
+
+
+# ---- repair --------------------------------------------------------------------------------------
+@dataclass
+class RepairReport:
+    """What ``repair_bank`` did: the kernels it was asked to fix, the shards it rewrote (every
+    kernel of those), and ``after``: a verify of those shards once rewritten."""
+
+    kernels: list[int]
+    shards: list[int]
+    after: VerifyReport
+
+    @property
+    def ok(self) -> bool:
+        return self.after.ok
+
+    def __str__(self) -> str:
+        if not self.kernels:
+            return "nothing to repair: every kernel verifies"
+        return (f"repaired {len(self.kernels)} kernel(s) ({self.kernels[:10]}{' ...' if len(self.kernels) > 10 else ''}) "
+                f"by rewriting {len(self.shards)} shard(s); afterwards: {self.after}")
+
+
+def repair_bank(bank: KernelBank, kernels: Sequence[int] | None = None, client=None,
+                progress: bool = True) -> RepairReport:
+    """Recompute kernels of a bank built from features, from their specs and the stored X.
+
+    ``kernels=None`` repairs what ``verify`` reports bad or unfinished (a full verify; it also
+    records them on disk). A shard is written whole (temporary file + rename), so every shard
+    holding a target is recomputed; its other kernels must come out bit-identical to their recorded
+    checksums (the build is deterministic), which the task checks before writing. Statistics,
+    checksums and ``complete`` flags are updated as shards finish and the recorded bad reasons
+    dropped. Banks imported with ``from_arrays`` hold no features: repair raises SpecError saying
+    to re-import them. A read-only store raises ReadOnlyStoreError before anything is read.
+    """
+    bank = KernelBank.open(bank.path if isinstance(bank, KernelBank) else bank, mode="r+")
+    Xs = bank.X_train
+    if Xs is None:
+        raise SpecError(f"bank {bank.path} was imported from Gram matrices (KernelBank.from_arrays) and holds no "
+                        "features, so its kernels cannot be recomputed; re-import them: "
+                        "KernelBank.from_arrays(grams, path, ..., overwrite=True)")
+    if kernels is None:
+        found = bank.verify(progress=progress)
+        targets = sorted(set(found.bad_indices) | set(found.incomplete))
+    else:
+        targets = sorted({bank._check_index(m) for m in kernels})
+    if not targets:
+        return RepairReport([], [], bank.verify(kernels=[]))
+    S = bank.kernels_per_shard
+    keep = bank.complete
+    keep[targets] = False
+    shards = sorted({m // S for m in targets})
+    _compute_shards(bank, bank.specs, Xs, shards, keep=keep, client=client, progress=progress)
+    bank.forget_bad(targets)
+    rewritten = [m for s in shards for m in range(*bank.shard_range(s))]
+    return RepairReport(targets, shards, bank.verify(kernels=rewritten))
 
 
 # ---- the task --------------------------------------------------------------------------------------
 def build_shard(path: str, specs_json: str, Xs: np.ndarray, normalize, dtype: str, s: int,
-                layout: tuple[int, int]) -> tuple[int, dict]:
+                layout: tuple[int, int], expected: np.ndarray | None = None) -> tuple[int, dict]:
     """Compute, normalise and write the kernels of shard s; return (first kernel, statistics).
+
+    ``expected``: per kernel of the shard, the crc32c its recomputed bytes must have (-1: not
+    checked). Kernels kept through a resume or repair are checked so; a mismatch raises
+    BankCorruptError and nothing is written.
 
     Consecutive kernels that share a pairwise base (same family kind and feature subset) are
     filled in one sweep that computes each row of the base once (``_compute.fill_grams``): the
@@ -137,8 +241,21 @@ def build_shard(path: str, specs_json: str, Xs: np.ndarray, normalize, dtype: st
         for k in range(len(specs)):
             stats["trace"][k], stats["fro"][k], stats["lambda_max"][k], stats["checksum"][k] = kernel_stats(block[k])
         per_chunk, per_shard = layout
+        _check_reproduced(s, s * per_shard, stats["checksum"], expected)
         write_shard_file(Path(path), s, block, per_chunk, per_shard)
     return s * per_shard, stats
+
+
+def _check_reproduced(s: int, first: int, got: np.ndarray, expected: np.ndarray | None) -> None:
+    """Raise BankCorruptError when a kept kernel's recomputed checksum differs from the recorded one."""
+    if expected is None:
+        return
+    differ = np.flatnonzero((expected >= 0) & (got.astype(np.int64) != expected))
+    if differ.size:
+        raise BankCorruptError(
+            f"recomputing shard {s} gave different bytes for kernel(s) {(first + differ).tolist()} that verified "
+            "fine, so the build is not reproducible here (another mklscale version or machine built the bank?); "
+            "nothing was written for this shard; rebuild the bank with overwrite=True")
 
 
 class _BlockPool:
@@ -195,35 +312,56 @@ def _kernel_params(spec: KernelSpec) -> tuple[float, float, float]:
     return _compute.LINEAR, 0.0, 0
 
 
-def _run_threaded(client, path, specs, Xs, normalize, dtype, layout, shards) -> Iterator[tuple[int, dict]]:
-    """Dask's threaded scheduler; results are handed to the driver as each task finishes."""
+def _run_threaded(client, path, specs, Xs, normalize, dtype, layout, shards, expected) -> Iterator[tuple[int, dict]]:
+    """Dask's threaded scheduler; results are handed to the driver as each task finishes.
+
+    The tasks run on a pool of this call's own. When the build stops early (a task failed, or the
+    driver stopped reading: a metadata write failed, Ctrl-C), tasks not started yet are skipped
+    and the running ones are waited for, so no shard is still being written once this returns."""
     S = layout[1]
-    import threading
+    from concurrent.futures import ThreadPoolExecutor
 
     from dask.threaded import get
 
-    dsk = {("shard", s): (build_shard, path, specs_to_json(specs[s * S:(s + 1) * S]), Xs, normalize, dtype, s, layout)
+    stop = threading.Event()
+
+    def task(*args):
+        if stop.is_set():
+            raise _Stopped()
+        return build_shard(*args)
+
+    dsk = {("shard", s): (task, path, specs_to_json(specs[s * S:(s + 1) * S]), Xs, normalize, dtype, s, layout,
+                          expected[s])
            for s in shards}
     # posttask runs in the scheduling thread; results reach the driver through a queue.
     results = _ThreadedResults()
     error: list[BaseException] = []
 
     def run() -> None:
+        pool = ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="mklscale-shard")
         try:
-            get(dsk, list(dsk), callbacks=[(None, None, None, results.posttask, None)])
+            get(dsk, list(dsk), pool=pool, callbacks=[(None, None, None, results.posttask, None)])
         except BaseException as exc:  # re-raised in the driver thread
             error.append(exc)
         finally:
+            pool.shutdown(wait=True, cancel_futures=True)
             results.finish()
 
     thread = threading.Thread(target=run, name="mklscale-build", daemon=True)
     # Dask already runs one task per core; BLAS threads on top of that only oversubscribe.
     with threadpool_limits(1):
         thread.start()
-        yield from results.drain()
-        thread.join()
-    if error:
+        try:
+            yield from results.drain()
+        finally:
+            stop.set()
+            thread.join()
+    if error and not isinstance(error[0], _Stopped):
         raise error[0]
+
+
+class _Stopped(Exception):
+    """Raised by shard tasks that start after the driver stopped the build."""
 
 
 class _ThreadedResults:
@@ -243,14 +381,14 @@ class _ThreadedResults:
             yield item
 
 
-def _run_distributed(client, path, specs, Xs, normalize, dtype, layout, shards) -> Iterator[tuple[int, dict]]:
+def _run_distributed(client, path, specs, Xs, normalize, dtype, layout, shards, expected) -> Iterator[tuple[int, dict]]:
     from distributed import as_completed
 
     S = layout[1]
     X_future = client.scatter(Xs, broadcast=True)
     futures = [
         client.submit(build_shard, path, specs_to_json(specs[s * S:(s + 1) * S]), X_future, normalize, dtype, s, layout,
-                      key=f"mklscale-build-{os.path.basename(path)}-{s}-{os.getpid()}-{time.monotonic_ns()}", pure=False)
+                      expected[s], key=f"mklscale-build-{os.path.basename(path)}-{s}-{os.getpid()}-{time.monotonic_ns()}", pure=False)
         for s in shards
     ]
     try:

@@ -9,21 +9,34 @@ Layout of a bank (a zarr v3 group; see ../shared/DESIGN.md "The bank on disk")::
     trace, fro, lambda_max, norm_factor  (M,) float64  of the STORED (normalised) matrix
     checksum     (M,) uint32    crc32c of kernel m's stored bytes (C order, little endian)
     spec         (M,) str       the kernel's KernelSpec as JSON
-    attrs        schema, n, M, dtype, normalize, standardisation, train_rows, fingerprint, layout, created
+    attrs        schema, n, M, dtype, normalize, standardisation, train_rows, fingerprint, layout, created,
+                 integrity (what the last ``verify`` found bad; see below)
+
+Integrity. ``verify`` re-reads kernels and compares their crc32c with ``checksum``. A kernel it finds
+bad (flipped bytes, a missing or truncated shard file) is recorded on disk, when the store is
+writable: its ``complete`` flag is cleared and ``attrs["integrity"]["bad"][str(m)]`` keeps the
+reason. Everything that refuses unfinished kernels (the Engine, ``require_complete``) therefore
+refuses corrupt ones without re-reading the bank on every open, and ``allow_incomplete=True`` runs
+on the rest. A recorded reason counts only while the kernel's ``complete`` flag is clear, so a
+rebuild or ``repair`` (which set it again) retires it. ``repair`` recomputes bad kernels from their
+specs (banks built from features only).
 
 Nothing in a store is executed or unpickled: specs are JSON, everything else is numbers.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 import google_crc32c
 import numpy as np
@@ -34,6 +47,7 @@ from mklscale.errors import (
     BankCorruptError,
     BankIncompleteError,
     BankMismatchError,
+    DiskFullError,
     InvalidInputError,
     NotABankError,
     ReadOnlyStoreError,
@@ -54,6 +68,9 @@ class VerifyReport:
     checked: int
     bad: list[tuple[int, str, str]] = field(default_factory=list)  # (index, name, reason)
     incomplete: list[int] = field(default_factory=list)
+    #: True: newly found bad kernels were marked unfinished on disk; False: the store is read-only
+    #: and they could not be; None: nothing new to mark.
+    marked: bool | None = None
 
     @property
     def ok(self) -> bool:
@@ -70,6 +87,11 @@ class VerifyReport:
             shown = ", ".join(map(str, self.incomplete[:20]))
             more = "" if len(self.incomplete) <= 20 else f" ... (+{len(self.incomplete) - 20})"
             lines.append(f"  {len(self.incomplete)} kernel(s) not built yet: {shown}{more}")
+        if self.bad:
+            lines.append("  bad kernels are marked unfinished in the bank (solvers skip or refuse them); "
+                         "run `mklscale bank repair PATH` to recompute them" if self.marked is not False else
+                         "  the store is read-only, so bad kernels could not be marked; copy the bank to a "
+                         "writable folder and run `mklscale bank repair PATH` there")
         return "\n".join(lines)
 
 
@@ -180,6 +202,7 @@ class KernelBank:
         self.kernels_per_shard: int = int(attrs["layout"]["kernels_per_shard"])
         self.specs: list[KernelSpec] = [KernelSpec.from_json(s) for s in group["spec"][:]]
         self.gram: zarr.Array = group["gram"]
+        self._mode = "r"
 
     # ---- creating -----------------------------------------------------------------------------
     @classmethod
@@ -261,7 +284,11 @@ class KernelBank:
         group = _open_group_or_none(path, mode)
         if group is None:
             raise NotABankError(f"{path} exists but is not an mklscale kernel bank (no bank metadata found)")
-        return cls(path, group)
+        if mode != "r":
+            require_writable(path)
+        bank = cls(path, group)
+        bank._mode = mode
+        return bank
 
     @staticmethod
     def is_bank(path: str | os.PathLike) -> bool:
@@ -323,12 +350,37 @@ class KernelBank:
         return np.asarray(self._attrs["train_rows"], dtype=np.int64)
 
     def require_complete(self) -> None:
+        """Raise BankIncompleteError when a kernel is unfinished or was found corrupt by ``verify``."""
+        message = self.incomplete_message()
+        if message:
+            raise BankIncompleteError(message + "; or `mklscale bank verify` to inspect it")
+
+    def recorded_bad(self) -> dict[int, str]:
+        """{kernel: reason} for kernels an earlier ``verify`` found bad and nothing has rebuilt since
+        (their ``complete`` flag is still clear). Read from the metadata only: no kernel is read."""
+        bad = (self._attrs.get("integrity") or {}).get("bad") or {}
+        complete = self.complete
+        return {int(m): str(why) for m, why in sorted(bad.items(), key=lambda kv: int(kv[0]))
+                if 0 <= int(m) < self.M and not complete[int(m)]}
+
+    def incomplete_message(self) -> str | None:
+        """Why this bank cannot be used whole (corrupt kernels, unfinished kernels), with what to do;
+        None when every kernel is complete."""
         missing = np.flatnonzero(~self.complete)
-        if missing.size:
-            raise BankIncompleteError(
-                f"bank {self.path} has {missing.size} unfinished kernel(s) (first: {missing[:10].tolist()}); "
-                "run the same build again to finish it, or `mklscale bank verify` to inspect it"
-            )
+        if not missing.size:
+            return None
+        bad = self.recorded_bad()
+        parts = []
+        if bad:
+            shown = "; ".join(f"{m} ({self.specs[m].name}): {why}" for m, why in list(bad.items())[:5])
+            more = "" if len(bad) <= 5 else f"; ... (+{len(bad) - 5})"
+            parts.append(f"{len(bad)} kernel(s) found corrupt by verify ({shown}{more}); run "
+                         f"`mklscale bank repair {self.path}` (KernelBank.repair) to recompute them")
+        unfinished = [int(m) for m in missing if int(m) not in bad]
+        if unfinished:
+            parts.append(f"{len(unfinished)} unfinished kernel(s) (first: {unfinished[:10]}); run the same build "
+                         "again to finish it")
+        return f"bank {self.path} has " + "; and ".join(parts)
 
     # ---- reading ------------------------------------------------------------------------------
     def _check_index(self, m) -> int:
@@ -450,38 +502,92 @@ class KernelBank:
                             attrs={"normalize": str(self.normalize), "path": str(self.path)})
 
     # ---- integrity ----------------------------------------------------------------------------
-    def verify(self, kernels: Sequence[int] | None = None, threads: int = 4, progress: bool = False) -> VerifyReport:
-        """Re-read every complete kernel, recompute its crc32c and compare with the recorded one."""
+    def verify(self, kernels: Sequence[int] | None = None, threads: int = 4, progress: bool = False,
+               mark_bad: bool = True) -> VerifyReport:
+        """Re-read every complete kernel, recompute its crc32c and compare with the recorded one.
+
+        A missing, truncated or garbled shard file makes all of its kernels bad (the reason says
+        which). With ``mark_bad`` (default) newly found bad kernels are recorded on disk (module
+        docstring, "Integrity"): their ``complete`` flag is cleared, so solvers refuse them until
+        ``repair``; on a read-only store this is skipped and ``report.marked`` is False. Kernels
+        recorded bad by an earlier verify are reported bad again, with their recorded reason.
+        """
         from tqdm.auto import tqdm
 
         complete = self.complete
-        sel = np.arange(self.M) if kernels is None else np.array([self._check_index(m) for m in kernels])
-        incomplete = [int(m) for m in sel if not complete[m]]
+        sel = np.arange(self.M) if kernels is None else np.array([self._check_index(m) for m in kernels], dtype=np.int64)
+        recorded = self.recorded_bad()
+        report = VerifyReport(checked=0)
+        report.bad = [(int(m), self.specs[m].name, f"{recorded[m]} (found by an earlier verify)")
+                      for m in sel if int(m) in recorded]
+        report.incomplete = [int(m) for m in sel if not complete[m] and int(m) not in recorded]
         todo = np.array([m for m in sel if complete[m]], dtype=np.int64)
-        expected = self.checksums
-        report = VerifyReport(checked=int(todo.size), incomplete=incomplete)
+        report.checked = int(todo.size)
         S = self.kernels_per_shard
         groups = [todo[(todo // S) == s] for s in np.unique(todo // S)]
-
-        def check(ms: np.ndarray) -> list[tuple[int, str, str]]:
-            s = int(ms[0]) // S
-            if self._plain_layout and not self.shard_file(s).exists():
-                return [(int(m), self.specs[m].name, f"shard file {self.shard_file(s)} is missing") for m in ms]
-            try:
-                block = self.read_shard(s)
-            except Exception as exc:  # a truncated or garbled shard fails to decode
-                return [(int(m), self.specs[m].name, f"unreadable: {type(exc).__name__}: {exc}") for m in ms]
-            return [
-                (int(m), self.specs[m].name, "checksum mismatch")
-                for m in ms
-                if checksum(block[m - s * S]) != int(expected[m])
-            ]
-
+        found: list[tuple[int, str, str]] = []
         with ThreadPoolExecutor(max(1, threads)) as pool:
-            for bad in tqdm(pool.map(check, groups), total=len(groups), disable=not progress, unit="shard", desc="verify"):
-                report.bad += bad
-        report.bad.sort()
+            for bad in tqdm(pool.map(self._check_shard, groups), total=len(groups), disable=not progress,
+                            unit="shard", desc="verify"):
+                found += bad
+        if found and mark_bad:
+            report.marked = self._mark_bad({m: why for m, _, why in found})
+        report.bad = sorted(report.bad + found)
         return report
+
+    def _check_shard(self, ms: np.ndarray) -> list[tuple[int, str, str]]:
+        """(kernel, name, reason) for the kernels ms (all of one shard) whose stored bytes are bad."""
+        S = self.kernels_per_shard
+        s = int(ms[0]) // S
+        if self._plain_layout and not self.shard_file(s).exists():
+            return [(int(m), self.specs[m].name, f"shard file {self.shard_file(s)} is missing") for m in ms]
+        try:
+            block = self.read_shard(s)
+        except Exception as exc:  # a truncated or garbled shard fails to decode
+            return [(int(m), self.specs[m].name, f"unreadable: {type(exc).__name__}: {exc}") for m in ms]
+        expected = self.checksums
+        return [(int(m), self.specs[m].name, "checksum mismatch")
+                for m in ms if checksum(block[m - s * S]) != int(expected[m])]
+
+    def _mark_bad(self, bad: dict[int, str]) -> bool:
+        """Record kernels found bad: the reason in ``attrs["integrity"]`` first, then clear their
+        ``complete`` flags (each write is atomic). Returns False when the store is read-only."""
+        try:
+            group = zarr.open_group(self.path, mode="r+")
+            record = dict((group.attrs.get("integrity") or {}).get("bad") or {})
+            record.update({str(m): why for m, why in bad.items()})
+            group.attrs["integrity"] = {"bad": record, "verified": creation_info()["time"]}
+            flags = group["complete"][:]
+            flags[list(bad)] = False
+            group["complete"][:] = flags
+        except OSError:  # read-only or full: report without marking
+            return False
+        finally:
+            self._reload()
+        return True
+
+    def forget_bad(self, kernels: Sequence[int]) -> None:
+        """Drop the recorded reasons of ``kernels`` (after they were recomputed)."""
+        group = zarr.open_group(self.path, mode="r+")
+        record = dict((group.attrs.get("integrity") or {}).get("bad") or {})
+        if any(str(int(m)) in record for m in kernels):
+            for m in kernels:
+                record.pop(str(int(m)), None)
+            group.attrs["integrity"] = {"bad": record, "verified": (group.attrs.get("integrity") or {}).get("verified")}
+        self._reload()
+
+    def _reload(self) -> None:
+        """Re-read the group's metadata (attributes written through another handle)."""
+        self._group = zarr.open_group(self.path, mode=self._mode)
+        self._attrs = self._group.attrs.asdict()
+        self.gram = self._group["gram"]
+
+    def repair(self, kernels: Sequence[int] | None = None, client=None, progress: bool = True):
+        """Recompute bad kernels from their specs and the stored standardised X; see
+        ``mklscale.bank.build.repair_bank`` (returns its ``RepairReport``)."""
+        from mklscale.bank.build import repair_bank
+
+        return repair_bank(self, kernels=kernels, client=client, progress=progress)
 
     # ---- cross kernels ------------------------------------------------------------------------
     def standardize(self, X: np.ndarray) -> np.ndarray:
@@ -627,6 +733,8 @@ def create_bank_group(
         if fill is not None:
             fill(group)
         os.replace(tmp, path) if not path.exists() else _replace_empty_dir(tmp, path)
+    except OSError as exc:
+        raise_store_error(path, exc)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -654,23 +762,62 @@ def _check_gram(name: str, K: np.ndarray, n: int, psd_tol: float) -> None:
                                 f"(largest {eig[-1]:.6g}); fix the kernel or clip negative eigenvalues before importing")
 
 
+def require_writable(path: Path) -> None:
+    """Raise ReadOnlyStoreError unless files can be created in ``path`` (a read-only mount, or
+    permissions): checked before any work, with a probe file, since root passes ``os.access``."""
+    path = Path(path)
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".mklscale-write-probe-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFullError(disk_full_message(path)) from None
+        raise ReadOnlyStoreError(
+            f"cannot write to {path} ({exc.strerror or exc}): the store is read-only. Remount it read-write or "
+            "fix its permissions, or copy the bank to a writable folder (or choose another output path) and run "
+            "the command there") from None
+
+
+def disk_full_message(path: Path) -> str:
+    """What to say when the file system holding bank ``path`` is full."""
+    return (f"no space left on the device holding {path}: free some space or choose another path (move the bank "
+            "there first to keep its work); the kernels already finished are kept and marked complete, and running "
+            "the same build (or repair) again resumes with the rest")
+
+
+def raise_store_error(path: Path, exc: OSError) -> NoReturn:
+    """Re-raise an OSError met writing bank ``path``: a full disk as DiskFullError, a read-only or
+    unwritable one as ReadOnlyStoreError (messages say what to do); anything else unchanged."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        raise DiskFullError(disk_full_message(path)) from exc
+    if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        raise ReadOnlyStoreError(f"{path} is not writable ({exc.strerror}); remount it read-write or move the bank to "
+                                 "a writable folder, then run the same command again (finished kernels are kept)") from exc
+    raise exc
+
+
 def prepare_path(path: Path, overwrite: bool, fingerprint: str | None) -> bool:
     """Decide what to do with the target path. Returns True when an existing bank with the same
     fingerprint should be resumed; removes an existing bank if ``overwrite``; refuses anything
     else that exists (a non-empty folder that is not a bank is never deleted)."""
     if not path.exists():
         parent = path.parent if str(path.parent) else Path(".")
-        if not parent.exists():
-            parent.mkdir(parents=True)
-        if not os.access(parent, os.W_OK):
-            raise ReadOnlyStoreError(f"cannot create a bank in {parent}: the folder is not writable")
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ReadOnlyStoreError(f"cannot create the folder {parent} ({exc.strerror or exc}); choose a "
+                                     "writable path") from None
+        require_writable(parent)
         return False
     if path.is_dir() and not any(path.iterdir()):
+        require_writable(path)
         return False
     if not KernelBank.is_bank(path):
         raise NotABankError(f"{path} exists and is not an mklscale kernel bank; choose another path "
                             "(mklscale never deletes a folder it did not create)")
     if overwrite:
+        require_writable(path)
         shutil.rmtree(path)
         return False
     existing = KernelBank.open(path).attrs.get("fingerprint")

@@ -53,8 +53,10 @@ class Engine:
     client : None (Dask's threaded scheduler in this process), a ``distributed.Client``, or a
         scheduler address (a client is then created and closed with the engine).
     cache_bytes : budget of the driver-side block cache, an int or a string like "2GB".
-    allow_incomplete : accept a bank with unfinished kernels; full passes then return NaN for
-        them and asking for one explicitly raises ``BankIncompleteError``.
+    allow_incomplete : accept a bank with unfinished kernels, including those ``verify`` found
+        corrupt (it flags them unfinished); full passes then return NaN for them and asking for
+        one explicitly raises ``BankIncompleteError``. Without it such a bank is refused with a
+        message naming the corrupt kernels and saying to run ``mklscale bank repair``.
     progress : show a tqdm bar per pass (off by default).
     threads : threads of the in-process scheduler (default: one per core).
     task_bytes : kernel bytes per task.
@@ -70,10 +72,10 @@ class Engine:
             raise InvalidInputError(f"Engine needs a KernelBank or the path of one, got {type(bank).__name__}")
         complete = bank.complete
         if not complete.all() and not allow_incomplete:
-            missing = np.flatnonzero(~complete)
+            # corrupt kernels found by `mklscale bank verify` are flagged unfinished on disk
+            # (store.py, "Integrity"), so this check refuses them without re-reading the bank
             raise BankIncompleteError(
-                f"bank {bank.path} has {missing.size} unfinished kernel(s) (first: {missing[:10].tolist()}); "
-                "finish the build (run it again) or pass allow_incomplete=True to use only the complete kernels")
+                f"{bank.incomplete_message()}; or pass allow_incomplete=True to use only the complete kernels")
         if threads is not None and (not isinstance(threads, (int, np.integer)) or threads < 1):
             raise InvalidInputError(f"threads must be a positive integer or None, got {threads!r}")
         if not isinstance(task_bytes, (int, np.integer)) or task_bytes < 1:
