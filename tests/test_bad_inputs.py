@@ -15,10 +15,6 @@ The workspace is built once per module: a small bank (40 rows of breast_cancer, 
 model saved from ``MKLClassifier(solver="uniform")``, damaged copies of it, valid and broken
 pipeline and cluster TOML files, and a few .npy / text files.
 
-Rows marked xfail (strict, and only for a failed assertion) have poor messages in modules other
-engineers own (bank/, solvers/); the reason names the file and the message it should give. When
-one is fixed the row XPASSes, which fails the run: then drop its mark.
-
 Labels unseen at fit (issue 8): scoring a classifier on y with labels it never saw is allowed
 and counts them as errors, as in scikit-learn (``test_score_with_labels_unseen_at_fit``); fitting
 on a bank with y of another length is an error (row ``api-fit_bank_y_of_other_n``).
@@ -192,10 +188,6 @@ class Case:
     max_seconds: float | None = None
 
 
-def xfail(case: Case, reason: str):
-    return pytest.param(case, id=case.id, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=reason))
-
-
 def _X(ws: Path) -> np.ndarray:
     return np.load(ws / "X.npy")
 
@@ -239,23 +231,15 @@ API = [
          InvalidInputError, r"NaN/inf.*impute or drop", absent=("out",)),
     Case("build_bank_inf_X", lambda ws: build_bank(_with(_X(ws), np.inf), SPECS, ws / "out", progress=False),
          InvalidInputError, r"NaN/inf.*impute or drop", absent=("out",)),
-    xfail(Case("build_bank_1d_X", lambda ws: build_bank(_X(ws)[:, 0], SPECS, ws / "out", progress=False),
-               InvalidInputError, r"2-D.*\b(reshape|pass)\b", absent=("out",)),
-          "mklscale/bank/store.py validate_features: 'X must be a 2-D array ..., got shape (40,)' says no fix; "
-          "suggest '...; reshape it: X.reshape(-1, 1) for one feature, X.reshape(1, -1) for one row'"),
-    xfail(Case("build_bank_string_dtype", lambda ws: build_bank(_X(ws).astype(str), SPECS, ws / "out", progress=False),
-               InvalidInputError, r"numeric.*\b(convert|encode)\b", absent=("out",)),
-          "mklscale/bank/store.py validate_features: 'X must be numeric, got dtype <U32' says no fix; suggest "
-          "'...; convert it with np.asarray(X, dtype=float) (encode categorical columns first)'"),
-    xfail(Case("build_bank_row_ids_wrong_length",
-               lambda ws: build_bank(_X(ws), SPECS, ws / "out", row_ids=[0, 1, 2], progress=False),
-               InvalidInputError, r"row_ids.*\bpass\b", absent=("out",)),
-          "mklscale/bank/build.py: 'row_ids has 3 entries but X has 40 rows' says no fix; suggest "
-          "'...; pass one id per row of X, or row_ids=None for 0..n-1'"),
-    xfail(Case("kernelspec_negative_width", lambda ws: KernelSpec.gaussian(-1.0), SpecError,
-               r"width.*\bgive\b"),
-          "mklscale/bank/spec.py _validate_params: 'gaussian width must be a positive finite number, got -1.0' "
-          "says no fix; suggest '...; give the standard deviation s > 0 of exp(-||x-z||^2/(2 s^2)), e.g. 1.0'"),
+    Case("build_bank_1d_X", lambda ws: build_bank(_X(ws)[:, 0], SPECS, ws / "out", progress=False),
+         InvalidInputError, r"2-D.*\b(reshape|pass)\b", absent=("out",)),
+    Case("build_bank_string_dtype", lambda ws: build_bank(_X(ws).astype(str), SPECS, ws / "out", progress=False),
+         InvalidInputError, r"numeric.*\b(convert|encode)\b", absent=("out",)),
+    Case("build_bank_row_ids_wrong_length",
+         lambda ws: build_bank(_X(ws), SPECS, ws / "out", row_ids=[0, 1, 2], progress=False),
+         InvalidInputError, r"row_ids.*\bpass\b", absent=("out",)),
+    Case("kernelspec_negative_width", lambda ws: KernelSpec.gaussian(-1.0), SpecError,
+         r"width.*\bgive\b"),
     Case("families_empty_widths", lambda ws: families.gaussian([]), SpecError, r"widths is empty; give"),
     Case("family_unknown_parameter", lambda ws: families.resolve({"family": "gaussian", "width": [1]}, 5),
          SpecError, r"does not take width.*\b(remove|use)\b"),
@@ -265,10 +249,8 @@ API = [
     Case("build_bank_over_a_folder_that_is_not_a_bank",
          lambda ws: build_bank(_X(ws), SPECS, ws / "not_a_bank", progress=False),
          NotABankError, r"not an mklscale kernel bank; choose another path"),
-    xfail(Case("engine_on_a_folder_that_is_not_a_bank", lambda ws: Engine(ws / "not_a_bank"), NotABankError,
-               r"not an mklscale kernel bank.*\b(give|build|pass)\b"),
-          "mklscale/bank/store.py KernelBank.open: '... exists but is not an mklscale kernel bank (no bank metadata "
-          "found)' says no fix; suggest '...; give the folder written by build_bank / `mklscale bank build`'"),
+    Case("engine_on_a_folder_that_is_not_a_bank", lambda ws: Engine(ws / "not_a_bank"), NotABankError,
+         r"not an mklscale kernel bank.*\b(give|build|pass)\b"),
     Case("engine_on_a_missing_path", lambda ws: Engine(ws / "no_such_bank"), NotABankError,
          r"does not exist \(build one with build_bank", absent=("no_such_bank",)),
     # -- solvers on the engine -----------------------------------------------------------------------------
@@ -431,7 +413,7 @@ def _params(cases: list, prefix: str) -> list:
     for c in cases:
         if isinstance(c, Case):
             out.append(pytest.param(c, id=f"{prefix}-{c.id}"))
-        else:  # already a pytest.param (xfail / skipif): prefix its id
+        else:  # already a pytest.param (skipif): prefix its id
             out.append(pytest.param(*c.values, id=f"{prefix}-{c.id}", marks=c.marks))
     return out
 

@@ -84,7 +84,8 @@ def build_bank(
     dt = validate_dtype(dtype)
     rows = list(range(X.shape[0])) if row_ids is None else [int(r) for r in row_ids]
     if len(rows) != X.shape[0]:
-        raise InvalidInputError(f"row_ids has {len(rows)} entries but X has {X.shape[0]} rows")
+        raise InvalidInputError(f"row_ids has {len(rows)} entries but X has {X.shape[0]} rows; pass one id per "
+                                "row of X, or row_ids=None")
 
     mean, scale = _standardisation(X) if standardize else (None, None)
     Xs = X if mean is None else (X - mean) / scale

@@ -211,7 +211,8 @@ def _validate_params(family: str, p: dict) -> None:
     if family == "gaussian":
         w = p["width"]
         if not isinstance(w, (int, float, np.floating, np.integer)) or not math.isfinite(w) or w <= 0:
-            raise SpecError(f"gaussian width must be a positive finite number, got {w!r}")
+            raise SpecError(f"gaussian width must be a positive finite number, got {w!r}; give the standard deviation "
+                            "s > 0 of exp(-||x-z||^2/(2 s^2)), e.g. 1.0")
         p["width"] = float(w)
     elif family == "polynomial":
         deg, off = p["degree"], p["offset"]

@@ -283,7 +283,8 @@ class KernelBank:
             raise NotABankError(f"no kernel bank at {path}: the path does not exist (build one with build_bank or `mklscale bank build`)")
         group = _open_group_or_none(path, mode)
         if group is None:
-            raise NotABankError(f"{path} exists but is not an mklscale kernel bank (no bank metadata found)")
+            raise NotABankError(f"{path} exists but is not an mklscale kernel bank (no bank metadata found); give the "
+                               "folder written by build_bank / `mklscale bank build`")
         if mode != "r":
             require_writable(path)
         bank = cls(path, group)
@@ -648,10 +649,12 @@ def _safe_diag(d: np.ndarray) -> np.ndarray:
 def validate_features(X, what: str = "X") -> np.ndarray:
     X = np.asarray(X)
     if X.dtype.kind not in "fiub":
-        raise InvalidInputError(f"{what} must be numeric, got dtype {X.dtype}")
+        raise InvalidInputError(f"{what} must be numeric, got dtype {X.dtype}; convert it with "
+                                f"np.asarray({what}, dtype=float) (encode categorical columns first)")
     X = X.astype(np.float64, copy=False)
     if X.ndim != 2:
-        raise InvalidInputError(f"{what} must be a 2-D array (n_samples, n_features), got shape {X.shape}")
+        raise InvalidInputError(f"{what} must be a 2-D array (n_samples, n_features), got shape {X.shape}; reshape "
+                                f"it, e.g. {what}.reshape(-1, 1) for a single feature")
     if X.shape[0] == 0 or X.shape[1] == 0:
         raise InvalidInputError(f"{what} is empty (shape {X.shape}); it needs at least one row and one feature")
     bad = ~np.isfinite(X)
