@@ -448,7 +448,7 @@ def test_sbatch_template_execs_the_pipeline_and_forwards_sigterm(slurm, tmp_path
         while not (out / "args.json").exists() and time.monotonic() < deadline:
             time.sleep(0.3)
         assert json.loads((out / "args.json").read_text()) == [
-            "run", "pipelines/x.toml", "--cluster", "cluster/local.toml", "--out", str(out)]
+            "run", "pipelines/x.toml", "--cluster", "cluster/local.toml", "--out", str(out), "--resume"]
         # What --signal=B:TERM@120 does before the time limit: SIGTERM to the batch shell only.
         subprocess.run(["scancel", "--batch", "--signal=TERM", job], check=True, timeout=20)
         deadline = time.monotonic() + 30

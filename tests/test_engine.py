@@ -243,20 +243,25 @@ def test_cache_respects_budget_and_evicts_lru(banks):
         assert np.array_equal(eng.blocks([4]), K[[4]]) and len(eng.cache) == 0
 
 
-@pytest.mark.parametrize("name", ["f32", "f64"])
-def test_blocks_hold_one_copy_per_kernel(banks, name):
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_blocks_hold_one_copy_per_kernel(tmp_path, dtype):
     """Memory held for k kernels fetched through blocks(): the cache keeps each kernel once, in the
     storage dtype, and never pins the returned stack; with keep=False nothing is kept beyond the
-    returned array (tracemalloc counts numpy's buffers)."""
+    returned array (tracemalloc counts numpy's buffers). Kernels of n = 160 in chunks of one or two
+    kernels, so that a second copy (>= k n^2 itemsize bytes) stands far above the reader's reused
+    chunk buffer (one chunk)."""
     import gc
     import tracemalloc
 
-    bank, K = banks[name]
+    K = random_psd(np.random.default_rng(5), 20, 160)
+    bank = KernelBank.from_arrays(K, tmp_path / "b", dtype=dtype, chunk_mb=0.21, shard_mb=0.9)
+    K = stored(bank)
     k, one = 16, bank.n ** 2 * bank.dtype.itemsize
     slack = 0.5 * k * one + 16384  # reader buffers, bookkeeping; a second copy would be >= k * one
     idx = np.arange(k)
     with Engine(bank, cache_bytes="64MB", threads=1) as eng:
         eng.quad_forms(np.ones(eng.n))  # compile / warm up outside the measurement
+        eng.blocks(idx[:1], keep=False)   # ... and the reader's reused buffer of this thread
         gc.collect()
         tracemalloc.start()
         B = eng.blocks(idx, keep=False)
