@@ -196,17 +196,68 @@ def render_sgd_gcd() -> str:
     head = "## SGD-1s, GCD and the two-stage baselines (`python benchmarks/bench_sgd_gcd.py`)\n\n"
     if r is None:
         return head + "Not recorded yet.\n"
-    poly = [[x["r"], x["n_kernels"], x["sgd_mse"], x["sgd_seconds"], x["uniform_mse_best"], x["target_variance"]]
-            for x in r["polynomial"]]
-    summ = [[k, v["median_rank"], v["mean_seconds"], v["mean_iterations"]] for k, v in r["classification_summary"].items()]
+    m, pr = r["machine"], r["protocol"]
+    poly = [[x["r"], x["n_kernels"], x["sgd_lam"], x["sgd_mse"], x["sgd_seconds"], x["uniform_lam"],
+             x["uniform_mse"], x["uniform_seconds"], x["target_variance"]] for x in r["polynomial"]]
+    sgd_wins = [x["r"] for x in r["polynomial"] if x["sgd_mse"] < x["uniform_mse"]]
+    uni_wins = [x["r"] for x in r["polynomial"] if x["sgd_mse"] >= x["uniform_mse"]]
+    per_task = []
+    for t in r["classification"]:
+        for name, v in t["methods"].items():
+            (hp, val), = v["hyper_parameter"].items()
+            per_task.append([t["dataset"], name, f"{hp} = {val:g}", v["test_error"], v["rank"], v["seconds"],
+                             v["iterations"], "yes" if v["converged"] else "no (cap)"])
+    summ = [[k, v["median_rank"], v["mean_seconds"], v["mean_iterations"], "yes" if v["all_converged"] else "no"]
+            for k, v in r["classification_summary"].items()]
+    conv = []
+    for t in r["classification"]:
+        g = t["methods"]["GCD-1s"]
+        fw = g["plain_frank_wolfe"]
+        conv.append([t["dataset"], g["hyper_parameter"]["lam"], g["iterations"], g["away_steps"], f"{g['relative_gap']:.1e}",
+                     "yes" if g["converged"] else "no", fw["iterations"], f"{fw['relative_gap']:.1e}",
+                     "yes" if fw["converged"] else "no", f"{fw['objective_over_away'] - 1:.1e}"])
+    fw_capped = [t["dataset"] for t in r["classification"] if not t["methods"]["GCD-1s"]["plain_frank_wolfe"]["converged"]]
+    capped = [f"{name} on {t['dataset']}" for t in r["classification"] for name, v in t["methods"].items()
+              if not v["converged"]]
+    plots = dict(zip(("poly", "classification"), r["plots"]))
+    loads = ", ".join(f"{t['dataset']} {t['load_average_before'][0]:.2f}" for t in r["classification"])
+    poly_loads = ", ".join(f"r = {x['r']}: {x['load_average_before'][0]:.2f}" for x in r["polynomial"])
     return head + (
-        f"Machine: {_machine(r['machine'])}.\n\nSGD-1s over the polynomial product family (degree <= 3) "
-        "on synthetic polynomial data:\n\n"
-        + _table(["r", "kernels in the family", "SGD-1s test MSE", "SGD-1s seconds", "UNIFORM test MSE (best ridge)",
-                  "target variance"], poly)
-        + "\n\nUNIFORM wins for small r (noise-free data it interpolates exactly); SGD-1s wins from r = 20 on.\n\n"
+        f"Machine: {_machine(m)}. Shared machine: 1-minute load average {m['load_average_at_record'][0]:.2f} at the "
+        f"start, {r['load_average_at_end'][0]:.2f} at the end (before each polynomial size: {poly_loads}; before each "
+        f"classification task: {loads}); total {r['total_seconds']:.0f} s.\n\n"
+        "Protocol: every hyper-parameter is chosen on a validation split of the TRAINING data only (a seeded "
+        f"{pr['validation_share_of_training']:.0%} of the training points held out; each candidate fitted on the "
+        "rest and scored there — MSE, resp. 0-1 error; the chosen value refitted on the whole training set, which "
+        "alone meets the test set). Grids: UNIFORM ridge "
+        f"{list(pr['uniform_ridges'])}, SGD-1s lam {list(pr['sgd_lams'])}, SVM C {list(pr['svm_Cs'])} "
+        f"(UNIFORM, AMKL, GCD-2s), GCD-1s lam {list(pr['gcd1s_lams'])}. SGD-1s returns the average of the second "
+        f"half of its iterates (average_from = {pr['sgd_average_from']}). GCD-1s runs away-step Frank-Wolfe and "
+        f"stops at relative Frank-Wolfe gap (J - J*)/J <= {pr['gcd1s_tol_relative_gap']:g} "
+        f"(or {pr['gcd1s_max_iter']} iterations). Seconds are those of the final fit; selection time is in the "
+        "JSON (`select_seconds`).\n\n"
+        "SGD-1s over the polynomial product family (degree <= 3) on synthetic polynomial data "
+        f"(T = {r['polynomial'][0]['sgd_T']}):\n\n"
+        + _table(["r", "kernels in the family", "SGD-1s lam", "SGD-1s test MSE", "SGD-1s seconds", "UNIFORM ridge",
+                  "UNIFORM test MSE", "UNIFORM seconds", "target variance"], poly)
+        + f"\n\nSGD-1s has the lower test MSE for r in {sgd_wins or 'none'}; UNIFORM for r in {uni_wins or 'none'} "
+        "(noise-free data: for small r UNIFORM's kernel holds every monomial the target uses and interpolates "
+        "it). Plot (test MSE and seconds against r, log scale): "
+        f"`results/{plots['poly']}`.\n\n"
         "Classification (ringnorm, waveform, digits), as the thesis' Table 6.4:\n\n"
-        + _table(["method", "median rank", "mean seconds", "mean iterations"], summ) + "\n"
+        + _table(["task", "method", "chosen", "test error", "rank", "seconds", "iterations", "converged"], per_task)
+        + "\n\n"
+        + _table(["method", "median rank", "mean seconds", "mean iterations", "converged on all tasks"], summ)
+        + f"\n\nRuns that reached their iteration cap: {', '.join(capped) or 'none'}.\n\n"
+        "GCD-1s convergence: away steps against Algorithm 6 as printed (plain Frank-Wolfe), same lam, "
+        "tol and cap; the relative gap certifies (J - J*)/J. Plain Frank-Wolfe converges sublinearly (the "
+        "iterates zig-zag between the vertices of the optimal face; see `mklscale/solvers/gcd.py`); it reached "
+        f"the cap on: {', '.join(fw_capped) or 'none'}.\n\n"
+        + _table(["task", "lam", "away-step FW iterations", "away/drop steps", "final rel. gap", "converged",
+                  "plain FW iterations", "plain FW rel. gap", "plain FW converged", "J_FW / J_away - 1"], conv)
+        + "\n\nPlot (test error, rank and iterations per task; hatched bars reached the iteration cap): "
+        f"`results/{plots['classification']}`. `--quick` results: `results/bench_sgd_gcd_quick.json` "
+        "(plots `results/bench_sgd_gcd_quick_*.png`, not rendered here).\n"
     )
 
 
@@ -251,8 +302,427 @@ def render_smo_citi() -> str:
     )
 
 
+_PEER_LABELS = {"spicy_hinge": "SpicyMKL hinge (block-1)", "spicy_logistic": "SpicyMKL logistic (block-1)",
+                "smo": "SMO-MKL", "uniform": "UNIFORM", "alignment": "alignment (AMKL)"}
+
+
+_MKLPY_ORDER = ("EasyMKL", "AverageMKL", "FHeuristic", "PWMK", "CKA", "GRAM", "RMKL", "MEMO")
+
+
+def _peer_cell(x: dict, key: str):
+    v = x.get(key)
+    return v if v is not None and x.get("status") == "ok" else "-"
+
+
+def render_peers() -> str:
+    r = _load("bench_peers.json")
+    name = "bench_peers.json"
+    if r is None:
+        r, name = _load("bench_peers_quick.json"), "bench_peers_quick.json"
+    head = "## mklscale against MKLpy 0.6 and cvxpy on the same banks (`python benchmarks/bench_peers.py`)\n\n"
+    if r is None:
+        return head + "Not recorded yet.\n"
+    p, v = r["params"], r.get("peer_versions", {})
+    load0 = r["load_average_at_start"][0]
+    text = head + (
+        f"{'Quick run (`--quick`): ' if p['quick'] else ''}tasks {', '.join(p['tasks'])}; n = "
+        f"{', '.join(map(str, p['n']))} training points, up to {p['n_test']} test points (breast_cancer has 569 rows in "
+        f"all); M = {', '.join(map(str, p['M']))} kernels ({p['family']}), unit diagonal, {p['dtype']}. Every method sees "
+        f"the same Gram matrices: MKLpy reads them, exported from our bank, as float64 torch tensors held in memory "
+        f"(train and test); ours read the bank through the engine (block cache {p['cache_bytes']}) and compute the "
+        f"cross kernels of the active kernels only. C = {p['C']} for every SVM; per-fit limit {p['time_limit_s']:.0f} s "
+        f"(fit + prediction) and address-space cap {p['mem_limit_GB']} GB per fitting process; {p['skip_rule']}. "
+        f"Peak memory is the peak resident set of the process that fits and predicts (MKLpy: kernels included). "
+        f"The ratio is the peer's fit time over the matching mklscale method's (AverageMKL / UNIFORM, CKA and "
+        f"FHeuristic / alignment, the others / SpicyMKL hinge); > 1 means mklscale is faster. Load times (reading "
+        f"the npz) are not in MKLpy's fit times; reading the bank is in ours.\n"
+        f"Peers: MKLpy {v.get('MKLpy', '?')}, torch {v.get('torch', '?')}, scikit-learn {v.get('scikit-learn', '?')}, "
+        f"cvxopt {v.get('cvxopt', '?')} (separate venv, `benchmarks/peers/setup_mklpy_venv.sh`); cvxpy "
+        f"{r.get('cvxpy_version', '?')} (Clarabel).\n"
+        f"Machine: {_machine(r['machine'])}; load average at start {r['load_average_at_start']} on "
+        f"{r['machine']['cores']} cores; whole run {r['total_seconds'] / 60:.0f} min (`results/{name}`).\n"
+    )
+    if load0 > 4:
+        text += (f"\n**The machine was busy (load average {load0} on {r['machine']['cores']} cores when the run "
+                 "started): the times below are indicative and are to be re-run on a quiet machine.**\n")
+    rows_all = r["grid"]
+    for task in p["tasks"]:
+        rows = []
+        for x in (g for g in rows_all if g["task"] == task):
+            for side, label, order in (("mklpy", "MKLpy ", _MKLPY_ORDER), ("ours", "", tuple(_PEER_LABELS))):
+                for m, res in sorted(x.get(side, {}).items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 99):
+                    status, msg = res.get("status"), res.get("message", "")
+                    note = "ok" if status == "ok" else (msg if msg.startswith(str(status)) else f"{status}: {msg}")[:170]
+                    rows.append([label + (_PEER_LABELS.get(m, m) if side == "ours" else m), x["n"], x["M"],
+                                 _peer_cell(res, "fit_seconds"),
+                                 res["peak_rss_GB"] if status in ("ok", "error", "killed", "timeout") and "peak_rss_GB" in res else "-",
+                                 _peer_cell(res, "test_accuracy"), _peer_cell(res, "ratio_time"), note.replace("|", "/")])
+        n_test = sorted({g["n_test"] for g in rows_all if g["task"] == task})
+        text += (f"\n### {task} (test points: {', '.join(map(str, n_test))})\n\n"
+                 + _table(["method", "n", "M", "fit s", "peak memory GB", "test acc", "ratio (peer / ours)", "status"], rows)
+                 + "\n")
+    text += "\n" + _peers_summary(r) + "\n"
+    cv = r.get("cvxpy") or []
+    if cv:
+        crow = [[c["task"], c["n"], c["M"], c["cvxpy"]["seconds"], c["smo"]["seconds"], c["spicy_hinge"]["seconds"],
+                 c["cvxpy"]["objective"], c["smo"]["rel_diff_vs_cvxpy"], c["smo"]["gap"],
+                 c["spicy_hinge"]["rel_diff_vs_smo_model"], c["cvxpy_over_smo_time"], c["cvxpy_over_spicy_time"]]
+                for c in cv]
+        text += (
+            f"\ncvxpy (Clarabel, default tolerances) on the QCQP (L), C = {cv[0]['C']}, against SMO-MKL (certified relative gap "
+            "1e-4, as in the SMO-MKL benchmark above) and SpicyMKL hinge block-1 with C' = sum_m ||f_m*|| / C from the SMO solution (the same solution), "
+            "relative gap 1e-6. The SKM objective is -(L)/2; SpicyMKL's is compared with the SMO model's value in "
+            "SpicyMKL's objective. cvxpy's time includes the eigen-factorisations.\n\n"
+            + _table(["data", "n", "M", "cvxpy s", "SMO-MKL s", "SpicyMKL s", "cvxpy objective (SKM)",
+                      "SMO vs cvxpy (rel.)", "SMO gap", "SpicyMKL vs SMO model (rel.)", "cvxpy / SMO time",
+                      "cvxpy / SpicyMKL time"], crow) + "\n")
+    png = name.replace(".json", ".png")
+    text += f"\nFit time against M, per task and n (log-log): `results/{png}`.\n"
+    return text
+
+
+def _peers_summary(r: dict) -> str:
+    """The paragraph under the tables, computed from the results."""
+    grid = r["grid"]
+    peer_ok = [(g, m, x) for g in grid for m, x in g["mklpy"].items() if x.get("status") == "ok"]
+    failed = [(g, m, x) for g in grid for m, x in g["mklpy"].items() if x.get("status") not in ("ok", "not run")]
+    ours_failed = [(g, m, x) for g in grid for m, x in g["ours"].items() if x.get("status") not in ("ok", "not run")]
+    ratios = [x["ratio_time"] for _, _, x in peer_ok if "ratio_time" in x]
+    losses = sorted(((g, m, x) for g, m, x in peer_ok if x.get("ratio_time", 2.0) < 1.0),
+                    key=lambda t: t[2]["ratio_time"])
+    parts = []
+    if ratios:
+        parts.append(f"Over the {len(ratios)} fits where both the peer and its matching mklscale method finished, the "
+                     f"median ratio of fit times is {statistics.median(ratios):.3g} (range {min(ratios):.3g} to "
+                     f"{max(ratios):.3g}).")
+    peak_peer = max(peer_ok, key=lambda t: t[2]["peak_rss_GB"], default=None)
+    ours_ok = [(g, m, x) for g in grid for m, x in g["ours"].items() if x.get("status") == "ok"]
+    peak_ours = max(ours_ok, key=lambda t: t[2]["peak_rss_GB"], default=None)
+    if peak_peer and peak_ours:
+        g, m, x = peak_peer
+        go, mo, xo = peak_ours
+        parts.append(f"Memory: MKLpy holds every kernel, so its peak grows as M n^2 (largest: {m} at n = {g['n']}, "
+                     f"M = {g['M']}, {x['peak_rss_GB']:.2f} GB); the largest peak of ours is "
+                     f"{xo['peak_rss_GB']:.2f} GB ({_PEER_LABELS[mo]} at n = {go['n']}, M = {go['M']}, a bank of "
+                     f"{go['bank_GB']:.2f} GB on disk).")
+    if failed:
+        kinds = {}
+        for g, m, x in failed:
+            kinds.setdefault(m, []).append(f"{g['task']} n={g['n']} M={g['M']} ({x['status']})")
+        parts.append("MKLpy failures: " + "; ".join(f"{m}: {', '.join(v[:3])}{' ...' if len(v) > 3 else ''}"
+                                                   for m, v in kinds.items()) + " (messages in the tables).")
+    not_run = {}
+    for g in grid:
+        for side, label in (("mklpy", "MKLpy "), ("ours", "")):
+            for m, x in g[side].items():
+                if x.get("status") == "not run":
+                    not_run.setdefault(label + _PEER_LABELS.get(m, m), []).append(g)
+    if not_run:
+        parts.append("Not run (skip rule; reasons in the tables): " + "; ".join(
+            f"{k} at {len(v)} of {len(grid)} grid points (from n={min(g['n'] for g in v)}, "
+            f"M={min(g['M'] for g in v if g['n'] == min(h['n'] for h in v))})" for k, v in not_run.items()) + ".")
+    mem_loss = []
+    for g in grid:
+        peer_min = min((x["peak_rss_GB"] for x in g["mklpy"].values() if x.get("status") == "ok"), default=None)
+        if peer_min is None:
+            continue
+        for m, x in g["ours"].items():
+            if x.get("status") == "ok" and x["peak_rss_GB"] > max(1.2 * peer_min, peer_min + 0.2):
+                mem_loss.append(f"{_PEER_LABELS[m]} {x['peak_rss_GB']:.2f} GB vs {peer_min:.2f} GB on {g['task']} "
+                                f"n={g['n']} M={g['M']}")
+    if mem_loss:
+        parts.append("Where one of ours peaks above the smallest MKLpy peak of the same grid point (by more than "
+                     "20% and 0.2 GB): " + "; ".join(mem_loss) + " (SMO-MKL holds a working set of up to 2 GiB of "
+                     "float64 kernels on top of the engine's block cache).")
+    if ours_failed:
+        parts.append("mklscale failures: " + "; ".join(f"{_PEER_LABELS[m]} {g['task']} n={g['n']} M={g['M']} "
+                                                       f"({x['status']})" for g, m, x in ours_failed) + ".")
+    if losses:
+        parts.append("Where mklscale loses on time (ratio < 1): " + "; ".join(
+            f"{m} vs {_PEER_LABELS[x['matched']]} on {g['task']} n={g['n']} M={g['M']} ({x['ratio_time']:.2f})"
+            for g, m, x in losses[:8]) + (" ..." if len(losses) > 8 else "") + ".")
+    acc_loss = []
+    for g in grid:
+        best_peer = max((x["test_accuracy"] for x in g["mklpy"].values() if x.get("status") == "ok"), default=None)
+        best_ours = max((x["test_accuracy"] for x in g["ours"].values() if x.get("status") == "ok"), default=None)
+        if best_peer is not None and best_ours is not None and best_peer > best_ours:
+            acc_loss.append(f"{g['task']} n={g['n']} M={g['M']} ({best_peer:.3f} vs {best_ours:.3f})")
+    pair_loss = []
+    for g in grid:
+        for m, x in g["mklpy"].items():
+            ref = g["ours"].get(x.get("matched", ""), {})
+            if x.get("status") == "ok" and ref.get("status") == "ok" and x["test_accuracy"] > ref["test_accuracy"] + 0.02:
+                pair_loss.append(f"{m} {x['test_accuracy']:.3f} vs {_PEER_LABELS[x['matched']]} {ref['test_accuracy']:.3f} "
+                                 f"on {g['task']} n={g['n']} M={g['M']}")
+    if pair_loss:
+        parts.append("A peer more than 0.02 more accurate than its matching mklscale method: " + "; ".join(pair_loss) + ".")
+    parts.append(("Best test accuracy of a peer above the best of ours: " + "; ".join(acc_loss) + "."
+                  if acc_loss else "No peer reached a higher test accuracy than the best of ours at any grid point.")
+                 + " All methods use one fixed C (no model selection), so accuracy differences of a point or two "
+                 "are within the noise of a few hundred test points.")
+    return " ".join(parts)
+
+
+
+# ---- scaling study (benchmarks/bench_scaling.py) -------------------------------------------------
+def _scaling_cells(x: dict) -> list:
+    if x["status"] == "ok":
+        status = "ok" + (" (stopped by the time limit)" if x.get("hit_time_limit") else "") \
+            + ("" if x["converged"] else ", not converged")
+        return [x["seconds"], x["passes"], x["bank_reads"], x["active"], x["test_accuracy"], status]
+    if x["status"] == "timeout":
+        return [f"> {x['timeout_s']:.0f}", "-", "-", "-", "-", "timeout (killed)"]
+    return ["-", "-", "-", "-", "-", (x["status"] + ": " + x.get("message", ""))[:120].replace("|", "/")]
+
+
+def _scaling_losses(rows: list[dict], key: str) -> str:
+    """Where SpicyMKL (our default solver) is not the fastest, and which solvers fail, from the rows."""
+    parts = []
+    by_point: dict = {}
+    for x in rows:
+        by_point.setdefault(x[key], []).append(x)
+    faster = []
+    for value, xs in sorted(by_point.items()):
+        sp = next((x for x in xs if x["solver"] == "spicy" and x["status"] == "ok"), None)
+        if sp is None:
+            continue
+        for x in xs:
+            if x["solver"] != "spicy" and x["status"] == "ok" and x["seconds"] < sp["seconds"]:
+                faster.append(f"{x['label']} at {key} = {value} ({x['seconds']:.3g} s vs {sp['seconds']:.3g} s)")
+    if faster:
+        parts.append("Faster than SpicyMKL: " + "; ".join(faster[:10]) + (" ..." if len(faster) > 10 else "") + ".")
+    fails = [f"{x['label']} at {key} = {x[key]} ("
+             + (x["status"] if x["status"] != "ok" else "stopped by the time limit" if x.get("hit_time_limit")
+                else "not converged") + ")"
+             for x in rows if x["status"] != "ok" or x.get("hit_time_limit") or not x.get("converged", True)]
+    if fails:
+        parts.append("Timeouts, skips, errors or unconverged fits: " + "; ".join(fails[:14])
+                     + (" ..." if len(fails) > 14 else "") + ".")
+    best_acc: dict = {}
+    for value, xs in sorted(by_point.items()):
+        ok = [x for x in xs if x["status"] == "ok"]
+        if ok:
+            top = max(ok, key=lambda x: x["test_accuracy"])
+            best_acc[value] = f"{top['label']} {top['test_accuracy']:.3f}"
+    if best_acc:
+        parts.append("Best test accuracy per point: " + "; ".join(f"{k}: {v}" for k, v in best_acc.items()) + ".")
+    return " ".join(parts)
+
+
+def _scaling_summary(sec: dict, key: str, slopes_hi: dict, hi_name: str) -> str:
+    """What the sweep shows, computed from the rows: growth of each solver's time over the sweep."""
+    name = "M" if key == "M" else "n"
+    parts = []
+    for s in dict.fromkeys(x["solver"] for x in sec["rows"]):
+        ok = sorted((x for x in sec["rows"] if x["solver"] == s and x["status"] == "ok" and not x.get("hit_time_limit")),
+                    key=lambda x: x[key])
+        if len(ok) >= 2:
+            a, b = ok[0], ok[-1]
+            parts.append(f"{a['label']} {b['seconds'] / a['seconds']:.3g}x (passes {a['passes']} -> {b['passes']})")
+    lo = min(x[key] for x in sec["rows"])
+    text = (f"From {name} = {lo} to the largest {name} each solver finished ({name} grows up to "
+            f"{max(x[key] for x in sec['rows']) / lo:.0f}x), the fit time grows: " + ", ".join(parts) + ". ")
+    superlinear = [f"{x} ({v:.2f})" for x, v in ((sec_label(sec, s), v) for s, v in slopes_hi.items()) if v > 1]
+    if superlinear:
+        text += f"Slope above 1 over {hi_name} (the time grows faster than the bank): {', '.join(superlinear)}. "
+    top = max((x[key] for x in sec["rows"] if x["status"] == "ok"), default=None)
+    if top is not None:
+        at_top = sorted((x for x in sec["rows"] if x[key] == top and x["status"] == "ok" and not x.get("hit_time_limit")),
+                        key=lambda x: x["seconds"])
+        if at_top:
+            text += (f"At {name} = {top} the order is " + " < ".join(f"{x['label']} ({x['seconds']:.3g} s)"
+                                                                      for x in at_top) + ". ")
+    return text
+
+
+def sec_label(sec: dict, solver: str) -> str:
+    return next(x["label"] for x in sec["rows"] if x["solver"] == solver)
+
+
+def _scaling_sweep(r: dict, sec: dict, key: str, title: str, cmd: str, png: str) -> str:
+    label = "M" if key == "M" else "n"
+    rows = [[x[key], x["label"], *_scaling_cells(x)] for x in sorted(sec["rows"], key=lambda x: (x[key], x["solver"]))]
+    if key == "M":
+        slope_sets = [("all M", sec["slopes_all_M"]), ("M > 1000", sec["slopes_M_above_1000"])]
+        pts_hi = [m for m in sec["Ms"] if m > 1000]
+    else:
+        slope_sets = [("all n", sec["slopes_all_n"]), ("n > 500", sec["slopes_n_above_500"])]
+        pts_hi = [v for v in sec["ns"] if v > 500]
+    solvers = list(dict.fromkeys(x["solver"] for x in sec["rows"]))
+    labels = {x["solver"]: x["label"] for x in sec["rows"]}
+    srows = [[labels[s]] + [d.get(s, "-") for _, d in slope_sets] for s in solvers]
+    p = r["params"]
+    builds = [f"{x[key]}: {x['build_seconds']:.1f} s" for x in sec["rows"] if x["solver"] == solvers[0]
+              and x.get("build_seconds") is not None]
+    text = (
+        f"### {title} (`{cmd}`)\n\n"
+        f"Machine: {_machine(r['machine'])}; load average {r['load_average_at_start']} at start, "
+        f"{r['load_average_at_end']} at end, on {r['machine']['cores']} cores shared with other jobs; "
+        f"whole run {r['total_seconds'] / 60:.0f} min. Per-fit limit {p['timeout_s']:.0f} s.\n\n"
+        + _table([label, "solver", "fit s", "full passes", "bank reads", "active", "test acc", "status"], rows)
+        + f"\n\nLog-log slope of the fit time in {label} (least squares over the points that finished; "
+        f"'{slope_sets[1][0]}' uses {label} = {', '.join(map(str, pts_hi))}):\n\n"
+        + _table(["solver"] + [f"slope over {name}" for name, _ in slope_sets], srows)
+        + f"\n\nPlot (fit time and bank reads against {label}, log-log): `results/{png}`. "
+        + (f"Bank builds this run (s): {', '.join(builds)}. " if builds else "Banks were reused from earlier runs. ")
+        + "'Bank reads' is the engine's bytes read divided by the bank's bytes (full passes plus block reads); "
+        "'full passes' counts only calls that streamed every kernel.\n\n"
+        + _scaling_summary(sec, key, slope_sets[1][1], slope_sets[1][0])
+        + _scaling_losses(sec["rows"], key) + "\n"
+    )
+    return text
+
+
+def render_scaling() -> str:
+    head = "## Scaling study (`python benchmarks/bench_scaling.py`)\n\n"
+    quick = _load("bench_scaling_quick.json")
+    text = head + (
+        "IDA protocol on ringnorm (training rows `load('ringnorm', n, seed=0)`, 1000 test rows from seed 1), "
+        "Gaussian kernels on random feature subsets (width 5 chi^2 + 0.1), unit trace, float32, for the six "
+        "solvers with these settings:\n\n"
+        + _table(["solver", "settings"], [[v["label"], v["note"]] for v in
+                                          (quick or {}).get("params", {}).get("solvers", {}).values()])
+        + "\n\nEvery fit runs in a spawned worker process after an untimed warm-up fit of the same solver on a "
+        "6-kernel bank, under a wall-clock limit: a fit past it is killed and recorded as a timeout, and the "
+        "solver is skipped at the larger sizes of that sweep. The engine has no kernel-subset view "
+        "(`SubsetEngine` restricts rows), so every M is its own bank (data and spec seed 0, so a bank of given "
+        "(n, M) is the one `bench_pass.py --big` builds).\n"
+        + (f"A smoke run of every item at tiny sizes is `--quick` ({quick['total_seconds']:.0f} s on "
+           f"{quick['machine']['date'][:10]}, `results/bench_scaling_quick.json`).\n" if quick else "")
+    )
+    for n in (200, 1000):
+        r = _load(f"bench_scaling_m_n{n}.json")
+        cmd = f"python benchmarks/bench_scaling.py --m-scaling --n {n}" + (
+            " --big-bank /tmp/mklscale-bench/big" if n == 1000 else "")
+        if r is None:
+            text += f"\n### Scaling in M at n = {n} (`{cmd}`)\n\nNot recorded yet.\n"
+            continue
+        sec = r["m_scaling"]
+        extra = (" At n = 1000 the banks of M <= 3000 are built here; the largest M is the bank of item 5 "
+                 f"(`{sec['big_bank']}`)." if sec.get("big_bank") else "")
+        text += "\n" + _scaling_sweep(r, sec, "M", f"Scaling in M at n = {n}", cmd, f"bench_scaling_m_n{n}.png")
+        if extra:
+            text += extra + "\n"
+    r = _load("bench_scaling_n.json")
+    cmd = "python benchmarks/bench_scaling.py --n-scaling"
+    if r is None:
+        text += f"\n### Scaling in n at M = 100 (`{cmd}`)\n\nNot recorded yet.\n"
+    else:
+        text += "\n" + _scaling_sweep(r, r["n_scaling"], "n_train", f"Scaling in n at M = {r['n_scaling']['M']}",
+                                      cmd, "bench_scaling_n.png")
+    text += "\n" + _render_scaling_workers() + "\n" + _render_scaling_ooc() + "\n" + _render_scaling_physical()
+    return text
+
+
+def _render_scaling_workers() -> str:
+    r = _load("bench_scaling_workers.json")
+    head = "### Worker processes (`python benchmarks/bench_scaling.py --workers`)\n\n"
+    if r is None:
+        return head + "Not recorded yet.\n"
+    w = r["workers"]
+    s, m = w["split"], w["model"]
+    rows = [[x["where"], x["pass_seconds"], x["pass_GB_per_s"], x["solve_seconds"], x["solve_passes"],
+             x.get("solve_full_pass_seconds", "-")] for x in w["rows"]]
+    proj = [[x["workers"], x["pass_seconds_model"], x["solve_seconds_model"]] for x in m["projection"]]
+    chk = m["check_2_workers"]
+    t = {x["workers"]: x for x in w["rows"]}
+    two_vs_one = t[2]["pass_seconds"] / t[1]["pass_seconds"]
+    thr_vs_two = t[2]["pass_seconds"] / t[0]["pass_seconds"]
+    return head + (
+        f"Bank M = {w['M']}, n = {w['n']} ({w['bank_GB']:.2f} GB), {w['page_cache']}; one quad_forms pass (k = 1) "
+        f"median of {w['repeats']}, SpicyMKL (logistic, block-1, C = 0.05, gap 0.01) solve median of "
+        f"{r['params']['repeats']}.\nMachine: {_machine(r['machine'])}; load average {r['load_average_at_start']} at "
+        f"start on {r['machine']['cores']} cores.\n\n"
+        + _table(["where", "pass s", "pass GB/s", "solve s", "solve full passes", "s in full passes (engine log)"], rows)
+        + ("\n\nPlain reads of the same files (same cache state, seconds): " + ", ".join(
+            f"{k} thread(s) {v:.3g}" for k, v in w["plain_reads_s"].items()) + "." if "plain_reads_s" in w else "")
+        + f"\n\nMeasured split of one pass (same run): reading the bank files into a reused buffer {s['t_read_1thread_s']:.3g} s "
+        f"(1 thread; {s['t_read_2threads_s']:.3g} s with 2), compute {s['t_cpu_1core_s']:.3g} s (the engine's kernels "
+        f"on {s['t_cpu_measured_on_kernels']} cached blocks, one core, scaled to M), and the residual of the 1-worker "
+        f"pass, t_ovh = {s['t_overhead_s']:.3g} s (scheduler, graph, transfers).\n\n"
+        f"**Projection (a model, not a measurement):** `{m['formula']}`, with {m['terms']}. The model gives "
+        f"{chk['model_s']:.3g} s per pass for 2 workers against {chk['measured_s']:.3g} s measured"
+        + (f", and {chk['solve_model_s']:.3g} s per solve against {chk['solve_measured_s']:.3g} s" if "solve_model_s" in chk
+           else "") + ".\n\n"
+        + _table(["workers (model)", "pass s (model)", "SpicyMKL solve s (model)"], proj)
+        + f"\n\nOn this 2-core machine 2 workers take {two_vs_one:.2f}x the pass time of 1 worker and "
+        f"{thr_vs_two:.2f}x that of the threaded default: " + (
+            "the worker processes lose to threads in one process here (per-task scheduling and result transfer "
+            "on top of a pass that is short from the page cache); the model says how much of a pass is "
+            "fixed overhead and so how far more workers can help."
+            if thr_vs_two > 1 else "the workers beat the threaded default here.")
+        + f" The model assumes a free core per worker; with a load average of {r['load_average_at_start'][0]} on "
+        f"{r['machine']['cores']} cores that does not hold here, and the measured 2-worker pass is "
+        f"{chk['measured_s'] / chk['model_s']:.2f}x the model's. Read the projection as what the measured I/O and "
+        "compute split allow on free cores, not as a forecast for this machine.\n"
+    )
+
+
+def _render_scaling_ooc() -> str:
+    r = _load("bench_scaling_ooc.json")
+    cmd = "python benchmarks/bench_scaling.py --out-of-core /tmp/mklscale-bench/big"
+    head = f"### Out of core end to end (`{cmd}`)\n\n"
+    if r is None:
+        return head + "Not recorded yet.\n"
+    o = r["out_of_core"]
+    b = o["build"]
+    build = ("Bank reused: " + b["note"] + "; `bench_build.py` above measures the build rate, and "
+             "`--out-of-core NEW_PATH` builds and times a bank") if b["reused"] else \
+        f"bank built in {b['seconds']:.0f} s ({b['kernels_per_s']:.1f} kernels/s, peak RSS {b['peak_rss_GB']:.2f} GB)"
+    rows = [[x["where"], *(_scaling_cells(x)[:4]), x["peak_rss_GB"], x.get("peak_rss_driver_GB", "-"),
+             _scaling_cells(x)[5]] for x in o["rows"]]
+    ok = [x for x in o["rows"] if x["status"] == "ok"]
+    met_t = [x["where"] for x in ok if x["seconds"] < o["targets"]["fit_seconds"]]
+    met_m = [x["where"] for x in o["rows"] if x["peak_rss_GB"] < o["targets"]["peak_rss_GB"]]
+    return head + (
+        f"SpicyMKL (logistic, block-1, C = 0.05, gap 0.01) on M = {o['M']}, n = {o['n']} float32: {o['bank_GB']:.1f} GB "
+        f"on disk against {o['memory_GB']:.1f} GB of RAM ({'larger' if o['larger_than_memory'] else 'NOT larger'} than "
+        f"memory; {o['note']}). {build}.\nMachine: {_machine(r['machine'])}; load average {r['load_average_at_start']} "
+        f"at start.\n\n"
+        + _table(["where", "fit s", "full passes", "bank reads", "active", "peak RSS all processes GB",
+                  "peak RSS benchmark process GB (not the fit)", "status"], rows)
+        + f"\n\n{o['rss_note']}. Targets: fit under {o['targets']['fit_seconds']} s "
+        f"({'met: ' + ', '.join(met_t) if met_t else 'NOT met'}), peak memory under {o['targets']['peak_rss_GB']} GB "
+        f"({'met: ' + ', '.join(met_m) if met_m else 'NOT met'}).\n"
+    )
+
+
+def _render_scaling_physical() -> str:
+    r = _load("bench_scaling_physical.json")
+    cmd = "python benchmarks/bench_scaling.py --physical /tmp/mklscale-bench/big"
+    head = f"### Against the physical limit (`{cmd}`)\n\n"
+    if r is None:
+        return head + "Not recorded yet.\n"
+    p = r["physical"]
+    rows = []
+    for x in p["rows"]:
+        c = _scaling_cells(x)
+        ratio = x.get("fit_over_read", f"> {x['fit_over_read_at_least']:.3g}" if "fit_over_read_at_least" in x else "-")
+        rows.append([x["label"], c[0], ratio, c[1], c[2], c[3], c[4], c[5]])
+    sp = next((x for x in p["rows"] if x["solver"] == "spicy" and x["status"] == "ok"), None)
+    target = p["target"]["spicy_fit_over_read"]
+    done = {x["solver"] for x in p["rows"]}
+    missing = [lab for key, lab in (("spicy", "SpicyMKL"), ("smo", "SMO-MKL"), ("elasticnet", "Citi"), ("pfbs", "PFBS"),
+                                    ("sgd", "SGD-1s"), ("gcd", "GCD-1s")) if key not in done]
+    verdict = (f"SpicyMKL costs {sp['fit_over_read']:.2f} bank reads (target <= {target:g}: "
+               f"{'met' if sp['fit_over_read'] <= target else 'NOT met'})." if sp else "SpicyMKL did not finish.")
+    worst = sorted((x for x in p["rows"] if "fit_over_read" in x or "fit_over_read_at_least" in x),
+                   key=lambda x: -x.get("fit_over_read", x.get("fit_over_read_at_least", 0)))
+    return head + (
+        f"M = {p['M']}, n = {p['n']} ({p['bank_GB']:.1f} GB, RAM {p['memory_GB']:.1f} GB). One plain read of the bank: "
+        f"{p['plain_read_seconds']:.1f} s ({p['plain_read']}; {p['cache_state']}).\nMachine: {_machine(r['machine'])}; "
+        f"load average {r['load_average_at_start']} at start.\n\n"
+        + _table(["solver", "fit s", "fit / plain read", "full passes", "bank reads (bytes)", "active", "test acc",
+                  "status"], rows)
+        + ("\n\nNot run in this recording (add them with `--solvers`): " + ", ".join(missing) + "." if missing else "")
+        + f"\n\n{verdict} The most expensive against the read: "
+        + ", ".join(f"{x['label']} ({x.get('fit_over_read', x.get('fit_over_read_at_least')):.3g}"
+                    f"{'+' if 'fit_over_read_at_least' in x else ''})" for x in worst[:3]) + ".\n"
+    )
+
 RENDERERS: list[Callable[[], str]] = [render_build, render_pass, render_pass_big, render_spicy, render_spicy_uci,
-                                      render_spicy_ooc, render_smo_citi, render_pfbs, render_sgd_gcd]
+                                      render_spicy_ooc, render_smo_citi, render_pfbs, render_sgd_gcd,
+                                      render_peers, render_scaling]
 
 HEADER = """# Benchmarks
 

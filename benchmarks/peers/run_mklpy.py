@@ -1,0 +1,285 @@
+"""Fit MKLpy's MKL algorithms on Gram matrices exported by benchmarks/bench_peers.py.
+
+Runs INSIDE the MKLpy virtual environment (benchmarks/peers/setup_mklpy_venv.sh); it never imports
+mklscale.
+
+    .venv/bin/python benchmarks/peers/run_mklpy.py DATA.npz --out RESULT.json \
+        [--methods EasyMKL,AverageMKL,...] [--time-limit 120] [--mem-limit-gb 16] [--max-iter 100]
+
+DATA.npz (read with allow_pickle=False): K_train (M, n, n), K_test (M, n_test, n) (float32 or
+float64), y_train (n,), y_test (n_test,) labels in {-1, +1}.
+
+Protocol. The kernels are loaded the way MKLpy holds them: every train and test kernel in memory as
+a float64 torch tensor (MKLpy casts kernels to float64 itself, ``utils.validation.check_X``, and its
+matrix products need one dtype). The npz members are streamed kernel by kernel into one float64
+array, so loading never holds a second copy. Each method then runs in its own forked process
+(copy-on-write: the kernels are not copied): its fit time is the wall time of ``fit(KL_train,
+y_train)``, its test accuracy is from ``predict(KL_test)``, and its peak memory is the ru_maxrss of
+that process from ``os.wait4`` (the kernels it inherited count: they are resident in it). A method
+still running after --time-limit seconds is killed and recorded as a timeout; one that dies of a
+signal (the kernel's out-of-memory killer) or raises (MemoryError, RuntimeError from torch's
+allocator, ...) is recorded with its message. --mem-limit-gb caps the address space
+(RLIMIT_AS) of this process and of every fit, so running out of memory is an error MKLpy reports
+rather than the machine's OOM killer picking a process; and the kernels are not loaded at all
+(a MemoryError, recorded) when their float64 size plus a 2 GB reserve exceeds the machine's
+MemAvailable: the machine is shared, and other jobs must not be pushed into the OOM killer.
+
+Output: one JSON object (also printed): versions, load (seconds, GB held), and per method status
+("ok" | "error" | "timeout" | "killed"), fit_seconds, predict_seconds, peak_rss_GB, test_accuracy,
+n_nonzero_weights, message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import signal
+import sys
+import tempfile
+import time
+import traceback
+import zipfile
+
+import numpy as np
+
+GB = 1e9
+ALL_METHODS = ("EasyMKL", "AverageMKL", "FHeuristic", "PWMK", "CKA", "GRAM", "RMKL", "MEMO")
+
+
+def versions() -> dict:
+    from importlib.metadata import version
+
+    out = {}
+    for name in ("MKLpy", "torch", "numpy", "scikit-learn", "cvxopt"):
+        try:
+            out[name] = version(name)
+        except Exception as exc:  # noqa: BLE001
+            out[name] = f"missing ({exc})"
+    return out
+
+
+def read_member(npz: str, name: str, dtype=np.float64) -> np.ndarray:
+    """The array ``name`` of an uncompressed or deflated npz, streamed into a ``dtype`` array one
+    leading-axis slice at a time (no second full-size copy, no pickle)."""
+    with zipfile.ZipFile(npz) as zf, zf.open(name + ".npy") as f:
+        major, _ = np.lib.format.read_magic(f)
+        reader = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+        shape, fortran, src = reader(f)
+        if src.hasobject:
+            raise ValueError(f"{name}: object arrays are not accepted")
+        if fortran:
+            raise ValueError(f"{name}: Fortran order is not supported")
+        out = np.empty(shape, dtype=dtype)
+        if out.ndim == 0 or out.shape[0] == 0:
+            return out
+        flat = out.reshape(shape[0], -1)
+        row_bytes = flat.shape[1] * src.itemsize
+        buf = bytearray(row_bytes)
+        view = memoryview(buf)
+        for i in range(shape[0]):
+            got = 0
+            while got < row_bytes:
+                k = f.readinto(view[got:])
+                if not k:
+                    raise ValueError(f"{name}: truncated at row {i}")
+                got += k
+            flat[i] = np.frombuffer(buf, dtype=src)
+        return out
+
+
+RESERVE = 2 * 10**9
+
+
+def mem_available() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 1 << 62
+
+
+def member_shape(npz: str, name: str) -> tuple:
+    with zipfile.ZipFile(npz) as zf, zf.open(name + ".npy") as f:
+        major, _ = np.lib.format.read_magic(f)
+        reader = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+        return reader(f)[0]
+
+
+def make(name: str, args):
+    from MKLpy import algorithms
+    from MKLpy.scheduler import ReduceOnWorsening
+    from sklearn.svm import SVC
+
+    svc = SVC(C=args.svm_C)
+    if name == "EasyMKL":
+        return algorithms.EasyMKL(lam=args.easy_lam)  # its default learner: KOMD(lam=0.1)
+    if name == "AverageMKL":
+        return algorithms.AverageMKL(learner=svc)
+    if name == "FHeuristic":
+        return algorithms.FHeuristic(learner=svc)
+    if name == "PWMK":
+        return algorithms.PWMK(learner=svc, delta=0, cv=3)
+    if name == "CKA":
+        return algorithms.CKA(learner=svc)
+    if name in ("GRAM", "RMKL", "MEMO"):
+        cls = getattr(algorithms, name)
+        kw = {"learner": svc, "max_iter": args.max_iter, "learning_rate": args.learning_rate,
+              "scheduler": ReduceOnWorsening()}
+        if name == "RMKL":
+            kw["C"] = args.svm_C
+        return cls(**kw)
+    raise ValueError(f"unknown MKLpy method {name!r}")
+
+
+def fit_one(name: str, KL_tr, y_tr, KL_te, y_te, args) -> dict:
+    """Runs in the forked child: fit, predict, report."""
+    import contextlib
+    import io
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    out = {"method": name}
+    model = make(name, args)
+    Y = torch.tensor(y_tr.astype(np.int64))
+    with contextlib.redirect_stdout(io.StringIO()):  # MEMO prints tensor sizes
+        t0 = time.perf_counter()
+        model.fit(KL_tr, Y)
+        out["fit_seconds"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        pred = model.predict(KL_te)
+        out["predict_seconds"] = time.perf_counter() - t0
+    pred = np.asarray(pred.numpy() if hasattr(pred, "numpy") else pred).reshape(-1)
+    out["test_accuracy"] = float(np.mean(pred == y_te))
+    w = getattr(getattr(model, "solution", None), "weights", None)
+    if w is not None:
+        w = np.asarray(w.numpy() if hasattr(w, "numpy") else w, dtype=np.float64)
+        out["n_nonzero_weights"] = int(np.count_nonzero(np.abs(w) > 1e-12 * max(np.abs(w).max(), 1e-300)))
+    out["status"] = "ok"
+    return out
+
+
+def run_forked(name: str, KL_tr, y_tr, KL_te, y_te, args) -> dict:
+    fd, path = tempfile.mkstemp(prefix=f"mklpy_{name}_", suffix=".json")
+    os.close(fd)
+    t_start = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 0
+        try:
+            res = fit_one(name, KL_tr, y_tr, KL_te, y_te, args)
+        except BaseException as exc:  # noqa: BLE001
+            tb = traceback.format_exc().strip().splitlines()
+            res = {"method": name, "status": "error", "message": f"{type(exc).__name__}: {exc}"[:2000],
+                   "traceback_tail": tb[-6:]}
+            code = 1
+        try:
+            with open(path, "w") as f:
+                json.dump(res, f)
+        finally:
+            os._exit(code)
+    deadline = t_start + args.time_limit
+    status, rusage = None, None
+    while True:
+        wpid, status, rusage = os.wait4(pid, os.WNOHANG)
+        if wpid == pid:
+            break
+        if time.perf_counter() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            _, status, rusage = os.wait4(pid, 0)
+            res = {"method": name, "status": "timeout",
+                   "message": f"still running after {args.time_limit:g} s (killed)"}
+            break
+        time.sleep(0.05)
+    wall = time.perf_counter() - t_start
+    if "res" not in locals():
+        try:
+            with open(path) as f:
+                res = json.load(f)
+        except (OSError, ValueError):
+            sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+            res = {"method": name, "status": "killed",
+                   "message": (f"died of signal {sig} ({signal.Signals(sig).name})"
+                               + (" - the out-of-memory killer" if sig == signal.SIGKILL else "")
+                               if sig else f"exited {os.WEXITSTATUS(status)} without a result")}
+    os.unlink(path)
+    res["wall_seconds"] = wall
+    res["peak_rss_GB"] = rusage.ru_maxrss * 1024 / GB  # Linux: kilobytes
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("data")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--methods", default=",".join(ALL_METHODS))
+    ap.add_argument("--time-limit", type=float, default=600.0, help="seconds per method (fit + predict)")
+    ap.add_argument("--mem-limit-gb", type=float, default=None, help="RLIMIT_AS of this process and its fits")
+    ap.add_argument("--max-iter", type=int, default=100, help="GRAM / RMKL / MEMO iterations")
+    ap.add_argument("--learning-rate", type=float, default=0.01)
+    ap.add_argument("--svm-C", type=float, default=1.0)
+    ap.add_argument("--easy-lam", type=float, default=0.1)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    if args.mem_limit_gb:
+        lim = int(args.mem_limit_gb * GB)
+        resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
+
+    out = {"versions": versions(), "data": os.path.abspath(args.data), "params": {
+        k: getattr(args, k) for k in ("time_limit", "mem_limit_gb", "max_iter", "learning_rate", "svm_C",
+                                      "easy_lam", "threads")}, "methods": {}}
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    t0 = time.perf_counter()
+    try:
+        with np.load(args.data, allow_pickle=False) as z:  # small members; also validates the file
+            y_tr, y_te = z["y_train"].astype(np.int64), z["y_test"].astype(np.int64)
+        need = 8 * sum(int(np.prod(member_shape(args.data, k))) for k in ("K_train", "K_test"))
+        avail = mem_available()
+        out["memory_check"] = {"kernels_float64_GB": need / GB, "machine_available_GB": avail / GB}
+        if need + RESERVE > avail:  # a shared machine: never push other jobs into the OOM killer
+            raise MemoryError(f"MKLpy would hold {need / GB:.1f} GB of float64 kernels (train + test) but the "
+                              f"machine has {avail / GB:.1f} GB available (MemAvailable, minus a "
+                              f"{RESERVE / GB:.0f} GB reserve); not loaded")
+        Ktr = read_member(args.data, "K_train")
+        Kte = read_member(args.data, "K_test")
+        import warnings
+
+        import torch  # no torch compute in this process: the fits are forked
+        from MKLpy import algorithms, scheduler  # noqa: F401
+        from sklearn.svm import SVC  # noqa: F401  (imported once, before the forks)
+
+        warnings.filterwarnings("ignore", category=UserWarning)
+
+        Ttr, Tte = torch.from_numpy(Ktr), torch.from_numpy(Kte)
+        KL_tr = [Ttr[m] for m in range(Ttr.shape[0])]
+        KL_te = [Tte[m] for m in range(Tte.shape[0])]
+        out["load"] = {"seconds": time.perf_counter() - t0, "kernels_GB": (Ktr.nbytes + Kte.nbytes) / GB,
+                       "M": int(Ktr.shape[0]), "n": int(Ktr.shape[1]), "n_test": int(Kte.shape[1]),
+                       "rss_after_load_GB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB}
+    except BaseException as exc:  # noqa: BLE001
+        msg = f"loading the kernels as float64 failed: {type(exc).__name__}: {exc}"[:2000]
+        out["load"] = {"seconds": time.perf_counter() - t0, "error": msg,
+                       "rss_GB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB}
+        for m in methods:
+            out["methods"][m] = {"method": m, "status": "error", "message": msg,
+                                 "peak_rss_GB": out["load"]["rss_GB"]}
+        methods = []
+    for m in methods:
+        res = run_forked(m, KL_tr, y_tr, KL_te, y_te, args)
+        out["methods"][m] = res
+        print(f"  MKLpy {m:11s} {res['status']:8s} fit {res.get('fit_seconds', float('nan')):8.2f}s "
+              f"peak {res['peak_rss_GB']:6.2f} GB acc {res.get('test_accuracy', float('nan')):.3f} "
+              f"{res.get('message', '')[:120]}", file=sys.stderr, flush=True)
+    text = json.dumps(out, indent=1)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
