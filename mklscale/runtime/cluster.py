@@ -13,6 +13,10 @@ A cluster config is a flat TOML file whose ``kind`` picks one of four ways to ge
     memory = "16GB"
     jobs = 2
 
+TLS (Dask's ``distributed.security.Security``): ``kind = "local"`` takes ``tls = true``
+(temporary certificates made in memory); ``address``, ``slurm`` and ``pbs`` take ``tls_ca_file``,
+``tls_cert`` and ``tls_key`` (PEM files; see ``cluster/tls.toml`` and ``cluster/README.md``).
+
 The keys of each kind, their types and defaults are the fields of :class:`LocalConfig`,
 :class:`AddressConfig` and :class:`JobqueueConfig` (documented there; ``cluster/*.toml`` show all
 of them with comments). Unknown keys, wrong types and impossible values raise
@@ -90,7 +94,8 @@ class LocalConfig(ClusterConfig):
     (bool, default true: one OS process per worker, so numba/numpy code runs in parallel without
     the GIL), ``memory_limit`` (per worker: "auto" = the machine's memory split evenly, or a size
     such as "4GB"; 0 = no limit), ``dashboard`` (bool, default false: serve the dashboard on a free
-    port and print its link).
+    port and print its link), ``tls`` (bool, default false: scheduler, workers and client talk
+    over ``tls://`` with temporary certificates, ``Security.temporary()``; needs ``cryptography``).
     """
 
     kind: ClassVar[str] = "local"
@@ -99,6 +104,7 @@ class LocalConfig(ClusterConfig):
     processes: bool = True
     memory_limit: str | int = "auto"
     dashboard: bool = False
+    tls: bool = False
 
     def _check(self) -> None:
         self._positive("n_workers", "threads_per_worker")
@@ -113,12 +119,19 @@ class AddressConfig(ClusterConfig):
     10: how long to try to connect, and then how long to wait for ``min_workers``),
     ``min_workers`` (int, default 1: wait until that many workers are connected; 0 = don't wait).
     Start the other side with ``dask scheduler --port 8786`` and ``dask worker tcp://HOST:8786``.
+    For a scheduler on ``tls://HOST:PORT``: ``tls_ca_file`` (the CA certificate, PEM),
+    ``tls_cert`` (this client's certificate, PEM, signed by that CA) and ``tls_key`` (its private
+    key; leave it out when ``tls_cert`` holds the key too). All three are paths; relative paths
+    are taken from the directory mklscale runs in.
     """
 
     kind: ClassVar[str] = "address"
     address: str
     timeout_s: float = 10.0
     min_workers: int = 1
+    tls_ca_file: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
     def _check(self) -> None:
         if not self.address or any(c.isspace() for c in self.address) or ":" not in self.address:
@@ -126,6 +139,7 @@ class AddressConfig(ClusterConfig):
         self._positive("timeout_s")
         if self.min_workers < 0:
             self._fail("min_workers", f"must be >= 0, got {self.min_workers}")
+        _check_tls(self, self.address.startswith("tls://"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,6 +161,9 @@ class JobqueueConfig(ClusterConfig):
     - ``python`` (str, default: this interpreter): the Python that starts workers on the nodes.
     - ``startup_timeout_s`` (number, default 120): how long to wait for the first worker.
     - ``dashboard`` (bool, default false): serve the dashboard on a free port and print its link.
+    - ``tls_ca_file``, ``tls_cert``, ``tls_key`` (str): run scheduler, workers and client over
+      ``tls://`` with these PEM files (CA certificate, a certificate signed by it, its key); the
+      same paths must be readable on the compute nodes (a shared file system).
     """
 
     kind: ClassVar[str] = "slurm"
@@ -165,8 +182,12 @@ class JobqueueConfig(ClusterConfig):
     python: str = field(default_factory=lambda: sys.executable)
     startup_timeout_s: float = 120.0
     dashboard: bool = False
+    tls_ca_file: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
     def _check(self) -> None:
+        _check_tls(self, self.tls_ca_file is not None or self.tls_cert is not None or self.tls_key is not None)
         self._positive("cores", "processes", "jobs", "startup_timeout_s")
         if self.processes > self.cores:
             self._fail("processes", f"{self.processes} worker processes per job need at least as many cores (cores = {self.cores})")
@@ -276,6 +297,67 @@ def _check_bytes(config: ClusterConfig, key: str, allow: tuple[str, ...] = ()) -
         config._fail(key, f"expected a size such as \"4GB\" or \"512MiB\"{' or ' + repr(allow[0]) if allow else ''}, got {value!r}")
 
 
+TLS_KEYS = ("tls_ca_file", "tls_cert", "tls_key")
+
+
+def _check_tls(config: ClusterConfig, wanted: bool) -> None:
+    """TLS keys: CA and certificate together, and for ``kind = "address"`` a ``tls://`` address
+    exactly when they are given. (That the files exist is checked when the cluster is opened, by
+    :func:`security_of`: shipped example configs name files that only their users have.)"""
+    given = [k for k in TLS_KEYS if getattr(config, k) is not None]
+    address = getattr(config, "address", None)
+    if given and address is not None and not address.startswith("tls://"):
+        config._fail("address", f"{', '.join(given)} given but the address {address!r} is not tls://; "
+                                "write it as \"tls://HOST:PORT\" or remove the tls_* keys")
+    if not wanted:
+        return
+    if not given and _tls_from_dask_config():
+        return  # `distributed.comm.tls.*` in Dask's own config (~/.config/dask) supplies the certificates
+    for key in ("tls_ca_file", "tls_cert"):
+        if getattr(config, key) is None:
+            what = f"the address {address!r} is tls://" if address is not None and not given else f"{', '.join(given)} given"
+            config._fail(key, f"missing: {what}; set tls_ca_file (the CA certificate) and tls_cert (a certificate "
+                              "signed by it, with tls_key for its key), see cluster/tls.toml")
+    for key in given:
+        if not getattr(config, key):
+            config._fail(key, "is empty; give the path of a PEM file (see cluster/README.md, TLS)")
+
+
+def _tls_from_dask_config() -> bool:
+    import dask
+
+    return bool(dask.config.get("distributed.comm.tls.ca-file", None))
+
+
+def security_of(config: ClusterConfig) -> Any:
+    """The ``distributed.security.Security`` a config asks for, or None for plain tcp. Raises
+    ConfigError naming the key when a certificate or key file does not exist."""
+    from distributed.security import Security
+
+    if isinstance(config, LocalConfig):
+        if not config.tls:
+            return None
+        try:
+            return Security.temporary()
+        except ImportError:
+            raise ClusterUnavailableError(f"cluster config {config.source}: tls = true needs the 'cryptography' package "
+                                          "for temporary certificates: pip install cryptography") from None
+    ca = getattr(config, "tls_ca_file", None)
+    if ca is None:
+        return None
+    for key in TLS_KEYS:
+        value = getattr(config, key)
+        if value is not None and not Path(value).expanduser().is_file():
+            config._fail(key, f"no such file: {value!r} (from {Path.cwd()}); give the path of a PEM file "
+                              "(how to make them: cluster/README.md, section TLS)")
+    # absolute paths: batch jobs start workers in other directories
+    ca, cert = str(Path(ca).expanduser().resolve()), str(Path(config.tls_cert).expanduser().resolve())
+    key = None if config.tls_key is None else str(Path(config.tls_key).expanduser().resolve())
+    return Security(tls_ca_file=ca, tls_client_cert=cert, tls_client_key=key,
+                    tls_scheduler_cert=cert, tls_scheduler_key=key, tls_worker_cert=cert, tls_worker_key=key,
+                    require_encryption=True)
+
+
 # ---------------------------------------------------------------------------------------------
 # Opening a client
 
@@ -325,15 +407,17 @@ def _sigterm_unwinds() -> Iterator[None]:
 def _local(config: LocalConfig) -> Iterator[Any]:
     from distributed import Client, LocalCluster
 
+    security = security_of(config)
+    tls = {} if security is None else {"protocol": "tls://", "security": security}
     try:
         cluster = LocalCluster(n_workers=config.n_workers, threads_per_worker=config.threads_per_worker,
                                processes=config.processes, memory_limit=config.memory_limit,
                                dashboard_address=":0" if config.dashboard else None,
-                               scheduler_kwargs={"dashboard_address": ":0"})  # its bare HTTP port: any free one
+                               scheduler_kwargs={"dashboard_address": ":0"}, **tls)  # its bare HTTP port: any free one
     except Exception as exc:  # noqa: BLE001 - any failure to start is reported the same way
         raise ClusterUnavailableError(f"could not start a local Dask cluster ({config.n_workers} workers, "
                                       f"processes={config.processes}): {exc}; try fewer workers or processes = false") from exc
-    with cluster, Client(cluster) as client:
+    with cluster, Client(cluster, security=security) as client:
         yield client
 
 
@@ -343,7 +427,7 @@ def _address(config: AddressConfig) -> Iterator[Any]:
 
     start = time.monotonic()
     try:
-        client = Client(config.address, timeout=f"{config.timeout_s}s")
+        client = Client(config.address, timeout=f"{config.timeout_s}s", security=security_of(config))
     except (OSError, TimeoutError) as exc:
         raise ClusterUnavailableError(
             f"no Dask scheduler answered at {config.address} within {config.timeout_s:g}s ({exc}). "
@@ -363,11 +447,12 @@ def _jobqueue(config: JobqueueConfig) -> Iterator[Any]:
     from distributed import Client
 
     cluster_class, submit = _jobqueue_class(config)
+    kwargs = jobqueue_kwargs(config)  # a missing certificate file is a ConfigError, not a cluster failure
     try:
-        cluster = cluster_class(**jobqueue_kwargs(config))
+        cluster = cluster_class(**kwargs)
     except Exception as exc:  # noqa: BLE001
         raise ClusterUnavailableError(f"could not set up a {config.kind.upper()} Dask cluster from {config.source}: {exc}") from exc
-    with cluster, Client(cluster) as client:
+    with cluster, Client(cluster) as client:  # the client takes the cluster's security
         cluster.scale(jobs=config.jobs)
         log_hint = f"the job logs in {config.log_directory}" if config.log_directory else "the job output files"
         _wait_for_workers(client, 1, config.startup_timeout_s,
@@ -401,6 +486,9 @@ def jobqueue_kwargs(config: JobqueueConfig) -> dict[str, Any]:
                   python=config.python, job_extra_directives=list(config.job_directives),
                   job_script_prologue=list(config.job_script_prologue), job_name="mklscale-worker",
                   scheduler_options={"dashboard_address": ":0", "dashboard": config.dashboard})
+    security = security_of(config)
+    if security is not None:
+        kwargs.update(security=security, protocol="tls://")
     return {k: v for k, v in kwargs.items() if v is not None}
 
 
