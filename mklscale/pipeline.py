@@ -76,7 +76,7 @@ import numpy as np
 
 from mklscale import __version__
 from mklscale.config import Field, check_table, check_value, fraction, one_of, positive, read_toml
-from mklscale.errors import ConfigError, InvalidInputError, MKLScaleError
+from mklscale.errors import ClusterUnavailableError, ConfigError, InvalidInputError, MKLScaleError
 from mklscale.solvers.result import json_safe
 
 SCHEMA_VERSION = 1
@@ -256,10 +256,17 @@ def run_pipeline(spec, out: str | os.PathLike | None = None, cluster=None, quiet
         # the run folder is created only once the data loaded and the cluster answered, so a bad
         # dataset or an unreachable cluster leaves nothing on disk
         _prepare_run_dir(run_dir, pipe)
-        bank, bank_info = _build_bank(pipe, data, run_dir, client, quiet, say)
-        entries = [_run_solver(entry, bank, data, run_dir, client, quiet, say, pipe.checkpoint_every_s, resume)
-                   for entry in pipe.solvers]
-        entries += [_run_path(entry, bank, data, client, quiet, say) for entry in pipe.paths]
+        try:
+            bank, bank_info = _build_bank(pipe, data, run_dir, client, quiet, say)
+            entries = [_run_solver(entry, bank, data, run_dir, client, quiet, say, pipe.checkpoint_every_s,
+                                   resume) for entry in pipe.solvers]
+            entries += [_run_path(entry, bank, data, client, quiet, say) for entry in pipe.paths]
+        except ClusterUnavailableError as exc:
+            source = pipe.source if pipe.source is not None else "PIPELINE.toml"
+            raise ClusterUnavailableError(
+                f"{exc}. The run's state is kept in {run_dir} (the bank, finished solvers and checkpoints in "
+                f"{run_dir / 'checkpoints'}); when the cluster is back, resume with: mklscale run {source} "
+                f"--out {run_dir} --resume") from exc
         cluster_info = _cluster_info(cluster_config, client)
     results = {
         "schema_version": SCHEMA_VERSION, "mklscale_version": __version__,
@@ -327,15 +334,9 @@ def _build_bank(pipe: Pipeline, data: _Data, run_dir: Path, client, quiet: bool,
     bank = build_bank(data.X_train, specs, path, normalize=normalize, dtype=cfg["dtype"], client=client,
                       progress=not quiet)
     info = {"path": str(path), "M": len(bank), "n": bank.n, "dtype": cfg["dtype"], "normalize": cfg["normalize"],
-            "build_seconds": time.perf_counter() - t0, "kernels_computed": _kernels_computed(),
+            "build_seconds": time.perf_counter() - t0, "kernels_computed": getattr(bank, "last_build_computed", None),
             "families": dict(collections.Counter(s.family for s in specs))}
     return bank, info
-
-
-def _kernels_computed() -> int | None:
-    from mklscale.bank import build
-
-    return getattr(build, "last_build_computed", None)
 
 
 def _run_solver(entry: dict, bank, data: _Data, run_dir: Path, client, quiet: bool, say, every_s: float,
@@ -366,8 +367,8 @@ def _run_solver(entry: dict, bank, data: _Data, run_dir: Path, client, quiet: bo
     t0 = time.perf_counter()
     try:
         estimator.fit_bank(bank, data.y_train, resume=resume)
-    except Preempted:
-        raise
+    except (Preempted, ClusterUnavailableError):
+        raise   # the run stops: resumable from its checkpoints, not a failure of this solver
     except MKLScaleError as exc:
         record.update(status="failed", error=f"{type(exc).__name__}: {exc}", seconds=time.perf_counter() - t0)
         say(f"[{name}] FAILED: {record['error']}")

@@ -100,7 +100,7 @@ def test_run_writes_results_models_and_report(tiny_run):
     out, results = tiny_run
     on_disk = json.loads((out / "results.json").read_text())
     assert on_disk["schema_version"] == 1
-    assert on_disk["bank"]["M"] == 4 and on_disk["bank"]["n"] == 60
+    assert on_disk["bank"]["M"] == 4 and on_disk["bank"]["n"] == 60 and on_disk["bank"]["kernels_computed"] == 4
     assert on_disk["cluster"]["workers"] == 2
     assert [s["name"] for s in on_disk["solvers"]] == ["spicy", "uni"]
     assert all(s["status"] == "ok" for s in on_disk["solvers"])

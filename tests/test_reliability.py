@@ -342,6 +342,35 @@ def test_scheduler_killed_mid_solve_raises_and_the_checkpoint_resumes(doomed_sch
     assert resumed.bias == ref.bias
 
 
+def test_pipeline_that_loses_its_scheduler_names_the_resume_command(doomed_scheduler, tmp_path):
+    """A pipeline on a scheduler address whose scheduler dies during a solve stops with
+    ClusterUnavailableError (bounded) naming the run directory and the --resume command, keeping the
+    bank; `--resume` on another cluster then finishes the run."""
+    from distributed import Client
+
+    from mklscale.pipeline import run_pipeline
+
+    address, scheduler = doomed_scheduler
+    spec = {"name": "lost", "dataset": {"name": "breast_cancer", "max_train": 60},
+            "bank": {"families": [{"family": "gaussian", "widths": [1, 2, 5]}, {"family": "linear"}]},
+            "solver": [{"name": "spicy", "solver": "spicy", "C": 0.05, "tol": 1e-8}], "report": {"enabled": False}}
+    with Client(address, timeout="30s") as client:
+        client.wait_for_workers(1, timeout=60)
+        client.register_plugin(KillPid("mklscale-quad_forms", 2, scheduler.pid))
+    run_dir = tmp_path / "run"
+    t0 = time.monotonic()
+    with pytest.raises(ClusterUnavailableError) as info:
+        run_pipeline(spec, out=run_dir, cluster={"kind": "address", "address": address}, quiet=True)
+    assert time.monotonic() - t0 < LOST_BOUND_S + 30
+    assert scheduler.wait(timeout=5) == -signal.SIGKILL, "the scheduler was not killed"
+    message = str(info.value)
+    assert "lost the Dask scheduler" in message and f"--out {run_dir} --resume" in message
+    assert (run_dir / "bank.zarr").is_dir() and not (run_dir / "results.json").exists()
+    resumed = run_pipeline(spec, out=run_dir, cluster={"kind": "local", "n_workers": 1, "processes": False},
+                           quiet=True, resume=True)
+    assert resumed["solvers"][0]["status"] == "ok" and resumed["bank"]["kernels_computed"] == 0
+
+
 # ---- memory bounds -------------------------------------------------------------------------------
 #: Memory a worker's tasks may use, above the worker's idle footprint.
 TASK_HEADROOM = 64 * 2**20

@@ -40,7 +40,8 @@ from mklscale.bank.store import (
     validate_features,
     write_shard_file,
 )
-from mklscale.errors import BankCorruptError, InvalidInputError, SpecError
+from mklscale.errors import BankCorruptError, ClusterUnavailableError, InvalidInputError, SpecError
+from mklscale.runtime.liveness import POLL_S, SchedulerWatch
 
 
 def build_bank(
@@ -383,7 +384,7 @@ class _ThreadedResults:
 
 
 def _run_distributed(client, path, specs, Xs, normalize, dtype, layout, shards, expected) -> Iterator[tuple[int, dict]]:
-    from distributed import as_completed
+    from distributed import wait
 
     S = layout[1]
     X_future = client.scatter(Xs, broadcast=True)
@@ -392,11 +393,29 @@ def _run_distributed(client, path, specs, Xs, normalize, dtype, layout, shards, 
                       expected[s], key=f"mklscale-build-{os.path.basename(path)}-{s}-{os.getpid()}-{time.monotonic_ns()}", pure=False)
         for s in shards
     ]
+    watch = SchedulerWatch(client, f"the build of {path}")
+    pending = set(futures)
     try:
-        for fut in as_completed(futures):
-            yield fut.result()
+        while pending:
+            try:
+                done = wait(pending, timeout=POLL_S, return_when="FIRST_COMPLETED").done
+            except TimeoutError:
+                done = ()
+            if not done:
+                watch.check()
+            for fut in done:
+                pending.discard(fut)
+                yield fut.result()
+    except ClusterUnavailableError:
+        raise
+    except Exception as exc:
+        if watch.connected():
+            raise
+        raise watch.lost(exc) from exc
     finally:
-        client.cancel(futures)
+        if watch.connected():
+            with contextlib.suppress(Exception):
+                client.cancel(futures)
 
 
 # ---- driver-side metadata ------------------------------------------------------------------------

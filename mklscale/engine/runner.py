@@ -5,32 +5,26 @@ T) enters the graph once, as its own key (or, on a cluster and above SCATTER_BYT
 scattered to every worker), and every task that names it depends on it: a cluster ships it once
 per worker rather than once per task. Results come back in call order.
 
-On a cluster, a pass waits in slices of POLL_S seconds and between them checks that the client is
-still connected and, every HEARTBEAT_S seconds, that the scheduler answers within
-HEARTBEAT_TIMEOUT_S. Losing the scheduler (killed, its host gone, the connection closed, or a
-scheduler that stops answering) therefore raises :class:`~mklscale.errors.ClusterUnavailableError`
-within about HEARTBEAT_S + HEARTBEAT_TIMEOUT_S seconds, never a hang. Losing a worker is not an
-error: the scheduler reruns its tasks elsewhere and the results are the same bits.
+On a cluster, a pass waits in slices and checks the scheduler between them
+(:mod:`mklscale.runtime.liveness`): losing the scheduler raises
+:class:`~mklscale.errors.ClusterUnavailableError` within about HEARTBEAT_S + HEARTBEAT_TIMEOUT_S
+seconds, never a hang. Losing a worker is not an error: the scheduler reruns its tasks elsewhere
+and the results are the same bits.
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
 import uuid
 from dataclasses import dataclass
 
 from mklscale.engine.plan import tree_pairs
 from mklscale.engine.tasks import add
 from mklscale.errors import ClusterUnavailableError
+from mklscale.runtime.liveness import HEARTBEAT_S, HEARTBEAT_TIMEOUT_S, POLL_S, SchedulerWatch  # noqa: F401
 
 #: Pass-wide arguments larger than this go to a cluster's workers by scatter, not in the graph.
 SCATTER_BYTES = 2**20
-#: Seconds between checks of the client's connection while a pass runs on a cluster.
-POLL_S = 0.5
-#: Seconds between pings of the scheduler while a pass runs, and how long a ping may take.
-HEARTBEAT_S = 5.0
-HEARTBEAT_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -90,13 +84,14 @@ class Runner:
         if not calls:
             return []
         if self.distributed:
-            self._check_connected(op)
+            watch = SchedulerWatch(self.client, f"the '{op}' pass")
+            watch.check()
             try:
                 dsk, keys = self._graph(op, calls)  # may scatter to the workers
             except Exception as exc:
-                if self._connected():
+                if watch.connected():
                     raise
-                raise self._lost(op, exc) from exc
+                raise watch.lost(exc) from exc
         else:
             dsk, keys = self._graph(op, calls)
         if reduce_sum:
@@ -129,31 +124,28 @@ class Runner:
     # ---- on a cluster: bounded waits -----------------------------------------------------------
     def _execute_distributed(self, op: str, dsk: dict, keys: list, n_tasks: int, bar) -> list:
         client = self.client
-        self._check_connected(op)
+        watch = SchedulerWatch(client, f"the '{op}' pass")
         futures = None
         try:
             futures = client.get(dsk, keys, sync=False)
             step = n_tasks // len(keys) if len(keys) < n_tasks else 1
-            last_ping, shown = time.monotonic(), 0
+            shown = 0
             while not self._all_done(futures):
                 if self.progress:
                     finished = sum(f.done() for f in futures)
                     bar.update(step * (finished - shown))
                     shown = finished
-                self._check_connected(op)
-                if time.monotonic() - last_ping >= HEARTBEAT_S:
-                    self._ping(op)
-                    last_ping = time.monotonic()
+                watch.check()
             bar.update(step * (len(futures) - shown))
             return list(client.gather(futures))
         except ClusterUnavailableError:
             raise
         except Exception as exc:
-            if self._connected():
+            if watch.connected():
                 raise  # a task's own error (bad data, corrupt shard): not the cluster's fault
-            raise self._lost(op, exc) from exc
+            raise watch.lost(exc) from exc
         finally:
-            if futures is not None and self._connected():
+            if futures is not None and watch.connected():
                 with contextlib.suppress(Exception):  # the scheduler may have gone just now
                     client.cancel(futures)
 
@@ -167,32 +159,3 @@ class Runner:
         except TimeoutError:
             return False
         return True
-
-    def _connected(self) -> bool:
-        client = self.client
-        if client is None or client.status != "running":
-            return False
-        comm = getattr(client, "scheduler_comm", None)
-        return comm is not None and comm.comm is not None and not comm.comm.closed()
-
-    def _check_connected(self, op: str) -> None:
-        if not self._connected():
-            raise self._lost(op, None)
-
-    def _ping(self, op: str) -> None:
-        """Ask the scheduler for its identity; no answer within HEARTBEAT_TIMEOUT_S means it is gone."""
-        try:
-            self.client.sync(self.client.scheduler.identity, callback_timeout=HEARTBEAT_TIMEOUT_S)
-        except Exception as exc:  # timeout, closed comm, OSError: all mean no scheduler
-            raise self._lost(op, exc) from exc
-
-    def _lost(self, op: str, exc: BaseException | None) -> ClusterUnavailableError:
-        client = self.client
-        address = getattr(getattr(client, "scheduler", None), "address", None) or "(unknown address)"
-        status = getattr(client, "status", "closed")
-        why = f" ({type(exc).__name__}: {exc})" if exc is not None and str(exc) else \
-            (f" ({type(exc).__name__})" if exc is not None else "")
-        return ClusterUnavailableError(
-            f"lost the Dask scheduler at {address} during the '{op}' pass (client status: {status}){why}. "
-            "The pass was abandoned; restart the scheduler (or the cluster) and run again, resuming from the "
-            "last checkpoint if there is one")
