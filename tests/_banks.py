@@ -16,3 +16,15 @@ def subset_gaussian_bank(n: int, M: int, seed: int):
         sq = ((X[:, None, feats] - X[None, :, feats]) ** 2).sum(-1)
         grams.append(np.exp(-sq / (2.0 * (0.5 + 3.0 * rng.random()) ** 2)))
     return np.array(grams), y
+
+
+def widths_and_linear_bank(n: int = 30, seed: int = 0):
+    """(grams, X, y): Gaussian kernels of widths 0.3, 1, 3 and linear kernels of single features on
+    random data; y a smooth function of two features plus noise (regression)."""
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, 4))
+    d2 = ((X[:, None, :] - X[None, :, :]) ** 2).sum(-1)
+    grams = [np.exp(-d2 / (2 * w * w)) for w in (0.3, 1.0, 3.0)]
+    grams += [np.outer(X[:, j], X[:, j]) for j in range(3)]
+    y = np.sin(X[:, 0]) + 0.5 * X[:, 1] ** 2 + 0.05 * rng.standard_normal(n)
+    return np.stack(grams), X, y

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _banks import widths_and_linear_bank
 
 from mklscale.errors import InvalidInputError
 from mklscale.solvers import baselines
@@ -24,14 +25,7 @@ def _one_blas_thread():
 
 
 def small_grams(n=30, seed=0):
-    """Gaussian kernels of several widths and linear kernels on feature subsets of random data."""
-    rng = np.random.default_rng(seed)
-    X = rng.standard_normal((n, 4))
-    d2 = ((X[:, None, :] - X[None, :, :]) ** 2).sum(-1)
-    grams = [np.exp(-d2 / (2 * w * w)) for w in (0.3, 1.0, 3.0)]
-    grams += [np.outer(X[:, j], X[:, j]) for j in range(3)]
-    y = np.sin(X[:, 0]) + 0.5 * X[:, 1] ** 2 + 0.05 * rng.standard_normal(n)
-    return np.stack(grams), X, y
+    return widths_and_linear_bank(n, seed)
 
 
 def engine_of(grams, tmp_path, name="b"):

@@ -14,7 +14,6 @@ working-set rounds, SMO's re-added kernels, SGD refreshes and the random generat
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _banks import subset_gaussian_bank
+from _banks import subset_gaussian_bank, widths_and_linear_bank
 from _dense_engine import DenseEngine
 
 from mklscale.bank import KernelBank
@@ -33,6 +32,7 @@ from mklscale.runtime.checkpoint import (
     Checkpoint,
     CheckpointError,
     Preempted,
+    StopAt,
     stop_on_signals,
 )
 from mklscale.solvers import gcd, pfbs, registry, sgd, smo, spicy
@@ -53,13 +53,7 @@ def _one_blas_thread():
 # ---- problems ------------------------------------------------------------------------------------
 
 def regression_bank(n=25, seed=0):
-    """Gaussian kernels of three widths and linear kernels of three features (as test_baselines)."""
-    rng = np.random.default_rng(seed)
-    X = rng.standard_normal((n, 4))
-    d2 = ((X[:, None, :] - X[None, :, :]) ** 2).sum(-1)
-    grams = [np.exp(-d2 / (2 * w * w)) for w in (0.3, 1.0, 3.0)] + [np.outer(X[:, j], X[:, j]) for j in range(3)]
-    y = np.sin(X[:, 0]) + 0.5 * X[:, 1] ** 2 + 0.05 * rng.standard_normal(n)
-    return np.stack(grams), X, y
+    return widths_and_linear_bank(n, seed)
 
 
 def pfbs_bank(n=90, M=30, seed=1):
@@ -140,19 +134,6 @@ def run_child(name: str, banks, root: Path):
 
 
 # ---- helpers -------------------------------------------------------------------------------------
-
-class StopAt(Checkpoint):
-    """A Checkpoint that sends SIGTERM to this process when ``step`` reaches ``stop_at``."""
-
-    def __init__(self, *args, stop_at: int, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.stop_at = stop_at
-
-    def step(self, iteration, get_state):
-        if iteration == self.stop_at:
-            os.kill(os.getpid(), signal.SIGTERM)
-        super().step(iteration, get_state)
-
 
 def assert_same_model(resumed, reference):
     np.testing.assert_array_equal(resumed.weights, reference.weights)

@@ -164,6 +164,20 @@ class Checkpoint:
         self.path.unlink(missing_ok=True)
 
 
+class StopAt(Checkpoint):
+    """A Checkpoint that sends SIGTERM to this process when ``step`` reaches iteration ``stop_at``:
+    a preemption on cue, for tests and benchmarks of resume (use inside :func:`stop_on_signals`)."""
+
+    def __init__(self, *args, stop_at: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.stop_at = stop_at
+
+    def step(self, iteration: int, get_state: Callable[[], dict]) -> None:
+        if iteration == self.stop_at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        super().step(iteration, get_state)
+
+
 def write_atomic(path: Path, write: Callable[[Any], None]) -> None:
     """Write a file through ``write(fh)`` to a temp file beside ``path``, fsync, rename, fsync the folder.
 
