@@ -226,7 +226,10 @@ def test_elastic_net_tends_to_uniform_weights(gauss_bank):
 @pytest.fixture(scope="module")
 def wide_bank():
     """40 points, 60 Gaussian kernels on random feature subsets with random widths (IDA style)."""
-    n, M = 40, 60
+    return ida_style_bank(40, 60)
+
+
+def ida_style_bank(n: int, M: int):
     rng = np.random.default_rng(7)
     X = rng.normal(size=(n, 6))
     y = np.where(X[:, 0] + X[:, 1] ** 2 - 1 + 0.3 * rng.normal(size=n) > 0, 1.0, -1.0)
@@ -407,20 +410,22 @@ def test_real_engine_gives_the_dense_engine_result(wide_bank, loss, tmp_path):
 
 
 @pytest.mark.parametrize("loss, penalty", [("hinge", "l1"), ("logistic", "elastic_net")])
-def test_working_set_holds_each_kernel_once(wide_bank, loss, penalty, tmp_path):
+def test_working_set_holds_each_kernel_once(loss, penalty, tmp_path):
     """Memory held for the W working-set kernels on a float32 bank: one float32 copy each (the
     solver's), none in the engine cache, products still in float64 (same optimum as the float64
     DenseEngine up to the float32 rounding of the bank). tracemalloc counts numpy's buffers, so a
-    regression to a second copy (cache, concatenation, float64 conversion) adds >= W * one."""
+    regression to a second copy (cache, concatenation, float64 conversion) adds >= W * one. n = 160
+    so that the kernels (W * one >= 1.6 MB) dwarf what other threads (the session's Dask client)
+    allocate meanwhile, which tracemalloc counts too."""
     import tracemalloc
 
     from mklscale.bank import KernelBank
     from mklscale.engine import Engine
 
-    grams, y = wide_bank
+    grams, y = ida_style_bank(160, 60)
     n = grams.shape[1]
     one = n * n * 4
-    bank = KernelBank.from_arrays(grams, tmp_path / "bank", chunk_mb=0.02, shard_mb=0.1)
+    bank = KernelBank.from_arrays(grams, tmp_path / "bank", chunk_mb=0.2, shard_mb=1.0)
     with Engine(bank, threads=1) as engine:
         spicy.fit(engine, y, 0.05, loss=loss, penalty=penalty, tol=1e-6)  # compile outside the measurement
     with Engine(bank, threads=1) as engine:
