@@ -660,7 +660,7 @@ def _render_scaling_workers() -> str:
 
 def _render_scaling_ooc() -> str:
     r = _load("bench_scaling_ooc.json")
-    cmd = "python benchmarks/bench_scaling.py --out-of-core /tmp/mklscale-bench/big"
+    cmd = f"python benchmarks/bench_scaling.py --out-of-core {r['out_of_core']['bank'] if r else 'BANK'}"
     head = f"### Out of core end to end (`{cmd}`)\n\n"
     if r is None:
         return head + "Not recorded yet.\n"
