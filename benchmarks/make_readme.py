@@ -689,7 +689,7 @@ def _render_scaling_ooc() -> str:
 
 def _render_scaling_physical() -> str:
     r = _load("bench_scaling_physical.json")
-    cmd = "python benchmarks/bench_scaling.py --physical /tmp/mklscale-bench/big"
+    cmd = f"python benchmarks/bench_scaling.py --physical {r['physical']['bank'] if r else 'BANK'} --solvers spicy"
     head = f"### Against the physical limit (`{cmd}`)\n\n"
     if r is None:
         return head + "Not recorded yet.\n"
