@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -36,7 +35,7 @@ from machine import describe_machine  # noqa: E402
 from mklscale.bank import build_bank, families  # noqa: E402
 from mklscale.datasets import load  # noqa: E402
 from mklscale.engine import Engine  # noqa: E402
-from mklscale.runtime.checkpoint import Checkpoint, Preempted, stop_on_signals  # noqa: E402
+from mklscale.runtime.checkpoint import Checkpoint, Preempted, StopAt, stop_on_signals  # noqa: E402
 from mklscale.solvers import registry  # noqa: E402
 
 SETTINGS = [
@@ -46,19 +45,6 @@ SETTINGS = [
     ("smo", 10.0, {}),
 ]
 MODES = {"none": None, "every_10s": {"every_s": 10.0}, "every_iteration": {"every_s": None, "every_iter": 1}}
-
-
-class StopAt(Checkpoint):
-    """Sends SIGTERM to this process when ``step`` reaches iteration ``stop_at``."""
-
-    def __init__(self, *args, stop_at: int, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.stop_at = stop_at
-
-    def step(self, iteration, get_state):
-        if iteration == self.stop_at:
-            os.kill(os.getpid(), signal.SIGTERM)
-        super().step(iteration, get_state)
 
 
 def fit(engine, y, solver, C, params, checkpoint=None):
