@@ -48,6 +48,7 @@ import numpy as np
 from mklscale.bank.spec import KernelSpec
 from mklscale.bank.store import normalize_block, validate_features
 from mklscale.errors import InvalidInputError, ModelFileError
+from mklscale.runtime.atomic import fsync_dir, swap_into_place
 from mklscale.solvers.result import MKLResult, json_safe
 
 #: version of the model file layout this mklscale writes and reads
@@ -274,8 +275,8 @@ class MKLModel:
                 f.write(text)
                 f.flush()
                 os.fsync(f.fileno())
-            _fsync_dir(tmp)
-            _swap_into_place(tmp, path)
+            fsync_dir(tmp)
+            swap_into_place(tmp, path)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -381,37 +382,6 @@ def _check_target(path: Path) -> None:
         return
     raise ModelFileError(f"{path} exists and is not an mklscale model directory; choose another path "
                          "(mklscale never overwrites what it did not write)")
-
-
-def _swap_into_place(tmp: Path, path: Path) -> None:
-    """Rename ``tmp`` to ``path``; an existing model (or empty folder) is moved aside first and removed
-    after, so ``path`` holds either the old or the new complete model, never a mixture."""
-    old = None
-    if path.exists():
-        old = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
-        os.replace(path, old)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        if old is not None:
-            os.replace(old, path)
-        raise
-    _fsync_dir(path.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # platforms without directory handles
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _sha256(path: Path) -> str:

@@ -24,13 +24,13 @@ import json
 import re
 import shutil
 import tempfile
-import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from mklscale import __version__, plots
 from mklscale.errors import InvalidInputError
+from mklscale.runtime.atomic import swap_into_place
 
 SCHEMA_VERSION = 1
 RESULTS_FILE = "results.json"
@@ -98,7 +98,7 @@ def write_report(run_dir: str | Path, quiet: bool = False) -> Path:
         figures = render_figures(results, tmp) if matplotlib_available() else None
         (tmp / "index.html").write_text(render_html(results, figures), encoding="utf-8")
         final = run_dir / REPORT_DIR
-        _swap_into_place(tmp, final)
+        swap_into_place(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     index = final / "index.html"
@@ -106,25 +106,6 @@ def write_report(run_dir: str | Path, quiet: bool = False) -> Path:
         extra = "" if figures is not None else " (no figures: matplotlib is not installed)"
         print(f"report written to {index}{extra}")
     return index
-
-
-def _swap_into_place(tmp: Path, final: Path) -> None:
-    """Rename ``tmp`` to ``final``; an existing ``final`` is moved aside first and restored on failure."""
-    old = None
-    if final.exists() or final.is_symlink():
-        old = final.with_name(f".{final.name}-old-{uuid.uuid4().hex[:8]}")
-        final.rename(old)
-    try:
-        tmp.rename(final)
-    except BaseException:
-        if old is not None:
-            old.rename(final)
-        raise
-    if old is not None:
-        if old.is_dir() and not old.is_symlink():
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            old.unlink(missing_ok=True)
 
 
 def matplotlib_available() -> bool:

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from mklscale.errors import InvalidInputError, MKLScaleError
+from mklscale.runtime.atomic import fsync_dir
 
 EXIT_PREEMPTED = 75
 FORMAT_VERSION = 1
@@ -195,20 +196,12 @@ def write_atomic(path: Path, write: Callable[[Any], None]) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     except OSError as exc:
         raise CheckpointError(_os_message(path, exc)) from None
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink()
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _os_message(path: Path, exc: OSError) -> str:
