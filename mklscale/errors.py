@@ -7,6 +7,9 @@ so ``except ValueError`` keeps working for scikit-learn style code.
 
 from __future__ import annotations
 
+import os
+import signal
+
 
 class MKLScaleError(Exception):
     """Base class of every error mklscale raises on purpose."""
@@ -62,3 +65,17 @@ class ClusterUnavailableError(MKLScaleError, RuntimeError):
 
 class ModelFileError(MKLScaleError, ValueError):
     """A saved model is missing, truncated, inconsistent or of a newer schema than this mklscale reads."""
+
+
+class Preempted(MKLScaleError):
+    """SIGTERM/SIGINT arrived during a solve; the state was saved to ``checkpoint`` (resume from it)."""
+
+    def __init__(self, signum: int, checkpoint: os.PathLike | None):
+        self.signum, self.checkpoint = signum, checkpoint
+        where = f"state saved to {checkpoint}; resume with --resume (or fit(..., resume=True))" if checkpoint \
+            else "no checkpoint configured, progress is lost"
+        super().__init__(f"stopped by {signal.Signals(signum).name}: {where}")
+
+
+class CheckpointError(MKLScaleError):
+    """A checkpoint cannot be written (disk full, read-only) or read (truncated, other problem)."""

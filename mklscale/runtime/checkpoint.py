@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from mklscale.errors import InvalidInputError, MKLScaleError
+from mklscale.errors import CheckpointError, InvalidInputError, Preempted
 from mklscale.runtime.atomic import fsync_dir
 
 EXIT_PREEMPTED = 75
@@ -44,20 +44,6 @@ FORMAT_VERSION = 1
 _META = "__meta__"
 
 _stop_signal: int | None = None
-
-
-class Preempted(MKLScaleError):
-    """SIGTERM/SIGINT arrived during a solve; the state was saved to ``checkpoint`` (resume from it)."""
-
-    def __init__(self, signum: int, checkpoint: Path | None):
-        self.signum, self.checkpoint = signum, checkpoint
-        where = f"state saved to {checkpoint}; resume with --resume (or fit(..., resume=True))" if checkpoint \
-            else "no checkpoint configured, progress is lost"
-        super().__init__(f"stopped by {signal.Signals(signum).name}: {where}")
-
-
-class CheckpointError(MKLScaleError):
-    """A checkpoint cannot be written (disk full, read-only) or read (truncated, other problem)."""
 
 
 @contextlib.contextmanager
