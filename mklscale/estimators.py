@@ -452,23 +452,15 @@ def bank_key(X: np.ndarray, specs, normalize, dtype: str) -> str:
 
 @contextlib.contextmanager
 def _client(client):
-    """The client to use: a scheduler address opens one for the duration of the fit."""
+    """The client to use: a scheduler address opens one (``runtime.cluster.open_client``, bounded
+    waits) for the duration of the fit."""
     if not isinstance(client, str):
         yield client
         return
-    from distributed import Client
+    from mklscale.runtime.cluster import open_client
 
-    from mklscale.errors import ClusterUnavailableError
-
-    try:
-        opened = Client(client, timeout="30s")
-    except OSError as exc:
-        raise ClusterUnavailableError(f"cannot reach the Dask scheduler at {client!r} ({exc}); start it or "
-                                      "pass client=None to run in this process") from None
-    try:
+    with open_client({"kind": "address", "address": client, "timeout_s": 30.0}, quiet=True) as opened:
         yield opened
-    finally:
-        opened.close()
 
 
 @contextlib.contextmanager
