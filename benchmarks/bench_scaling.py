@@ -247,11 +247,18 @@ class FitRunner:
         self.proc = None
 
 
+def mark_time_limit(r: dict, timeout: float) -> dict:
+    if r["status"] == "ok" and not r["converged"] and r["seconds"] >= 0.85 * timeout:
+        r["hit_time_limit"] = True  # Citi's max_seconds: stopped by the limit, not converged
+    return r
+
+
 def sweep(runner: FitRunner, points: list[tuple], solvers: list[str], timeout: float, repeats: int,
-          warm: Path, key: str) -> list[dict]:
+          warm: Path, key: str, measured: dict | None = None) -> list[dict]:
     """Fit every solver on every (value, bank, build_seconds) point; a solver that times out is
-    skipped at the larger points of the sweep."""
-    rows, stopped = [], {}
+    skipped at the larger points of the sweep. ``measured`` maps (value, solver) to a fit already
+    made in this run on the same bank (item 6's fits of the M = 10,000 bank), which is not repeated."""
+    rows, stopped, measured = [], {}, measured or {}
     for value, bank, build_s in points:
         for s in solvers:
             base = {"solver": s, "label": SOLVERS[s]["label"], key: value, "n": bank.n, "M": len(bank),
@@ -259,9 +266,11 @@ def sweep(runner: FitRunner, points: list[tuple], solvers: list[str], timeout: f
             if s in stopped:
                 rows.append({**base, "status": "skipped", "message": f"timed out at {key} = {stopped[s]}"})
                 continue
-            r = runner.run({"bank": str(bank.path), "solver": s, "repeats": repeats, "warm": str(warm.path)}, timeout)
-            if r["status"] == "ok" and not r["converged"] and r["seconds"] >= 0.85 * timeout:
-                r["hit_time_limit"] = True  # Citi's max_seconds: stopped by the limit, not converged
+            if (value, s) in measured:
+                r = {**measured[(value, s)], "from_item": "physical"}
+            else:
+                r = mark_time_limit(runner.run({"bank": str(bank.path), "solver": s, "repeats": repeats,
+                                                "warm": str(warm.path)}, timeout), timeout)
             rows.append({**base, **r})
             if r["status"] == "timeout" or r.get("hit_time_limit"):
                 stopped[s] = value
@@ -283,7 +292,7 @@ def loglog_slopes(rows: list[dict], key: str, above: float | None) -> dict:
 
 
 # ---- items ------------------------------------------------------------------------------------
-def item_m_scaling(args, runner, warm) -> dict:
+def item_m_scaling(args, runner, warm, physical: dict | None = None) -> dict:
     n = args.n
     points = []
     for M in args.Ms:
@@ -296,7 +305,11 @@ def item_m_scaling(args, runner, warm) -> dict:
         if big.n != n:
             raise SystemExit(f"--big-bank has n = {big.n}, not {n}")
         points.append((len(big), big, None))
-    rows = sweep(runner, points, args.solvers, args.timeout, args.repeats, warm, "M")
+    measured = {}
+    if physical is not None and args.big_bank is not None and Path(physical["bank"]).resolve() == args.big_bank.resolve():
+        measured = {(physical["M"], r["solver"]): {k: v for k, v in r.items() if k not in ("solver", "label")}
+                    for r in physical["rows"]}
+    rows = sweep(runner, points, args.solvers, args.timeout, args.repeats, warm, "M", measured)
     return {"n": n, "Ms": [p[0] for p in points], "rows": rows,
             "big_bank": str(args.big_bank) if args.big_bank else None,
             "slopes_all_M": loglog_slopes(rows, "M", None), "slopes_M_above_1000": loglog_slopes(rows, "M", 1000)}
@@ -483,8 +496,10 @@ def item_physical(args, runner, warm) -> dict:
     reads = [plain_read(files, 1)]
     print(f"  plain read {file_bytes / GB:.1f} GB: {reads[0]:.1f} s", flush=True)
     rows = []
+    timeout = args.physical_timeout or args.timeout
     for s in args.solvers:
-        r = runner.run({"bank": str(bank.path), "solver": s, "repeats": 1, "warm": str(warm.path)}, args.timeout)
+        r = mark_time_limit(runner.run({"bank": str(bank.path), "solver": s, "repeats": 1, "warm": str(warm.path)},
+                                       timeout), timeout)
         rows.append({"solver": s, "label": SOLVERS[s]["label"], **r})
         print(f"  {SOLVERS[s]['label']:9s} {r['status']:8s} {r.get('seconds', float('nan')):8.1f} s", flush=True)
     reads.append(plain_read(files, 1))
@@ -584,6 +599,7 @@ def main() -> None:
     ap.add_argument("--physical", type=Path, default=None, help="item 6 on the bank at this path")
     ap.add_argument("--solvers", nargs="+", default=ALL_SOLVERS, choices=ALL_SOLVERS)
     ap.add_argument("--timeout", type=float, default=300.0, help="per-fit wall-clock limit (s)")
+    ap.add_argument("--physical-timeout", type=float, default=None, help="per-fit limit of item 6 (default --timeout)")
     ap.add_argument("--repeats", type=int, default=3, help="fits per point (median); a fit > 5 s runs once")
     ap.add_argument("--pass-repeats", type=int, default=5)
     ap.add_argument("--workdir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "mklscale-bench-scaling")
@@ -611,11 +627,12 @@ def main() -> None:
         args.timeout, args.ooc_timeout, args.repeats, args.pass_repeats = 60.0, 60.0, 1, 3
         items = ["m_scaling", "n_scaling", "workers", "out_of_core", "physical"]
     else:
+        # item 6 before item 2, so item 2 reuses its fits when --big-bank is the same bank
+        items += ["physical"] if args.physical else []
         items += ["m_scaling"] if args.m_scaling else []
         items += ["n_scaling"] if args.n_scaling else []
         items += ["workers"] if args.workers else []
         items += ["out_of_core"] if args.out_of_core else []
-        items += ["physical"] if args.physical else []
     if not items:
         ap.error("choose an item: --m-scaling, --n-scaling, --workers, --out-of-core PATH, --physical PATH, or --quick")
 
@@ -629,7 +646,7 @@ def main() -> None:
             print(f"== {item}", flush=True)
             t0 = time.perf_counter()
             if item == "m_scaling":
-                sec = item_m_scaling(args, runner, warm)
+                sec = item_m_scaling(args, runner, warm, sections.get("physical"))
             elif item == "n_scaling":
                 sec = item_n_scaling(args, runner, warm)
             elif item == "workers":
@@ -654,7 +671,8 @@ def main() -> None:
                    "kernels": "gaussian on random feature subsets (families.random_subsets, seed 0), width 5 chi^2 + 0.1, "
                               "unit trace, float32",
                    "solvers": {s: {**SOLVERS[s], "params": dict(SOLVERS[s]["params"])} for s in args.solvers},
-                   "timeout_s": args.timeout, "repeats": args.repeats,
+                   "timeout_s": args.timeout, "physical_timeout_s": args.physical_timeout or args.timeout,
+                   "repeats": args.repeats,
                    "timing": "solver wall time in a spawned worker process, after an untimed warm-up fit of the same "
                              "solver on a 6-kernel bank; median of up to `repeats` fits (a fit > 5 s runs once); "
                              "a fit past the limit is killed (status timeout) and the solver skipped at larger sizes",
