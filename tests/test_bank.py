@@ -389,3 +389,36 @@ def test_checksum_is_crc32c_of_the_little_endian_bytes():
 
     for a in (np.random.default_rng(0).random((50, 50)).astype(np.float32), np.arange(12, dtype=">f8").reshape(3, 4)):
         assert checksum(a) == google_crc32c.value(np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<")).tobytes())
+
+
+@pytest.mark.parametrize("n", [64, 50])  # a kernel of 4 pages; a kernel that ends mid-page
+def test_shard_bytes_do_not_depend_on_direct_io(tmp_path, n):
+    """Shards written from an aligned buffer (O_DIRECT for the aligned prefix, the rest buffered) and
+    from an unaligned one (all buffered) are the same bytes, and zarr reads them back."""
+    import zarr
+
+    from mklscale.bank.store import DIRECT_ALIGN, aligned_empty, write_direct, write_shard_file
+
+    k, per_chunk, per_shard = 3, 2, 4
+    values = np.random.default_rng(0).random((k, n, n)).astype(np.float32)
+    aligned = aligned_empty((k, n, n), np.float32)
+    aligned[:] = values
+    unaligned = np.empty(values.size + 1, np.float32)[1:].reshape(values.shape)
+    unaligned[:] = values
+    assert aligned.ctypes.data % DIRECT_ALIGN == 0 and unaligned.ctypes.data % DIRECT_ALIGN != 0
+
+    probe = tmp_path / "probe"
+    probe.touch()
+    head = values.nbytes - values.nbytes % DIRECT_ALIGN
+    assert write_direct(probe, memoryview(aligned).cast("B")) == head > 0  # the direct path is taken
+    assert write_direct(probe, memoryview(unaligned).cast("B")) == 0
+
+    shards = {}
+    for name, block in (("aligned", aligned), ("unaligned", unaligned)):
+        g = zarr.open_group(tmp_path / name, mode="w")
+        g.create_array("gram", shape=(k, n, n), chunks=(per_chunk, n, n), shards=(per_shard, n, n),
+                       dtype="float32", compressors=None, fill_value=0)
+        write_shard_file(tmp_path / name, 0, block, per_chunk, per_shard)
+        np.testing.assert_array_equal(zarr.open_array(tmp_path / name / "gram", mode="r")[:], values)
+        shards[name] = (tmp_path / name / "gram" / "c" / "0" / "0" / "0").read_bytes()
+    assert shards["aligned"] == shards["unaligned"]

@@ -30,6 +30,7 @@ from mklscale.bank.store import (
     PER_KERNEL_FLOATS,
     KernelBank,
     VerifyReport,
+    aligned_empty,
     create_bank_group,
     creation_info,
     json_attr,
@@ -278,7 +279,7 @@ class _BlockPool:
     def block(self, k: int, n: int, dtype: np.dtype) -> Iterator[np.ndarray]:
         with self._lock:
             fits = [i for i, b in enumerate(self._free) if b.shape[0] >= k and b.shape[1] == n and b.dtype == dtype]
-            buf = self._free.pop(fits[0]) if fits else np.empty((k, n, n), dtype=dtype)
+            buf = self._free.pop(fits[0]) if fits else aligned_empty((k, n, n), dtype)
         try:
             yield buf[:k]
         finally:
@@ -291,7 +292,12 @@ class _BlockPool:
             self._free.clear()
 
 
-_BLOCKS = _BlockPool(keep=os.cpu_count() or 1)
+#: Shard tasks the threaded build runs at once: two per core. A task spends about as long blocked
+#: in its direct write (``write_shard_file``) as computing, and the second task computes meanwhile
+#: (bench_build.py: 1 per core left the cores idle half the time). Each holds one shard buffer.
+BUILD_THREADS = 2 * (os.cpu_count() or 1)
+
+_BLOCKS = _BlockPool(keep=BUILD_THREADS)
 
 
 _NORM_CODES = {None: _compute.NO_NORM, "trace": _compute.TRACE, "diag": _compute.DIAG}
@@ -340,7 +346,7 @@ def _run_threaded(client, path, specs, Xs, normalize, dtype, layout, shards, exp
     error: list[BaseException] = []
 
     def run() -> None:
-        pool = ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="mklscale-shard")
+        pool = ThreadPoolExecutor(BUILD_THREADS, thread_name_prefix="mklscale-shard")
         try:
             get(dsk, list(dsk), pool=pool, callbacks=[(None, None, None, results.posttask, None)])
         except BaseException as exc:  # re-raised in the driver thread

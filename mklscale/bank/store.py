@@ -126,6 +126,10 @@ def write_shard_file(bank_path: Path, s: int, block: np.ndarray, per_chunk: int,
     writes with ShardingCodec(BytesCodec) and index codecs (BytesCodec, Crc32cCodec) at the end;
     writing it directly avoids zarr's per-chunk encode path, which runs several times slower than
     the disk. Written to a temporary file and renamed, so a shard is either old or new, never torn.
+
+    The kernels go to disk with direct I/O where they can (``write_direct``): a bank is written
+    once and read in passes much later, so copying it through the page cache only costs CPU
+    time (the copy, and reclaiming the pages of a bank larger than memory) that the build needs.
     """
     k, n = block.shape[0], block.shape[1]
     n_chunks = -(-k // per_chunk)
@@ -139,9 +143,12 @@ def write_shard_file(bank_path: Path, s: int, block: np.ndarray, per_chunk: int,
     target = Path(bank_path) / "gram" / "c" / str(s) / "0" / "0"
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".0.{uuid.uuid4().hex[:8]}.partial")
+    data = memoryview(block.astype(block.dtype.newbyteorder("<"), copy=False)).cast("B")
     try:
         with open(tmp, "wb") as f:
-            f.write(memoryview(block.astype(block.dtype.newbyteorder("<"), copy=False)).cast("B"))
+            done = write_direct(tmp, data)
+            f.seek(done)
+            f.write(data[done:])
             if pad:
                 f.write(bytes(pad * n * n * block.dtype.itemsize))
             f.write(index_bytes)
@@ -149,6 +156,53 @@ def write_shard_file(bank_path: Path, s: int, block: np.ndarray, per_chunk: int,
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+DIRECT_ALIGN = 4096  # O_DIRECT wants the buffer address, the file offset and the length aligned to this
+
+
+def aligned_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """np.empty whose data starts on a DIRECT_ALIGN boundary (so ``write_direct`` can use it)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    raw = np.empty(nbytes + DIRECT_ALIGN, dtype=np.uint8)
+    start = -raw.ctypes.data % DIRECT_ALIGN
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def write_direct(path: Path, data: memoryview) -> int:
+    """Write the longest aligned prefix of ``data`` at the start of the existing file ``path``
+    with O_DIRECT (DMA from ``data``, no copy into the page cache); return the bytes written.
+
+    0 when the buffer is not aligned, the platform has no O_DIRECT or the filesystem refuses it
+    (EINVAL): the caller writes the rest through the page cache as usual. A short write (the disk
+    filling up) also returns what was written; the caller's buffered write then raises ENOSPC.
+    """
+    flag = getattr(os, "O_DIRECT", 0)
+    head = data.nbytes - data.nbytes % DIRECT_ALIGN
+    if not flag or head == 0 or np.frombuffer(data, np.uint8).ctypes.data % DIRECT_ALIGN:
+        return 0
+    try:
+        fd = os.open(path, os.O_WRONLY | flag)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            return 0
+        raise
+    done = 0
+    try:
+        while done < head:
+            try:
+                step = os.write(fd, data[done:head])
+            except OSError as exc:
+                if exc.errno == errno.EINVAL and done == 0:
+                    return 0
+                raise
+            if step <= 0 or step % DIRECT_ALIGN:
+                return done + step if step > 0 else done
+            done += step
+    finally:
+        os.close(fd)
+    return done
 
 
 def checksum(block: np.ndarray) -> int:
@@ -727,7 +781,7 @@ def create_bank_group(
         spec_array[:] = np.array([s.to_json() for s in specs], dtype=object)
         if X is not None:
             group.create_array("X", data=X, chunks=X.shape)
-        group.attrs.update({
+        group.update_attributes({  # one write of zarr.json (attrs.update writes it once per key)
             **attrs,
             "mklscale": {"kind": "kernel_bank", "schema_version": SCHEMA_VERSION},
             "n": int(n), "M": int(M), "dtype": dtype.name,
