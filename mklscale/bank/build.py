@@ -245,8 +245,28 @@ def build_shard(path: str, specs_json: str, Xs: np.ndarray, normalize, dtype: st
             stats["trace"][k], stats["fro"][k], stats["lambda_max"][k], stats["checksum"][k] = kernel_stats(block[k])
         per_chunk, per_shard = layout
         _check_reproduced(s, s * per_shard, stats["checksum"], expected)
-        write_shard_file(Path(path), s, block, per_chunk, per_shard)
+        with _off_the_worker_pool():
+            write_shard_file(Path(path), s, block, per_chunk, per_shard)
     return s * per_shard, stats
+
+
+@contextmanager
+def _off_the_worker_pool() -> Iterator[None]:
+    """On a distributed worker, leave its thread pool while this task waits on the disk, so the
+    worker starts computing the next shard meanwhile (``distributed.secede``/``rejoin``); a no-op
+    elsewhere (the threaded build runs two tasks per core instead, ``BUILD_THREADS``)."""
+    try:
+        from distributed import get_worker, rejoin, secede
+
+        get_worker()
+    except (ImportError, ValueError):
+        yield
+        return
+    secede()
+    try:
+        yield
+    finally:
+        rejoin()
 
 
 def _check_reproduced(s: int, first: int, got: np.ndarray, expected: np.ndarray | None) -> None:
