@@ -127,9 +127,10 @@ def write_shard_file(bank_path: Path, s: int, block: np.ndarray, per_chunk: int,
     writing it directly avoids zarr's per-chunk encode path, which runs several times slower than
     the disk. Written to a temporary file and renamed, so a shard is either old or new, never torn.
 
-    The kernels go to disk with direct I/O where they can (``write_direct``): a bank is written
-    once and read in passes much later, so copying it through the page cache only costs CPU
-    time (the copy, and reclaiming the pages of a bank larger than memory) that the build needs.
+    The kernels go to disk with direct I/O where they can (``write_direct``): copying them through
+    the page cache costs CPU time the build needs (the copy, and reclaiming pages once the bank
+    outgrows memory, where it cannot stay cached anyway). The price: a bank that fits in memory is
+    read from the disk on its first pass instead of from the cache.
     """
     k, n = block.shape[0], block.shape[1]
     n_chunks = -(-k // per_chunk)
@@ -194,12 +195,12 @@ def write_direct(path: Path, data: memoryview) -> int:
             try:
                 step = os.write(fd, data[done:head])
             except OSError as exc:
-                if exc.errno == errno.EINVAL and done == 0:
-                    return 0
-                raise
+                if exc.errno != errno.EINVAL:
+                    raise
+                return done  # the filesystem refuses direct I/O after all: the rest goes buffered
+            done += max(step, 0)
             if step <= 0 or step % DIRECT_ALIGN:
-                return done + step if step > 0 else done
-            done += step
+                return done
     finally:
         os.close(fd)
     return done
