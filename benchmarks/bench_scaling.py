@@ -221,22 +221,43 @@ class FitRunner:
         self.proc.join(10)
         self.proc = None
 
-    def run(self, job: dict, timeout: float) -> dict:
+    def run(self, job: dict, timeout: float, fresh: bool = False) -> dict:
+        """Run one job; ``fresh``: in a new worker process (its peak memory is this fit's alone)."""
+        if fresh:
+            self.close()
         if self.proc is None or not self.proc.is_alive():
             self._start()
         job = {**job, "timeout": timeout}
         self.jobs.put(job)
         t_start = time.perf_counter()
         try:
-            msg = self.out.get(timeout=self.START_S)
+            msg = self._get(self.START_S)
             if "result" in msg:
                 return msg["result"]
-            msg = self.out.get(timeout=timeout + 30)
-            return msg["result"]
+            return self._get(timeout + 30)["result"]
         except queue.Empty:
             self.kill()
             waited = time.perf_counter() - t_start
             return {"status": "timeout", "timeout_s": timeout, "message": f"killed after {waited:.0f} s"}
+        except ChildProcessError as e:
+            self.proc = None
+            return {"status": "error", "message": str(e)}
+
+    def _get(self, timeout: float) -> dict:
+        """The worker's next message; ChildProcessError when the worker dies first (the kernel's OOM
+        killer: exit code -9), queue.Empty after ``timeout`` seconds."""
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                return self.out.get(timeout=min(2.0, max(end - time.monotonic(), 0.01)))
+            except queue.Empty:
+                if not self.proc.is_alive():
+                    code = self.proc.exitcode
+                    raise ChildProcessError(f"the fit's worker process died (exit code {code}"
+                                            + (": SIGKILL, most likely the kernel's OOM killer)" if code == -9
+                                               else ")")) from None
+                if time.monotonic() >= end:
+                    raise
 
     def close(self) -> None:
         if self.proc is not None and self.proc.is_alive():
@@ -499,7 +520,7 @@ def item_physical(args, runner, warm) -> dict:
     timeout = args.physical_timeout or args.timeout
     for s in args.solvers:
         r = mark_time_limit(runner.run({"bank": str(bank.path), "solver": s, "repeats": 1, "warm": str(warm.path)},
-                                       timeout), timeout)
+                                       timeout, fresh=True), timeout)
         rows.append({"solver": s, "label": SOLVERS[s]["label"], **r})
         print(f"  {SOLVERS[s]['label']:9s} {r['status']:8s} {r.get('seconds', float('nan')):8.1f} s", flush=True)
     reads.append(plain_read(files, 1))
