@@ -160,7 +160,7 @@ def test_step_is_the_lipschitz_constant_and_paper_rule_can_diverge():
     paper_sigma = 0.5 * engine.lambda_max.max() + mu
     assert paper_sigma < L / 4.0                    # below the divergence threshold of FB
     # the printed rule, unguarded, diverges (tau = 0 makes the step linear) ...
-    ws = pfbs._WorkingSet(n)
+    ws = pfbs._WorkingSet(engine)
     ws.add(engine, np.arange(grams.shape[0]))
     x, Kx = ws.alphas, ws.K_alphas
     for _ in range(200):
@@ -381,3 +381,31 @@ def test_bad_input_raises_clear_errors(problem):
         pfbs.fit(engine, y, 0.1, 1e-3, step="huge")
     with pytest.raises(InvalidInputError, match="init"):
         pfbs.fit(engine, y, 0.1, 1e-3, init=np.zeros(3))
+
+
+def test_working_set_that_cannot_fit_in_memory_is_refused_with_the_remedy():
+    grams, y = small_problem(n=20, M=30, seed=3)
+    engine = DenseEngine(grams)
+    engine.block_nbytes = 10**13  # 10 TB a kernel: more than any machine running this has available
+    with pytest.raises(InvalidInputError, match=r"larger tau.*SpicyMKL"):
+        pfbs.fit(engine, y, 0.1 * pfbs.tau_max(engine, y), 1e-3, tol=1e-6)
+
+
+def test_working_set_holds_the_storage_dtype_without_copies(tmp_path):
+    """A float32 bank's kernels are held as float32 (half of float64) and products still match
+    float64 ones to float64 rounding."""
+    from mklscale.bank import KernelBank
+    from mklscale.engine import Engine
+
+    grams, y = small_problem(n=30, M=12, seed=5)
+    engine = Engine(KernelBank.from_arrays(grams, tmp_path / "b", dtype="float32"))
+    ws = pfbs._WorkingSet(engine)
+    ws.add(engine, [3, 1])
+    ws.add(engine, [7])
+    assert [c.dtype for c in ws.chunks] == [np.float32] * 2 and ws.nbytes == 3 * 30 * 30 * 4
+    K = grams.astype(np.float32).astype(np.float64)[[3, 1, 7]]
+    u = np.random.default_rng(0).normal(size=30)
+    np.testing.assert_allclose(ws.matvecs(u), K @ u, rtol=1e-13, atol=1e-13)
+    ws.alphas = np.random.default_rng(1).normal(size=(3, 30))
+    ws.refresh()
+    np.testing.assert_allclose(ws.K_alphas, np.einsum("kij,kj->ki", K, ws.alphas), rtol=1e-13, atol=1e-13)

@@ -142,3 +142,18 @@ def gram_rows(A, B, G, upper):
             for i in range(r):
                 s += vdot(A, (a * r + i) * n, B, (b * r + i) * n, n)
             G[a, b] = s
+
+
+@njit(**_opts)
+def stack_matvec(B, U, out):
+    """out[m, j] = K_m u_j for the kernels B (c, n, n) and vectors U (k, n): out (c, k, n) float64,
+    each entry a float64 dot product (``matvec_rows``; a float32 B is widened exactly)."""
+    for m in range(B.shape[0]):
+        matvec_rows(B[m], 0, U, out[m])
+
+
+@njit(**_opts)
+def each_matvec(B, A, out):
+    """out[m] = K_m a_m for the kernels B (c, n, n) and one vector per kernel A (c, n)."""
+    for m in range(B.shape[0]):
+        matvec_rows(B[m], 0, A[m:m + 1], out[m:m + 1])

@@ -35,17 +35,8 @@ import numpy as np
 import scipy.linalg
 from numba import njit
 
-from mklscale.engine.kernels import axpy_rows, matvec_rows
+from mklscale.engine.kernels import axpy_rows, stack_matvec
 from mklscale.solvers.penalties import Penalty
-
-
-@njit(nogil=True, cache=True)
-def _stack_matvec(B, U, out):
-    """out[m, j] = K_m u_j for the kernels B (c, n, n) and vectors U (k, n): out (c, k, n) float64,
-    each entry a float64 dot product (``engine.kernels.matvec_rows``; a float32 B is widened
-    exactly)."""
-    for m in range(B.shape[0]):
-        matvec_rows(B[m], 0, U, out[m])
 
 
 @njit(nogil=True, cache=True)
@@ -136,7 +127,7 @@ class KernelTerm:
             stop = start + chunk.shape[0]
             if stop > first:
                 lo = max(first, start)
-                _stack_matvec(chunk[lo - start:], U, out[lo - first:stop - first])
+                stack_matvec(chunk[lo - start:], U, out[lo - first:stop - first])
             start = stop
         return out[:, 0]
 

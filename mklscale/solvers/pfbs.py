@@ -98,6 +98,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import math
 import time
 
@@ -105,6 +106,7 @@ import numpy as np
 import scipy.linalg
 from scipy.sparse.linalg import eigsh
 
+from mklscale.engine.kernels import each_matvec, stack_matvec
 from mklscale.errors import InvalidInputError
 from mklscale.solvers._threads import single_blas_thread_for_small_n
 from mklscale.solvers import _validation as check
@@ -187,25 +189,29 @@ def tau_max(engine, y, center: bool = False) -> float:
 class _WorkingSet:
     """Kernels held in the driver (engine.blocks), their alpha_j and cached g_j = K_j alpha_j.
 
-    The blocks live in a buffer that doubles when full, so adding kernels does not copy the held
-    ones every time, and ``blocks`` is always one C-contiguous (k, n, n) array.
+    The blocks are held as the engine stores them (float32 for a float32 bank: half the memory of
+    float64 copies, and no cache copy: ``blocks(idx, keep=False)``), in one (c, n, n) chunk per
+    ``add``, so adding kernels never copies the held ones. Every product with them accumulates in
+    float64 (``engine.kernels.stack_matvec``; the widening is exact). ``add`` refuses, with a
+    message, a working set that would not fit in the memory the machine has available.
     """
 
-    def __init__(self, n: int):
-        self.n = n
+    def __init__(self, engine):
+        self.n = int(engine.n)
         self.index = np.zeros(0, dtype=np.int64)
-        self._buffer = np.zeros((0, n, n))
-        self.alphas = np.zeros((0, n))
-        self.K_alphas = np.zeros((0, n))
+        self.chunks: list[np.ndarray] = []
+        self.alphas = np.zeros((0, self.n))
+        self.K_alphas = np.zeros((0, self.n))
         self._top_vector = None
+        self._fetch_kwargs = {"keep": False} if "keep" in inspect.signature(engine.blocks).parameters else {}
 
     @property
     def size(self) -> int:
         return int(self.index.size)
 
     @property
-    def blocks(self) -> np.ndarray:
-        return self._buffer[: self.size]
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.chunks)
 
     def add(self, engine, idx) -> None:
         """Hold kernels ``idx`` (those not held yet) with alpha_j = 0."""
@@ -213,26 +219,51 @@ class _WorkingSet:
         idx = idx[~np.isin(idx, self.index)]
         if not idx.size:
             return
-        k, new_size = self.size, self.size + idx.size
-        if new_size > self._buffer.shape[0]:
-            grown = np.empty((max(new_size, 2 * self._buffer.shape[0]), self.n, self.n))
-            grown[:k] = self._buffer[:k]
-            self._buffer = grown
-        self._buffer[k:new_size] = np.asarray(engine.blocks(idx), dtype=np.float64)
+        self._check_memory(engine, idx.size)
+        self.chunks.append(np.ascontiguousarray(engine.blocks(idx, **self._fetch_kwargs)))
         self.index = np.concatenate([self.index, idx])
         self.alphas = np.concatenate([self.alphas, np.zeros((idx.size, self.n))])
         self.K_alphas = np.concatenate([self.K_alphas, np.zeros((idx.size, self.n))])
 
+    def _check_memory(self, engine, count: int) -> None:
+        import psutil
+
+        per = int(getattr(engine, "block_nbytes", self.n * self.n * 8))
+        available = psutil.virtual_memory().available
+        if count * per > 0.9 * available:
+            raise InvalidInputError(
+                f"the PFBS working set would hold {self.size + count} kernels ({(self.size + count) * per / 1e9:.3g} GB: "
+                f"{self.size} held, {count} to add) and this machine has {available / 1e9:.3g} GB of memory "
+                "available; use a larger tau (fewer active kernels: a larger fraction of pfbs.tau_max), "
+                "or SpicyMKL, which streams the bank and holds only the kernels it can fit")
+
+    def _stacks(self):
+        """(first position, chunk) for every chunk, in W's order."""
+        start = 0
+        for chunk in self.chunks:
+            yield start, chunk
+            start += chunk.shape[0]
+
     def matvecs(self, u: np.ndarray) -> np.ndarray:
-        """(k, n) K_j u for every held kernel: one BLAS gemv over the stacked blocks."""
-        return (self.blocks.reshape(-1, self.n) @ u).reshape(self.size, self.n)
+        """(k, n) K_j u for every held kernel, in float64."""
+        out = np.empty((self.size, 1, self.n))
+        U = np.ascontiguousarray(u, dtype=np.float64).reshape(1, self.n)
+        for start, chunk in self._stacks():
+            stack_matvec(chunk, U, out[start:start + chunk.shape[0]])
+        return out[:, 0, :]
 
     def refresh(self) -> None:
         """Recompute g_j = K_j alpha_j exactly (the recurrences accumulate rounding)."""
-        self.K_alphas = np.matmul(self.blocks, self.alphas[:, :, None])[:, :, 0]
+        out = np.empty((self.size, self.n))
+        A = np.ascontiguousarray(self.alphas)
+        for start, chunk in self._stacks():
+            each_matvec(chunk, A[start:start + chunk.shape[0]], out[start:start + chunk.shape[0]])
+        self.K_alphas = out
 
     def lambda_max_of_sum(self) -> float:
-        S = self.blocks.sum(axis=0)
+        S = np.zeros((self.n, self.n))
+        for chunk in self.chunks:
+            S += chunk.sum(axis=0, dtype=np.float64)
         n = S.shape[0]
         if n <= DENSE_EIG_MAX_N:
             return float(scipy.linalg.eigh(S, eigvals_only=True, subset_by_index=[n - 1, n - 1])[0])
@@ -323,7 +354,7 @@ class PFBSSolver:
         self.lambda_max = lambda_max
         self.working_set_rule = check.check_working_set(working_set, self.M)
         self.bank = _Bank(engine, lambda_max)
-        self.ws = _WorkingSet(self.n)
+        self.ws = _WorkingSet(engine)
         self._sigma_for = None     # (working-set size, sigma) of the last step-size computation
 
     # -- public ---------------------------------------------------------------------------------
