@@ -10,7 +10,8 @@ trace, Frobenius norm, largest eigenvalue and checksum.
 
 The baseline: numpy writes the same number of bytes, as the same number of files of the same size
 (one per shard), with the same number of threads, each file written with ndarray.tofile. Build and
-plain write alternate over the repeats so both see the same page-cache and disk state; the ratio
+plain write alternate over the repeats, each starting after os.sync() (no dirty pages of the one
+before), so both see the same page-cache and disk state; the ratio
 reported is median(plain write time) / median(build time), i.e. build throughput / write throughput.
 
 The build writes its shards with direct I/O (``store.write_shard_file``): when it returns, the bytes
@@ -71,7 +72,10 @@ def cpu_seconds() -> tuple[float, float]:
 
 
 def timed(fn, *args, **kwargs):
-    """(result, wall seconds, {"user": s, "sys": s} of CPU this process spent)."""
+    """(result, wall seconds, {"user": s, "sys": s} of CPU this process spent). Dirty pages left by
+    the previous write are flushed first (not timed), so every write starts from the same state
+    instead of being throttled by the writeback of the one before."""
+    os.sync()
     u0, s0 = cpu_seconds()
     t0 = time.perf_counter()
     out = fn(*args, **kwargs)

@@ -684,6 +684,7 @@ def main() -> None:
 
     result = {
         "benchmark": "bench_scaling", "quick": args.quick,
+        "command": "python benchmarks/bench_scaling.py " + " ".join(sys.argv[1:]),
         "machine": {**describe_machine(args.workdir), "distributed": distributed.__version__},
         "load_average_at_start": load0, "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
         "total_seconds": time.perf_counter() - t_all,

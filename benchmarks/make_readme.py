@@ -62,6 +62,14 @@ def render_build() -> str:
         "fsync of every file. The build also computes every kernel (distance matrix, exp, normalisation), its "
         "trace, Frobenius norm, largest eigenvalue (Lanczos) and crc32c checksum, so the ratio measures that "
         "compute against the disk: on a machine whose disk is slower than its cores the ratio rises.\n"
+        + (f"\nThe build's CPU time (user + system, all threads) was {m['build_cpu_s']:.2f} s: spread perfectly "
+           f"over {p['threads']} cores that is {m['build_cpu_s'] / p['threads']:.2f} s, against "
+           f"{m['plain_write_s'] / r['target']['build_over_plain_write']:.2f} s for the target ratio "
+           f"({r['target']['build_over_plain_write']} x a {m['plain_write_s']:.2f} s plain write), so on this machine "
+           "the target is out of reach with the build's present compute, whatever the disk does"
+           + (".\n" if m['build_cpu_s'] / p['threads'] > m['plain_write_s'] / r['target']['build_over_plain_write']
+              else "; it is not the compute that holds the build back.\n")
+           if "build_cpu_s" in m else "")
     )
 
 
@@ -595,14 +603,15 @@ def render_scaling() -> str:
     )
     for n in (200, 1000):
         r = _load(f"bench_scaling_m_n{n}.json")
-        cmd = f"python benchmarks/bench_scaling.py --m-scaling --n {n}" + (
-            " --big-bank /tmp/mklscale-bench/big" if n == 1000 else "")
+        cmd = (r or {}).get("command") or f"python benchmarks/bench_scaling.py --m-scaling --n {n}"
         if r is None:
             text += f"\n### Scaling in M at n = {n} (`{cmd}`)\n\nNot recorded yet.\n"
             continue
         sec = r["m_scaling"]
         extra = (" At n = 1000 the banks of M <= 3000 are built here; the largest M is the bank of item 5 "
-                 f"(`{sec['big_bank']}`)." if sec.get("big_bank") else "")
+                 f"(`{sec['big_bank']}`)" + (", and its fits are the ones of item 6 below (same run, same bank, "
+                                              "each in a fresh process)" if any(x.get("from_item") for x in sec["rows"])
+                                             else "") + "." if sec.get("big_bank") else "")
         text += "\n" + _scaling_sweep(r, sec, "M", f"Scaling in M at n = {n}", cmd, f"bench_scaling_m_n{n}.png")
         if extra:
             text += extra + "\n"
@@ -692,7 +701,7 @@ def _render_scaling_ooc() -> str:
 
 def _render_scaling_physical() -> str:
     r = _load("bench_scaling_physical.json")
-    cmd = f"python benchmarks/bench_scaling.py --physical {r['physical']['bank'] if r else 'BANK'} --solvers spicy"
+    cmd = (r or {}).get("command") or "python benchmarks/bench_scaling.py --physical BANK"
     head = f"### Against the physical limit (`{cmd}`)\n\n"
     if r is None:
         return head + "Not recorded yet.\n"
