@@ -98,7 +98,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import math
 import time
 
@@ -110,6 +109,7 @@ from mklscale.engine.kernels import each_matvec, stack_matvec
 from mklscale.errors import InvalidInputError
 from mklscale.solvers._threads import single_blas_thread_for_small_n
 from mklscale.solvers import _validation as check
+from mklscale.solvers._held_blocks import block_nbytes, fetch_held
 from mklscale.solvers.result import MKLResult
 
 STEP_RULES = ("lipschitz", "paper")
@@ -203,7 +203,6 @@ class _WorkingSet:
         self.alphas = np.zeros((0, self.n))
         self.K_alphas = np.zeros((0, self.n))
         self._top_vector = None
-        self._fetch_kwargs = {"keep": False} if "keep" in inspect.signature(engine.blocks).parameters else {}
 
     @property
     def size(self) -> int:
@@ -220,7 +219,7 @@ class _WorkingSet:
         if not idx.size:
             return
         self._check_memory(engine, idx.size)
-        self.chunks.append(np.ascontiguousarray(engine.blocks(idx, **self._fetch_kwargs)))
+        self.chunks.append(np.ascontiguousarray(fetch_held(engine, idx)))
         self.index = np.concatenate([self.index, idx])
         self.alphas = np.concatenate([self.alphas, np.zeros((idx.size, self.n))])
         self.K_alphas = np.concatenate([self.K_alphas, np.zeros((idx.size, self.n))])
@@ -228,7 +227,7 @@ class _WorkingSet:
     def _check_memory(self, engine, count: int) -> None:
         import psutil
 
-        per = int(getattr(engine, "block_nbytes", self.n * self.n * 8))
+        per = block_nbytes(engine)
         available = psutil.virtual_memory().available
         if count * per > 0.9 * available:
             raise InvalidInputError(

@@ -73,7 +73,6 @@ much W needs.
 from __future__ import annotations
 
 import functools
-import inspect
 import time
 
 import numpy as np
@@ -83,6 +82,7 @@ from mklscale.errors import InvalidInputError
 from mklscale.solvers._threads import single_blas_thread_for_small_n
 from mklscale.solvers import _certificate as cert
 from mklscale.solvers import _validation as check
+from mklscale.solvers._held_blocks import block_nbytes, fetch_held
 from mklscale.solvers._spicy_inner import InnerProblem, KernelTerm, newton
 from mklscale.solvers._spicy_loss_terms import make_loss_term
 from mklscale.solvers.losses import LOSSES, Loss, make_loss
@@ -120,10 +120,7 @@ class _Bank:
         self.ref_vector = None
         self.ref_norms = None
         self.offset = (0, 0)
-        # an engine with a block cache must not keep a second copy of what the solver holds
-        self._fetch_kwargs = {"keep": False} if "keep" in inspect.signature(engine.blocks).parameters else {}
-        # bytes of one kernel block as fetched (engines without block_nbytes: float64)
-        self.block_nbytes = int(getattr(engine, "block_nbytes", engine.n * engine.n * 8))
+        self.block_nbytes = block_nbytes(engine)
         if budget is None:
             cache = getattr(engine, "cache", None)
             budget = getattr(cache, "budget", None)
@@ -134,7 +131,7 @@ class _Bank:
         return np.inf if self.budget is None else self.budget // max(1, self.block_nbytes)
 
     def blocks(self, idx: np.ndarray) -> np.ndarray:
-        return self.engine.blocks(idx, **self._fetch_kwargs)
+        return fetch_held(self.engine, idx)
 
     def full_pass(self, u: np.ndarray) -> np.ndarray:
         q = np.asarray(self.engine.quad_forms(u), dtype=np.float64)
