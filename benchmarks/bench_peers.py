@@ -350,15 +350,20 @@ def grid_point(task: str, n: int, M: int, args, fails: dict, times: dict, versio
                 else res.get("wall_seconds", 0.0)
             times.setdefault(method, []).append(((n, M), t, f"{task} n={n} M={M} ({t:.0f} s)"))
 
-    peers = {}
-    if not args.skip_mklpy:
-        todo = []
-        for m in MKLPY_METHODS:
-            reason = skip_reason("mklpy:" + m)
+    def split_skipped(methods, side: str) -> tuple[dict, list]:
+        """({method: "not run" record} for those the skip rule drops, [methods to run])."""
+        skipped, todo = {}, []
+        for m in methods:
+            reason = skip_reason(f"{side}:{m}")
             if reason:
-                peers[m] = {"method": m, "status": "not run", "message": reason}
+                skipped[m] = {"method": m, "status": "not run", "message": reason}
             else:
                 todo.append(m)
+        return skipped, todo
+
+    peers = {}
+    if not args.skip_mklpy:
+        peers, todo = split_skipped(MKLPY_METHODS, "mklpy")
         if todo:
             npz = work / "grams.npz"
             rec.update(export_npz(bank, X_test, y, y_test, npz))
@@ -371,13 +376,7 @@ def grid_point(task: str, n: int, M: int, args, fails: dict, times: dict, versio
                 res.pop("traceback_tail", None) if res.get("status") == "ok" else None
                 peers[m] = res
                 note_fail("mklpy:" + m, res)
-    ours, todo = {}, []
-    for m in OUR_METHODS:
-        reason = skip_reason("ours:" + m)
-        if reason:
-            ours[m] = {"method": m, "status": "not run", "message": reason}
-        else:
-            todo.append(m)
+    ours, todo = split_skipped(OUR_METHODS, "ours")
     ran = run_ours(todo, bank_path, task_npz, args) if todo else {}
     for m in todo:
         ours[m] = ran[m]
