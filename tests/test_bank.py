@@ -330,23 +330,43 @@ def test_lambda_max_is_a_tight_upper_bound(name):
     assert fro == pytest.approx(np.linalg.norm(K.astype(np.float64)), rel=1e-12, abs=1e-300)
 
 
-def test_exp_f64_matches_numpy():
+def _vectorised(exp):
     from numba import njit
-
-    from mklscale.bank import _compute
 
     @njit
     def vexp(x):
         out = np.empty_like(x)
         for i in range(x.size):
-            out[i] = _compute.exp_f64(x[i])
+            out[i] = exp(x[i])
         return out
 
-    x = -np.concatenate([np.linspace(0, 710, 20001), np.random.default_rng(0).random(20000) * 50])
-    got, ref = vexp(x), np.exp(x)
+    return vexp
+
+
+_EXP_ARGS = -np.concatenate([np.linspace(0, 710, 20001), np.random.default_rng(0).random(20000) * 50])
+
+
+def test_exp_f64_matches_numpy():
+    from mklscale.bank import _compute
+
+    got, ref = _vectorised(_compute.exp_f64)(_EXP_ARGS), np.exp(_EXP_ARGS)
     normal = ref > 1e-300
     assert np.all(np.abs(got[normal] - ref[normal]) <= 2 * np.spacing(ref[normal]))
     assert np.all(got[~normal] <= 1e-300) and got[0] == 1.0
+
+
+def test_exp_single_is_float32_accurate():
+    """exp_single is within 3e-10 relative of exp, so as float32 it is the correctly rounded value
+    or its neighbour (1 ulp), and it underflows to 0 like exp_f64."""
+    from mklscale.bank import _compute
+
+    got, ref = _vectorised(_compute.exp_single)(_EXP_ARGS), np.exp(_EXP_ARGS)
+    normal = ref > 1e-300
+    assert np.all(np.abs(got[normal] - ref[normal]) <= 3e-10 * ref[normal])
+    assert np.all(got[~normal] <= 1e-300) and got[0] == 1.0
+    single, exact = got.astype(np.float32), ref.astype(np.float32)
+    assert np.all(np.abs(single.view(np.int32).astype(np.int64) - exact.view(np.int32)) <= 1)
+    assert np.mean(single == exact) > 0.99
 
 
 def test_stored_kernels_exactly_symmetric_across_tiles(tmp_path):

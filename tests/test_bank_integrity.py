@@ -18,6 +18,7 @@ from mklscale.bank import build as build_module
 from mklscale.engine.core import Engine
 from mklscale.errors import (
     BankCorruptError,
+    BankMismatchError,
     BankIncompleteError,
     DiskFullError,
     ReadOnlyStoreError,
@@ -237,3 +238,30 @@ def test_read_only_store_is_refused_before_any_work(X, tmp_path, monkeypatch):
         assert report.bad_indices == [2] and report.marked is False and "read-only" in str(report)
         assert cli.main(["bank", "repair", str(mnt / "b"), "--quiet"]) == 2
         _remount(mnt, "rw")
+
+
+# ---- kernel arithmetic version ---------------------------------------------------------------------
+@pytest.mark.parametrize("dtype, refused", [("float32", True), ("float64", False)])
+def test_bank_of_another_arithmetic_is_not_finished_or_repaired(X, tmp_path, dtype, refused):
+    """A float32 bank started by an mklscale with another kernel arithmetic (here: one from before
+    the version was recorded) is refused by resume and repair with the remedy, before any work;
+    float64 kernels did not change, so such a bank still resumes."""
+    import zarr
+
+    path = tmp_path / "b"
+    build_bank(X, SPECS, path, dtype=dtype, progress=False, **LAYOUT)
+    group = zarr.open_group(path, mode="r+")
+    assert group.attrs["arithmetic"] == build_module._compute.ARITHMETIC
+    group.attrs.pop("arithmetic")  # as a bank written before the version was recorded (version 1)
+    flags = group["complete"][:]
+    flags[4] = False
+    group["complete"][:] = flags
+    if not refused:
+        resumed = build_bank(X, SPECS, path, dtype=dtype, progress=False, **LAYOUT)
+        assert resumed.last_build_computed == 1 and resumed.complete.all() and resumed.verify().ok
+        return
+    for attempt in (lambda: build_bank(X, SPECS, path, dtype=dtype, progress=False, **LAYOUT),
+                    lambda: KernelBank.open(path).repair(progress=False)):
+        with pytest.raises(BankMismatchError, match=r"arithmetic version 1.*overwrite=True"):
+            attempt()
+    assert not KernelBank.open(path).complete[4]

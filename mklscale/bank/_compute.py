@@ -24,6 +24,11 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+#: Which bytes a spec computes to, recorded in every bank build_bank creates. 1: every Gaussian
+#: kernel from ``exp_f64``; 2: float32 Gaussian kernels from ``exp_single`` (float64 banks are
+#: computed as in 1). A build can only resume or repair a bank whose stored kernels it reproduces.
+ARITHMETIC = 2
+
 SQDIST, DOT = 0, 1  # pairwise bases: ||x - z||^2 and <x, z>
 GAUSSIAN, POLYNOMIAL, LINEAR = 0, 1, 2  # families, as in spec.py
 NO_NORM, TRACE, DIAG = 0, 1, 2  # normalisations, as in store.NORMALIZATIONS
@@ -143,18 +148,44 @@ def exp_f64(x):
     return y if x >= -708.0 else 0.0
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def exp_single(x):
+    """exp(x) for float64 x <= 0 to 3e-10 relative, for results stored as float32.
+
+    The reduction of ``exp_f64``, then sum_{q <= 8} r^q / q! by Estrin's scheme (truncation
+    |r|^9 / 9! < 2.1e-10 for |r| <= ln2 / 2: a float32 result rounds like the correctly rounded one
+    except within 3e-10 of a rounding midpoint, i.e. at most 1 ulp apart). About 30% cheaper per
+    entry than ``exp_f64``: shorter, and two independent chains instead of Horner's one.
+    """
+    xc = min(max(x, -708.0), 709.0)
+    kf = np.floor(xc * _LOG2E + 0.5)
+    r = (xc - kf * _LN2_HI) - kf * _LN2_LO
+    c = _INV_FACT
+    r2 = r * r
+    r4 = r2 * r2
+    low = (c[0] + c[1] * r) + (c[2] + c[3] * r) * r2
+    high = (c[4] + c[5] * r) + (c[6] + c[7] * r) * r2
+    p = low + high * r4 + c[8] * (r4 * r4)
+    y = p * _f64_from_bits((np.int64(kf) + 1023) << 52)
+    return y if x >= -708.0 else 0.0
+
+
 # ---- training Gram matrices: fused base, kernel map, normalisation and cast --------------------
 @numba.njit(cache=True, nogil=True)
-def _kernel_row(src, fam, a, p, ci, r, dst):
+def _kernel_row(src, fam, a, p, ci, r, dst, single):
     """dst[j] = f(src[j]) * ci * r[j] with the family map f (formulas in spec.py):
 
-    GAUSSIAN f(b) = exp(a b), a = -1 / (2 s^2), on squared distances;
+    GAUSSIAN f(b) = exp(a b), a = -1 / (2 s^2), on squared distances (``exp_single`` when
+    ``single``: dst is float32; else ``exp_f64``);
     POLYNOMIAL f(b) = (b + a)^p, a = offset, on inner products; LINEAR f(b) = b.
     ci * r[j] is the normalisation (trace: 1 / tr K and 1; diag: 1 / sqrt(K_ii K_jj) as r_i r_j).
     dst may be float32: the cast rounds to nearest, as ndarray.astype.
     """
     L = src.shape[0]
-    if fam == GAUSSIAN:
+    if fam == GAUSSIAN and single:
+        for j in range(L):
+            dst[j] = exp_single(a * src[j]) * ci * r[j]
+    elif fam == GAUSSIAN:
         for j in range(L):
             dst[j] = exp_f64(a * src[j]) * ci * r[j]
     elif fam == POLYNOMIAL:
@@ -193,7 +224,7 @@ def _normalisers(Xt, kind, fams, a, p, norm):
     factors = np.ones(G)
     scales = np.ones((G, n))
     for g in range(G):
-        _kernel_row(bdiag, fams[g], a[g], p[g], 1.0, ones, kdiag)
+        _kernel_row(bdiag, fams[g], a[g], p[g], 1.0, ones, kdiag, False)
         if norm == TRACE:
             tr = 0.0
             for i in range(n):
@@ -224,7 +255,7 @@ def _mirror_rows(A, I, I1):
 
 
 @numba.njit(cache=True, nogil=True)
-def _fill_grams(Xt, kind, fams, a, p, norm, out):
+def _fill_grams(Xt, kind, fams, a, p, norm, out, single):
     """out[g] = normalised K_g(X, X) for kernels g sharing one base on feature-major Xt (d, n).
 
     One sweep over the upper triangle, _TILE rows at a time: each row of the base is computed
@@ -240,7 +271,7 @@ def _fill_grams(Xt, kind, fams, a, p, norm, out):
             base_row(Xt, i, Xt, i, n, kind, buf)
             for g in range(G):
                 ci = factors[g] * scales[g, i]
-                _kernel_row(buf[:n - i], fams[g], a[g], p[g], ci, scales[g, i:], out[g, i, i:])
+                _kernel_row(buf[:n - i], fams[g], a[g], p[g], ci, scales[g, i:], out[g, i, i:], single)
         for g in range(G):
             _mirror_rows(out[g], I, I1)
     return factors
@@ -252,9 +283,10 @@ def fill_grams(Xsub: np.ndarray, kind: int, params: np.ndarray, norm: int, out: 
     Xsub: (n, d) features already restricted to the specs' subset; params: (G, 3) rows
     (family, a, p) as in ``_kernel_row``; norm: NO_NORM, TRACE (K / tr K) or DIAG
     (K_ij / sqrt(K_ii K_jj)). Returns each kernel's normalisation factor (1 unless TRACE).
+    A float32 ``out`` gets Gaussian values from ``exp_single`` (see ``ARITHMETIC``).
     """
     return _fill_grams(_feature_major(Xsub), kind, params[:, 0].astype(np.int64), params[:, 1].copy(),
-                       params[:, 2].astype(np.int64), norm, out)
+                       params[:, 2].astype(np.int64), norm, out, out.dtype == np.float32)
 
 
 # ---- statistics of a stored matrix -------------------------------------------------------------
@@ -338,7 +370,9 @@ def _lanczos_cycle(K, v, tol, upper):
     itself within a factor (1 + tol) of theta. A Krylov space that becomes invariant (beta ~ 0) is
     the whole space when k = n (residual 0); otherwise the basis continues from a fixed probe
     orthogonal to it (T becomes block diagonal) and the residual counts as unknown (inf): the
-    rest of the space is unexplored. Returns (theta, residual, y).
+    rest of the space is unexplored. The test runs after every step up to 8, then every 4th (the
+    eigensolve of T_k, O(k^3), cost more than the matrix products for slowly converging K).
+    Returns (theta, residual, y).
     """
     n = K.shape[0]
     m = min(n, _LANCZOS_STEPS)
@@ -355,10 +389,11 @@ def _lanczos_cycle(K, v, tol, upper):
         b = np.sqrt(np.dot(w, w))
         invariant = b <= 1e-12 * (abs(alpha[j]) + (beta[j - 1] if j > 0 else 0.0))
         k = j + 1
-        theta, s = _top_ritz(alpha, beta, k)
-        res = np.inf if invariant and k < n else b * abs(s[j])
-        if res <= tol * theta or theta * (1.0 + tol) >= upper or k == m:
-            break
+        if k <= 8 or k % 4 == 0 or k == m or invariant:  # eigh costs O(k^3): test less often as k grows
+            theta, s = _top_ritz(alpha, beta, k)
+            res = np.inf if invariant and k < n else b * abs(s[j])
+            if res <= tol * theta or theta * (1.0 + tol) >= upper or k == m:
+                break
         if invariant:  # continue from a probe orthogonal to the basis; beta[j] stays 0
             w = _probe(n, k)
             _orthogonalise(w, V, k)

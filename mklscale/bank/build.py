@@ -41,7 +41,7 @@ from mklscale.bank.store import (
     validate_features,
     write_shard_file,
 )
-from mklscale.errors import BankCorruptError, ClusterUnavailableError, InvalidInputError, SpecError
+from mklscale.errors import BankCorruptError, BankMismatchError, ClusterUnavailableError, InvalidInputError, SpecError
 from mklscale.runtime.liveness import POLL_S, SchedulerWatch
 
 
@@ -100,6 +100,7 @@ def build_bank(
             "train_rows": rows,
             "fingerprint": fingerprint,
             "source": "build_bank",
+            "arithmetic": _compute.ARITHMETIC,
             "created": creation_info(),
         }
         create_bank_group(path, specs=specs, n=X.shape[0], dtype=dt, attrs=attrs, X=Xs,
@@ -132,6 +133,7 @@ def _compute_shards(bank: KernelBank, specs: Sequence[KernelSpec], Xs: np.ndarra
     finish (``_MetadataWriter``). A full disk raises DiskFullError and a read-only one
     ReadOnlyStoreError; kernels finished before that keep their flags (best effort flush).
     """
+    _check_arithmetic(bank)
     S = bank.kernels_per_shard
     checks = bank.checksums.astype(np.int64)
     expected = {s: np.where(keep[s * S:(s + 1) * S], checks[s * S:(s + 1) * S], -1) for s in shards}
@@ -158,6 +160,19 @@ def _compute_shards(bank: KernelBank, specs: Sequence[KernelSpec], Xs: np.ndarra
         finally:
             _BLOCKS.clear()
     return computed
+
+
+def _check_arithmetic(bank: KernelBank) -> None:
+    """Refuse to finish or repair a float32 bank whose kernels another arithmetic computed
+    (``_compute.ARITHMETIC``; banks from before it was recorded are version 1): their bytes
+    differ in the last bit from what this build computes, so the bank would mix the two."""
+    recorded = int(bank.attrs.get("arithmetic", 1))
+    if recorded != _compute.ARITHMETIC and bank.dtype == np.float32:
+        raise BankMismatchError(
+            f"bank {bank.path} was started by an mklscale that computes float32 kernels with arithmetic "
+            f"version {recorded}; this one uses version {_compute.ARITHMETIC}, whose values differ in the last "
+            "bit, so it cannot finish or repair that bank consistently; finish it with the mklscale that "
+            "started it, or rebuild it (build_bank(..., overwrite=True))")
 
 
 # ---- repair --------------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ Layout of a bank (a zarr v3 group; see ../shared/DESIGN.md "The bank on disk")::
     checksum     (M,) uint32    crc32c of kernel m's stored bytes (C order, little endian)
     spec         (M,) str       the kernel's KernelSpec as JSON
     attrs        schema, n, M, dtype, normalize, standardisation, train_rows, fingerprint, layout, created,
-                 integrity (what the last ``verify`` found bad; see below)
+                 arithmetic (``_compute.ARITHMETIC`` of build_bank's kernels), integrity (what the last
+                 ``verify`` found bad; see below)
 
 Integrity. ``verify`` re-reads kernels and compares their crc32c with ``checksum``. A kernel it finds
 bad (flipped bytes, a missing or truncated shard file) is recorded on disk, when the store is
