@@ -18,8 +18,8 @@ from mklscale.bank import build as build_module
 from mklscale.engine.core import Engine
 from mklscale.errors import (
     BankCorruptError,
-    BankMismatchError,
     BankIncompleteError,
+    BankMismatchError,
     DiskFullError,
     ReadOnlyStoreError,
     SpecError,

@@ -370,8 +370,8 @@ def _lanczos_cycle(K, v, tol, upper):
     itself within a factor (1 + tol) of theta. A Krylov space that becomes invariant (beta ~ 0) is
     the whole space when k = n (residual 0); otherwise the basis continues from a fixed probe
     orthogonal to it (T becomes block diagonal) and the residual counts as unknown (inf): the
-    rest of the space is unexplored. The test runs after every step up to 8, then every 4th (the
-    eigensolve of T_k, O(k^3), cost more than the matrix products for slowly converging K).
+    rest of the space is unexplored. The convergence test runs after every step up to 8, then every
+    4th (the eigensolve of T_k, O(k^3), cost more than the matrix products for slowly converging K).
     Returns (theta, residual, y).
     """
     n = K.shape[0]

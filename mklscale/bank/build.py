@@ -41,7 +41,13 @@ from mklscale.bank.store import (
     validate_features,
     write_shard_file,
 )
-from mklscale.errors import BankCorruptError, BankMismatchError, ClusterUnavailableError, InvalidInputError, SpecError
+from mklscale.errors import (
+    BankCorruptError,
+    BankMismatchError,
+    ClusterUnavailableError,
+    InvalidInputError,
+    SpecError,
+)
 from mklscale.runtime.liveness import POLL_S, SchedulerWatch
 
 
