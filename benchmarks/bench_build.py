@@ -67,10 +67,7 @@ def plain_write(folder: Path, n_files: int, file_bytes: int, threads: int, fsync
                 f.flush()
                 os.fsync(f.fileno())
 
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(write, range(n_files)))
-    return time.perf_counter() - t0
+    return _seconds_on_threads(write, n_files, threads)
 
 
 def direct_write(folder: Path, shard_sizes: list[int], n: int, per_chunk: int, per_shard: int, threads: int) -> float:
@@ -81,9 +78,14 @@ def direct_write(folder: Path, shard_sizes: list[int], n: int, per_chunk: int, p
     def write(s: int) -> None:
         write_shard_file(folder, s, block[:shard_sizes[s]], per_chunk, per_shard)
 
+    return _seconds_on_threads(write, len(shard_sizes), threads)
+
+
+def _seconds_on_threads(write, count: int, threads: int) -> float:
+    """Seconds to run write(0) ... write(count - 1) on a pool of ``threads`` threads."""
     t0 = time.perf_counter()
     with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(write, range(len(shard_sizes))))
+        list(pool.map(write, range(count)))
     return time.perf_counter() - t0
 
 
