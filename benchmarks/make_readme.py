@@ -75,11 +75,11 @@ def _build_floors(m: dict, p: dict, target: float) -> str:
     """Why the ratio is what it is: the build cannot beat its compute spread over the cores, nor its
     write path alone; the target allows plain write / target seconds."""
     budget, cpu_floor, disk_floor = m["plain_write_s"] / target, m["build_cpu_s"] / p["threads"], m["direct_write_s"]
-    verdict = ("so on this machine the target is out of reach whatever the build does: "
-               + " and ".join(what for what, floor in (("its write path alone", disk_floor),
-                                                       ("its compute alone", cpu_floor)) if floor > budget)
-               + " take longer than the target allows"
-               if max(cpu_floor, disk_floor) > budget else "so neither floor rules the target out here")
+    over = [what for what, floor in (("its write path alone", disk_floor), ("its compute alone", cpu_floor))
+            if floor > budget]
+    verdict = (f"so on this machine the target is out of reach whatever the build does: {' and '.join(over)} "
+               f"take{'s' if len(over) == 1 else ''} longer than the target allows" if over
+               else "so neither floor rules the target out here")
     return (f"\nFloors: the build's CPU time (user + system, all threads) was {m['build_cpu_s']:.2f} s, i.e. "
             f"{cpu_floor:.2f} s spread perfectly over {p['threads']} cores; the direct write of the same bytes took "
             f"{disk_floor:.2f} s. The target allows {budget:.2f} s ({target} x a {m['plain_write_s']:.2f} s plain "
