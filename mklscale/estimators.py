@@ -440,13 +440,17 @@ def _validated(est, X, y="no_validation", **kwargs):
 
 # ---- kernels ---------------------------------------------------------------------------------------
 def bank_key(X: np.ndarray, specs, normalize, dtype: str) -> str:
-    """sha256 of (data shape and float64 bytes, specs JSON, normalize, dtype, standardisation on)."""
+    """sha256 of (data shape and float64 bytes, specs JSON, normalize, dtype, standardisation on,
+    kernel arithmetic version): a cached bank is reused only where this mklscale would compute the
+    same bytes (an unfinished one of another version could not be resumed)."""
+    from mklscale.bank._compute import ARITHMETIC
+
     h = hashlib.sha256()
     X = np.ascontiguousarray(X, dtype=np.float64)
     h.update(repr(X.shape).encode())
     h.update(X.tobytes())
     h.update(specs_to_json(specs).encode())
-    h.update(repr((normalize, str(dtype), True)).encode())
+    h.update(repr((normalize, str(dtype), True, ARITHMETIC)).encode())
     return h.hexdigest()
 
 

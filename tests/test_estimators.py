@@ -24,7 +24,7 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from mklscale import MKLClassifier, MKLRegressor, datasets
-from mklscale.bank import KernelSpec, build_bank, families
+from mklscale.bank import KernelBank, KernelSpec, build_bank, families
 from mklscale.errors import InvalidInputError, SpecError
 from mklscale.solvers import registry
 
@@ -107,6 +107,21 @@ def test_binary_attributes_and_bank_reuse(cancer, cache):
     with pytest.raises(AttributeError, match="has no attribute 'predict_proba'") as excinfo:
         first.predict_proba(Xt)
     assert "solver='spicy' with loss='logistic'" in str(excinfo.value.__cause__)
+
+
+def test_cached_bank_of_another_kernel_arithmetic_is_not_reused(cancer, cache, monkeypatch):
+    """The bank cache is keyed by the kernel arithmetic version too: after an upgrade that changes
+    the stored bytes, a fit builds a bank of its own instead of reusing (or failing to resume) one
+    the older version left."""
+    from mklscale.bank import _compute
+
+    X, y, _, _ = cancer
+    specs = families.gaussian([0.5, 2.0])
+    first = MKLClassifier(kernels=specs, solver="uniform", cache_dir=cache).fit(X, y)
+    monkeypatch.setattr(_compute, "ARITHMETIC", _compute.ARITHMETIC + 1)
+    later = MKLClassifier(kernels=specs, solver="uniform", cache_dir=cache).fit(X, y)
+    assert later.fit_stats_["kernels_built"] == len(specs) and later.fit_stats_["bank"] != first.fit_stats_["bank"]
+    assert KernelBank.open(later.fit_stats_["bank"]).attrs["arithmetic"] == _compute.ARITHMETIC
 
 
 def test_multiclass_one_vs_rest_on_iris_with_string_labels(cache):

@@ -178,7 +178,8 @@ def _check_arithmetic(bank: KernelBank) -> None:
             f"bank {bank.path} was started by an mklscale that computes float32 kernels with arithmetic "
             f"version {recorded}; this one uses version {_compute.ARITHMETIC}, whose values differ in the last "
             "bit, so it cannot finish or repair that bank consistently; finish it with the mklscale that "
-            "started it, or rebuild it (build_bank(..., overwrite=True))")
+            "started it, or rebuild it: build_bank(..., overwrite=True), `mklscale bank build ... --overwrite`, "
+            "or delete the folder and build again")
 
 
 # ---- repair --------------------------------------------------------------------------------------
