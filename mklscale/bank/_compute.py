@@ -119,6 +119,22 @@ _INV_FACT = tuple(1.0 / float(np.prod(np.arange(1, k + 1, dtype=np.float64))) fo
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
+def _reduce_ln2(x):
+    """(k, r) with x = k ln2 + r, k = round(x / ln2) as a float, |r| <= ln2 / 2, for x clamped to
+    [-708, 709]; ln 2 is split in two so that k * _LN2_HI is exact (fdlibm)."""
+    xc = min(max(x, -708.0), 709.0)
+    kf = np.floor(xc * _LOG2E + 0.5)
+    return kf, (xc - kf * _LN2_HI) - kf * _LN2_LO
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _times_2k(p, kf, x):
+    """p * 2^k with 2^k built from its exponent bits; 0 where x < -708 (exp(x) < 3e-308)."""
+    y = p * _f64_from_bits((np.int64(kf) + 1023) << 52)
+    return y if x >= -708.0 else 0.0
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
 def exp_f64(x):
     """exp(x) for float64 x <= 0 to about 2 ulp, as straight-line arithmetic LLVM vectorises.
 
@@ -126,9 +142,7 @@ def exp_f64(x):
     |r| <= ln2 / 2; exp(r) = sum_{q <= 13} r^q / q! (truncation < 1e-17 relative) and 2^k is built
     from its exponent bits. exp(x) < 3e-308 for x < -708 is returned as 0.
     """
-    xc = min(max(x, -708.0), 709.0)
-    kf = np.floor(xc * _LOG2E + 0.5)
-    r = (xc - kf * _LN2_HI) - kf * _LN2_LO
+    kf, r = _reduce_ln2(x)
     c = _INV_FACT
     p = c[13]
     p = p * r + c[12]
@@ -144,30 +158,26 @@ def exp_f64(x):
     p = p * r + c[2]
     p = p * r + c[1]
     p = p * r + c[0]
-    y = p * _f64_from_bits((np.int64(kf) + 1023) << 52)
-    return y if x >= -708.0 else 0.0
+    return _times_2k(p, kf, x)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def exp_single(x):
     """exp(x) for float64 x <= 0 to 3e-10 relative, for results stored as float32.
 
-    The reduction of ``exp_f64``, then sum_{q <= 8} r^q / q! by Estrin's scheme (truncation
+    The reduction and scaling of ``exp_f64``, then sum_{q <= 8} r^q / q! by Estrin's scheme (truncation
     |r|^9 / 9! < 2.1e-10 for |r| <= ln2 / 2: a float32 result rounds like the correctly rounded one
     except within 3e-10 of a rounding midpoint, i.e. at most 1 ulp apart). About 30% cheaper per
     entry than ``exp_f64``: shorter, and two independent chains instead of Horner's one.
     """
-    xc = min(max(x, -708.0), 709.0)
-    kf = np.floor(xc * _LOG2E + 0.5)
-    r = (xc - kf * _LN2_HI) - kf * _LN2_LO
+    kf, r = _reduce_ln2(x)
     c = _INV_FACT
     r2 = r * r
     r4 = r2 * r2
     low = (c[0] + c[1] * r) + (c[2] + c[3] * r) * r2
     high = (c[4] + c[5] * r) + (c[6] + c[7] * r) * r2
     p = low + high * r4 + c[8] * (r4 * r4)
-    y = p * _f64_from_bits((np.int64(kf) + 1023) << 52)
-    return y if x >= -708.0 else 0.0
+    return _times_2k(p, kf, x)
 
 
 # ---- training Gram matrices: fused base, kernel map, normalisation and cast --------------------
