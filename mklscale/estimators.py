@@ -42,7 +42,7 @@ from sklearn.utils._available_if import available_if
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_array, check_is_fitted, check_random_state, column_or_1d, validate_data
 
-from mklscale.bank import families
+from mklscale.bank import _compute, families
 from mklscale.bank.spec import KernelSpec, specs_to_json
 from mklscale.errors import InvalidInputError
 from mklscale.model import MKLModel
@@ -443,14 +443,12 @@ def bank_key(X: np.ndarray, specs, normalize, dtype: str) -> str:
     """sha256 of (data shape and float64 bytes, specs JSON, normalize, dtype, standardisation on,
     kernel arithmetic version): a cached bank is reused only where this mklscale would compute the
     same bytes (an unfinished one of another version could not be resumed)."""
-    from mklscale.bank._compute import ARITHMETIC
-
     h = hashlib.sha256()
     X = np.ascontiguousarray(X, dtype=np.float64)
     h.update(repr(X.shape).encode())
     h.update(X.tobytes())
     h.update(specs_to_json(specs).encode())
-    h.update(repr((normalize, str(dtype), True, ARITHMETIC)).encode())
+    h.update(repr((normalize, str(dtype), True, _compute.ARITHMETIC)).encode())
     return h.hexdigest()
 
 
