@@ -12,7 +12,7 @@ Per dataset:
 - path: 20 taus from tau_max down to eps * tau_max at a fixed mu, warm-started, plain PFBS and
   FISTA: wall time, iterations, full-bank passes, bytes read, convergence;
 - CV: a held-out test split (seeded); K-fold CV over (mu, tau) on the training rows only (folds
-  are row subsets of the same bank via SubsetEngine), refit on the training rows, error on the
+  are row subsets of the same bank via RowSubsetEngine), refit on the training rows, error on the
   test rows (RMSE / accuracy) against the trivial predictor (training mean / majority class).
 The bank is built once over all rows (train + test), so feature standardisation saw the test
 features (not their targets); the solvers and CV only ever use the training rows' kernel entries.
@@ -38,7 +38,9 @@ from machine import describe_machine  # noqa: E402
 from mklscale.bank import build_bank, families  # noqa: E402
 from mklscale.datasets import load  # noqa: E402
 from mklscale.solvers import pfbs  # noqa: E402
-from mklscale.solvers.paths import SubsetEngine, predict_rows  # noqa: E402
+from mklscale.engine import RowSubsetEngine  # noqa: E402
+from mklscale.solvers import paths  # noqa: E402
+from mklscale.solvers.paths import predict_rows  # noqa: E402
 
 
 def open_engine(bank):
@@ -76,10 +78,10 @@ def counters(engine) -> tuple[int, int]:
 
 
 def run_path(engine, y, rows, mu, n_taus, eps, accelerated, tol, max_iter):
-    sub = SubsetEngine(engine, rows)
+    sub = RowSubsetEngine(engine, rows)
     p0, b0 = counters(engine)
     t0 = time.perf_counter()
-    p = pfbs.path(sub, y[rows], n_taus=n_taus, mu=mu, eps=eps, accelerated=accelerated, center=True,
+    p = paths.path(sub, y[rows], n_taus=n_taus, mu=mu, eps=eps, accelerated=accelerated, center=True,
                   tol=tol, max_iter=max_iter)
     seconds = time.perf_counter() - t0
     p1, b1 = counters(engine)
@@ -98,7 +100,7 @@ def run_path(engine, y, rows, mu, n_taus, eps, accelerated, tol, max_iter):
 def run_cv(engine, y, train, test, task, mus, folds, n_taus, eps, tol, max_iter):
     p0, b0 = counters(engine)
     t0 = time.perf_counter()
-    cv = pfbs.cross_validate(SubsetEngine(engine, train), y[train], mus=mus, folds=folds, task=task,
+    cv = paths.cross_validate(RowSubsetEngine(engine, train), y[train], mus=mus, folds=folds, task=task,
                              n_taus=n_taus, eps=eps, center=True, accelerated=True, tol=tol, max_iter=max_iter)
     pred = predict_rows(engine, cv.result, train, test)
     seconds = time.perf_counter() - t0
@@ -134,7 +136,7 @@ def plot(p, path_png: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    pfbs.plot_path(p, ax=ax)
+    paths.plot_path(p, ax=ax)
     ax.set_title(title + "\n" + ax.get_title(), fontsize=10)
     fig.tight_layout()
     fig.savefig(path_png, dpi=110)

@@ -17,8 +17,8 @@ Gaussian kernels on random feature subsets, width 5 chi^2 + 0.1 (``families.rand
 seed=0)``), unit trace, float32. With seed 0 for data and specs, the bank of a given (n, M) is the
 bank ``bench_pass.py --big`` builds (``/tmp/mklscale-bench/big``), so it is reused as is.
 
-The engine has no kernel-subset view (``solvers.paths.SubsetEngine`` restricts rows, not kernels),
-so every M is its own bank, built once into ``--workdir`` and reused on later runs (``build_bank``
+A ``KernelSubsetEngine`` over the largest bank would read its kernels as a subset scattered
+over that bank's shards, not as a bank of M kernels, so every M is its own bank, built once into ``--workdir`` and reused on later runs (``build_bank``
 resumes or skips a bank with the same data and specs). At n = 1000 the nested banks M = 100 ...
 3000 take 17.6 GB; the M = 10,000 point (40 GB) is the bank of item 5, passed with ``--big-bank``.
 

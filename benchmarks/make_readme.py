@@ -608,8 +608,9 @@ def render_scaling() -> str:
                                           (quick or {}).get("params", {}).get("solvers", {}).values()])
         + "\n\nEvery fit runs in a spawned worker process after an untimed warm-up fit of the same solver on a "
         "6-kernel bank, under a wall-clock limit: a fit past it is killed and recorded as a timeout, and the "
-        "solver is skipped at the larger sizes of that sweep. The engine has no kernel-subset view "
-        "(`SubsetEngine` restricts rows), so every M is its own bank (data and spec seed 0, so a bank of given "
+        "solver is skipped at the larger sizes of that sweep. A `KernelSubsetEngine` of the largest bank would "
+        "read kernels scattered over its shards, not a bank of M kernels, so every M is its own bank (data and "
+        "spec seed 0, so a bank of given "
         "(n, M) is the one `bench_pass.py --big` builds).\n"
         + (f"A smoke run of every item at tiny sizes is `--quick` ({quick['total_seconds']:.0f} s on "
            f"{quick['machine']['date'][:10]}, `results/bench_scaling_quick.json`).\n" if quick else "")

@@ -14,7 +14,9 @@ import pytest
 from _dense_engine import DenseEngine
 from mklscale.errors import InvalidInputError
 from mklscale.solvers import pfbs
-from mklscale.solvers.paths import SubsetEngine, path, tau_grid
+from mklscale.engine import RowSubsetEngine
+from mklscale.solvers import paths
+from mklscale.solvers.paths import path, tau_grid
 from mklscale.solvers.result import MKLResult
 
 cp = pytest.importorskip("cvxpy")
@@ -279,7 +281,7 @@ def test_plot_path(problem, tmp_path):
     matplotlib.use("Agg")
     grams, y, _ = problem
     p = path(DenseEngine(grams), y, n_taus=6, mu=1e-3, eps=1e-2, accelerated=True)
-    ax = pfbs.plot_path(p)
+    ax = paths.plot_path(p)
     assert ax.get_xscale() == "log" and len(ax.lines) == int((p.weights > 0).any(axis=0).sum())
     ax.figure.savefig(tmp_path / "path.png")
     assert (tmp_path / "path.png").stat().st_size > 1000
@@ -290,7 +292,7 @@ def test_plot_path(problem, tmp_path):
 def test_subset_engine_is_the_principal_submatrix():
     grams, y = small_problem(n=30, M=4)
     rows = np.array([0, 3, 4, 7, 9, 10, 15, 16, 20, 21, 22, 28])
-    sub, dense = SubsetEngine(DenseEngine(grams), rows), DenseEngine(grams[:, rows][:, :, rows])
+    sub, dense = RowSubsetEngine(DenseEngine(grams), rows), DenseEngine(grams[:, rows][:, :, rows])
     u = np.random.default_rng(0).standard_normal(rows.size)
     np.testing.assert_allclose(sub.quad_forms(u), dense.quad_forms(u), rtol=1e-12)
     np.testing.assert_allclose(sub.quad_forms(np.stack([u, 2 * u])), dense.quad_forms(np.stack([u, 2 * u])), rtol=1e-12)
@@ -306,7 +308,7 @@ def test_subset_engine_is_the_principal_submatrix():
 
 def test_cross_validation_finds_the_signal_kernels():
     grams, y = signal_problem(n=90, M=8)
-    cv = pfbs.cross_validate(DenseEngine(grams), y, n_taus=10, eps=1e-3, mus=(1e-5, 1e-4), folds=3,
+    cv = paths.cross_validate(DenseEngine(grams), y, n_taus=10, eps=1e-3, mus=(1e-5, 1e-4), folds=3,
                              center=True, seed=0)
     assert cv.errors.shape == (2, 10) and cv.metric == "rmse"
     best = (list(cv.mus).index(cv.best_mu), list(cv.taus).index(cv.best_tau))
@@ -322,7 +324,7 @@ def test_cross_validation_finds_the_signal_kernels():
 
 def test_cross_validation_classification():
     grams, y = signal_problem(n=80, M=6, classification=True, seed=2)
-    cv = pfbs.cross_validate(DenseEngine(grams), y, n_taus=6, eps=1e-2, mus=(1e-4,), folds=4,
+    cv = paths.cross_validate(DenseEngine(grams), y, n_taus=6, eps=1e-2, mus=(1e-4,), folds=4,
                              task="classification", center=True)
     assert cv.metric == "accuracy" and cv.errors.max() == cv.errors[0, list(cv.taus).index(cv.best_tau)]
     assert cv.errors.max() >= 0.8
@@ -372,11 +374,11 @@ def test_bad_input_raises_clear_errors(problem):
     with pytest.raises(InvalidInputError, match=">= 0"):
         path(engine, y, taus=[0.02, -0.01], mu=1e-3)
     with pytest.raises(InvalidInputError, match="folds"):
-        pfbs.cross_validate(engine, y, folds=y.size + 1)
+        paths.cross_validate(engine, y, folds=y.size + 1)
     with pytest.raises(InvalidInputError, match="folds"):
-        pfbs.cross_validate(engine, y, folds=1)
+        paths.cross_validate(engine, y, folds=1)
     with pytest.raises(InvalidInputError, match=r"\{-1, \+1\}"):
-        pfbs.cross_validate(engine, y, task="classification")
+        paths.cross_validate(engine, y, task="classification")
     with pytest.raises(InvalidInputError, match="step"):
         pfbs.fit(engine, y, 0.1, 1e-3, step="huge")
     with pytest.raises(InvalidInputError, match="init"):
@@ -385,8 +387,8 @@ def test_bad_input_raises_clear_errors(problem):
 
 def test_working_set_that_cannot_fit_in_memory_is_refused_with_the_remedy():
     grams, y = small_problem(n=20, M=30, seed=3)
-    engine = DenseEngine(grams)
-    engine.block_nbytes = 10**13  # 10 TB a kernel: more than any machine running this has available
+    # 10 TB a kernel: more than any machine running this has available
+    engine = type("HugeKernelsEngine", (DenseEngine,), {"block_nbytes": 10**13})(grams)
     with pytest.raises(InvalidInputError, match=r"larger tau.*SpicyMKL"):
         pfbs.fit(engine, y, 0.1 * pfbs.tau_max(engine, y), 1e-3, tol=1e-6)
 

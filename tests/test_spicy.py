@@ -285,7 +285,7 @@ class _EngineWithUnfinishedKernels(DenseEngine):
     def __init__(self, grams, unfinished):
         super().__init__(grams)
         self.unfinished = np.asarray(unfinished)
-        self.lambda_max[self.unfinished] = np.nan
+        self._lambda_max[self.unfinished] = np.nan
 
     def quad_forms(self, U, kernels=None, per_kernel=False):
         out = super().quad_forms(U, kernels, per_kernel)
@@ -293,9 +293,9 @@ class _EngineWithUnfinishedKernels(DenseEngine):
             out[self.unfinished] = np.nan
         return out
 
-    def blocks(self, idx):
+    def blocks(self, idx, keep=True):
         assert not set(np.asarray(idx).tolist()) & set(self.unfinished.tolist()), "asked for an unfinished kernel"
-        return super().blocks(idx)
+        return super().blocks(idx, keep)
 
 
 def test_unfinished_kernels_are_left_out(wide_bank):

@@ -1,12 +1,18 @@
 """Passes over a kernel bank and the driver-side cache of active kernel blocks.
 
-``Engine`` (core.py) is the entry point; the layers under it, one job each:
+``KernelEngine`` (contract.py) is everything a solver may use; its implementations: ``Engine``
+(core.py, streaming passes over a zarr bank), ``InMemoryEngine`` (memory.py, an (M, n, n) array)
+and the views ``RowSubsetEngine`` / ``KernelSubsetEngine`` (views.py). The layers under ``Engine``,
+one job each:
 plan.py (kernels -> tasks), runner.py (threaded or distributed Dask execution), tasks.py (what a
 task does, on the worker), reader.py (shard files -> row panels in a reused buffer), kernels.py
 (numba chunk kernels), simd.py (explicit vector IR with a fixed summation order), cache.py (LRU
 block cache), validate.py (input checks).
 """
 
+from mklscale.engine.contract import Counters, KernelEngine
 from mklscale.engine.core import Engine
+from mklscale.engine.memory import InMemoryEngine
+from mklscale.engine.views import KernelSubsetEngine, RowSubsetEngine
 
-__all__ = ["Engine"]
+__all__ = ["Counters", "Engine", "InMemoryEngine", "KernelEngine", "KernelSubsetEngine", "RowSubsetEngine"]

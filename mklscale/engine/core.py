@@ -31,6 +31,7 @@ import numpy as np
 from mklscale.engine import kernels as K
 from mklscale.engine import tasks, validate
 from mklscale.engine.cache import BlockCache, parse_bytes
+from mklscale.engine.contract import Counters, KernelEngine
 from mklscale.engine.plan import TASK_BYTES, blocks_of, split_by_shard, tree_pairs
 from mklscale.engine.reader import KernelReader
 from mklscale.engine.runner import Runner, Shared
@@ -44,8 +45,9 @@ GRAM_BLOCK = 64
 GRAM_PANEL_BYTES = 32 * 2**20
 
 
-class Engine:
-    """Passes over a ``KernelBank`` (see the module docstring for the operations).
+class Engine(KernelEngine):
+    """Passes over a ``KernelBank`` (see the module docstring for the operations; the contract it
+    implements: :mod:`mklscale.engine.contract`).
 
     Parameters
     ----------
@@ -131,6 +133,14 @@ class Engine:
         seconds, tasks, full_pass). A snapshot: later calls do not change it."""
         return dict(self._stats, log=list(self._stats["log"]))
 
+    def counters(self) -> Counters:
+        return Counters(self._stats["passes"], self._stats["bytes_read"])
+
+    @property
+    def working_set_budget(self) -> int:
+        """The block cache's budget: what a solver's working set may hold unless told otherwise."""
+        return self._cache.budget
+
     def __repr__(self) -> str:
         where = "threaded" if self.client is None else f"client={self.client!r}"
         return f"Engine({self.bank!r}, {where}, cache={self._cache.nbytes}/{self._cache.budget} bytes)"
@@ -143,12 +153,6 @@ class Engine:
             self.client.close()
         self.client = None
         self._runner.client = None
-
-    def __enter__(self) -> Engine:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     # ---- bookkeeping --------------------------------------------------------------------------
     def _record(self, op: str, t0: float, kernels_read: int, hits: int, n_tasks: int, full: bool) -> None:

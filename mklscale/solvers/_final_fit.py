@@ -62,7 +62,7 @@ def final_fit(K: np.ndarray, y: np.ndarray, task: str, lam: float, C: float) -> 
 
 def combine_weights(engine, weights: np.ndarray) -> np.ndarray:
     """(n, n) sum_m weights[m] K_m through the engine (only the kernels with non-zero weight are read)."""
-    return _svm.combine(engine, weights)
+    return engine.combine(weights)
 
 
 def check_task(task: str, y: np.ndarray) -> str:

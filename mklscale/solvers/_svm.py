@@ -1,7 +1,5 @@
 """Shared pieces of the SVM-based MKL solvers (Citi elastic-net MKL, SMO-MKL).
 
-- ``combine``: sum_m w_m K_m through the engine (``engine.combine`` when it has one, else
-  accumulated from ``engine.blocks`` over the support, a few kernels at a time).
 - ``fit_svc``: scikit-learn's libsvm ``SVC(kernel="precomputed")`` on a combined Gram matrix, returned
   in the papers' notation. libsvm solves min (1/2) v^T K v - 1^T alpha, 0 <= alpha <= C, y^T alpha = 0,
   with v = alpha o y; ``dual_coef_`` holds v on the support vectors and the decision function is
@@ -22,8 +20,6 @@ from sklearn.svm import SVC
 from mklscale.errors import InvalidInputError
 from mklscale.solvers import _validation as check
 
-#: Kernels read per engine.blocks call when combining without engine.combine.
-COMBINE_CHUNK = 8
 #: A quadratic form below -PSD_RTOL * max(lambda_max(K), 1) * ||u||^2 proves K is not PSD: the tolerance
 #: of the bank's own import check (KernelBank.from_arrays, psd_tol), far above the float32 storage
 #: rounding of a valid kernel (its spectral norm is about sqrt(n) * 6e-8 * max |K_ij|).
@@ -31,18 +27,6 @@ PSD_RTOL = 1e-6
 #: Seeded random probe vectors added to the first all-kernel pass of a solver.
 N_PROBES = 3
 
-
-def combine(engine, weights: np.ndarray) -> np.ndarray:
-    """(n, n) sum_m weights[m] K_m, reading only kernels with a non-zero weight."""
-    weights = np.asarray(weights, dtype=np.float64)
-    if hasattr(engine, "combine"):
-        return np.asarray(engine.combine(weights), dtype=np.float64)
-    support = np.flatnonzero(weights)
-    out = np.zeros((engine.n, engine.n))
-    for start in range(0, support.size, COMBINE_CHUNK):
-        idx = support[start:start + COMBINE_CHUNK]
-        out += np.einsum("m,mij->ij", weights[idx], engine.blocks(idx))
-    return out
 
 
 def fit_svc(K: np.ndarray, y: np.ndarray, C: float, tol: float, max_iter: int = -1):
@@ -91,7 +75,7 @@ def optimal_bias(f0: np.ndarray, y: np.ndarray) -> float:
 
 def check_engine(engine) -> tuple[int, int, np.ndarray]:
     """(n, M, lambda_max) of the engine; a kernel with lambda_max < 0 is negative definite: named."""
-    lam = np.asarray(getattr(engine, "lambda_max", np.zeros(0)), dtype=np.float64).reshape(-1)
+    lam = np.asarray(check.require_engine(engine).lambda_max, dtype=np.float64).reshape(-1)
     bad = np.flatnonzero(lam < 0.0)
     if bad.size:
         raise InvalidInputError(

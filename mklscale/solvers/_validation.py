@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from mklscale.engine.contract import KernelEngine
 from mklscale.errors import InvalidInputError
 
 
@@ -61,13 +62,19 @@ def check_choice(name: str, value, choices) -> str:
     return value
 
 
+def require_engine(engine) -> KernelEngine:
+    """``engine`` itself if it implements the engine contract (mklscale.engine.contract)."""
+    if not isinstance(engine, KernelEngine):
+        raise InvalidInputError(f"expected an mklscale engine (a KernelEngine: Engine, InMemoryEngine or a view of "
+                                f"mklscale.engine); got {type(engine).__name__}")
+    return engine
+
+
 def check_engine(engine, allow_unavailable: bool = False) -> tuple[int, int, np.ndarray]:
     """(n, M, lambda_max) of an engine, checked. With ``allow_unavailable``, NaN lambda_max marks
     a kernel the engine cannot serve (an unfinished kernel of a bank opened with allow_incomplete);
     otherwise every lambda_max must be finite."""
-    missing = [a for a in ("n", "M", "lambda_max", "quad_forms", "blocks", "stats") if not hasattr(engine, a)]
-    if missing:
-        raise InvalidInputError(f"engine lacks {missing}; pass an mklscale engine (see DESIGN.md)")
+    require_engine(engine)
     n, M = int(engine.n), int(engine.M)
     lam = np.asarray(engine.lambda_max, dtype=np.float64).reshape(-1)
     known = lam[~np.isnan(lam)] if allow_unavailable else lam

@@ -63,7 +63,7 @@ def _stats(engine) -> dict:
 
 
 def _finish(engine, weights, y, task, lam, C, solver, params, t0, history_extra, objective=None, gap=0.0):
-    K = _final_fit.combine_weights(engine, weights)
+    K = engine.combine(weights)
     c, b = _final_fit.final_fit(K, y, task, lam, C)
     align = _final_fit.centred_alignment(K, y)
     entry = {"alignment": align, "n_active": int(np.count_nonzero(weights)), "seconds": time.perf_counter() - t0,

@@ -192,7 +192,7 @@ def fit(engine, y, C, eta, tol: float = 1e-4, max_iter: int = 200, wsr_tol: floa
     for iteration in range(1, max_iter + 1):
         t0 = time.perf_counter()
         p0, b0 = _stats(engine)
-        K = _svm.combine(engine, theta)
+        K = engine.combine(theta)
         alpha, v, intercept, svm_ok = _svm.fit_svc(K, y, C, svm_tol)
         f = K @ v + intercept
         del K

@@ -9,8 +9,8 @@ The default grid is geometric from tau_max down to eps * tau_max. Each tau start
 solution (warm start) with the same held blocks, working set and last full-pass norms, so a tau
 usually costs one certification pass.
 
-Cross-validation reuses the bank: a fold trains on ``SubsetEngine(engine, train_rows)``, a view
-that restricts every engine operation to a principal submatrix of the same Gram matrices, and
+Cross-validation reuses the bank: a fold trains on ``RowSubsetEngine(engine, train_rows)`` (mklscale.engine.views), a
+view that restricts every engine operation to a principal submatrix of the same Gram matrices, and
 predicts the held-out rows with one engine.matvecs of the zero-padded dual coefficients over the
 active kernels: f(x_test) = sum_j d_j K_j[test, train] c + b = sum_j d_j (K_j pad(c))[test] + b.
 """
@@ -22,6 +22,7 @@ import time
 
 import numpy as np
 
+from mklscale.engine.views import RowSubsetEngine
 from mklscale.errors import InvalidInputError
 from mklscale.solvers import _validation as check
 from mklscale.solvers.pfbs import PFBSSolver
@@ -31,57 +32,6 @@ TASKS = ("regression", "classification")
 #: mu scales like (kernel eigenvalue) / n; these suit unit-trace kernels (the bank's default
 #: normalisation): the ridge n * mu then ranges from well below to near the top eigenvalues.
 DEFAULT_MUS = (1e-5, 1e-4, 1e-3)
-
-
-# ---- a row-subset view of an engine -----------------------------------------------------------
-
-class SubsetEngine:
-    """The engine API restricted to the rows/columns ``rows`` of every kernel.
-
-    u^T K[rows][:, rows] u = pad(u)^T K pad(u) (pad puts u at ``rows``, zeros elsewhere), so an
-    all-kernel quad_forms is still ONE pass of the underlying bank; matvecs returns
-    (K pad(u))[rows]; blocks sub-indexes the driver's blocks. ``lambda_max`` is the full kernels'
-    (an upper bound for every principal submatrix by Cauchy interlacing, which is all the solvers
-    need: step sizes and the inactivity bound).
-    """
-
-    def __init__(self, engine, rows):
-        full_n, self.M, lambda_max = check.check_engine(engine)
-        rows = np.asarray(rows).reshape(-1)
-        if rows.size and not np.issubdtype(rows.dtype, np.integer):
-            raise InvalidInputError(f"rows must be integer indices; got dtype {rows.dtype}")
-        rows = rows.astype(np.int64)
-        if rows.size < 2 or rows.min() < 0 or rows.max() >= full_n or np.unique(rows).size != rows.size:
-            raise InvalidInputError(f"rows must be at least 2 distinct indices in [0, {full_n}); got "
-                                    f"{rows.size} indices")
-        self.engine, self.rows, self.full_n = engine, rows, full_n
-        self.n = int(rows.size)
-        self.lambda_max = lambda_max
-
-    @property
-    def stats(self) -> dict:
-        return self.engine.stats
-
-    def _pad(self, U) -> np.ndarray:
-        U = np.asarray(U, dtype=np.float64)
-        if U.shape[-1] != self.n:
-            raise InvalidInputError(f"vectors must have length n={self.n}; got shape {U.shape}")
-        out = np.zeros(U.shape[:-1] + (self.full_n,))
-        out[..., self.rows] = U
-        return out
-
-    def quad_forms(self, U, kernels=None, per_kernel=False):
-        kwargs = {} if kernels is None else {"kernels": kernels}
-        if per_kernel:
-            kwargs["per_kernel"] = True
-        return self.engine.quad_forms(self._pad(U), **kwargs)
-
-    def matvecs(self, u, kernels):
-        return np.asarray(self.engine.matvecs(self._pad(u), kernels=kernels))[:, self.rows]
-
-    def blocks(self, idx):
-        full = np.asarray(self.engine.blocks(idx))
-        return full[:, self.rows[:, None], self.rows[None, :]]
 
 
 # ---- the path ---------------------------------------------------------------------------------
@@ -249,7 +199,7 @@ def cross_validate(engine, y, taus=None, mus=DEFAULT_MUS, folds: int = 5, task: 
     """K-fold CV of PFBS over the grid mus x taus, then a refit on all rows.
 
     Folds are row subsets of the same Gram matrices (no rebuild): each trains a warm-started path
-    on ``SubsetEngine(engine, train_rows)`` and scores the held-out rows by RMSE ("regression") or
+    on ``RowSubsetEngine(engine, train_rows)`` and scores the held-out rows by RMSE ("regression") or
     accuracy of sign(f) ("classification", targets in {-1, +1}; folds stratified by class). The
     default tau grid comes from tau_max of ALL rows and is shared by every fold (values above a
     fold's own tau_max give the zero model there). The best cell minimises mean RMSE / maximises
@@ -280,7 +230,7 @@ def cross_validate(engine, y, taus=None, mus=DEFAULT_MUS, folds: int = 5, task: 
     for i, mu in enumerate(mus):
         for k in range(int(folds)):
             train, test = np.flatnonzero(fold_of_row != k), np.flatnonzero(fold_of_row == k)
-            fold_path = path(SubsetEngine(engine, train), y[train], mu=float(mu), **options)
+            fold_path = path(RowSubsetEngine(engine, train), y[train], mu=float(mu), **options)
             for j, result in enumerate(fold_path.results):
                 fold_errors[i, j, k] = _score(predict_rows(engine, result, train, test), y[test], classification)
             if verbose:

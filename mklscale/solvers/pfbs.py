@@ -109,7 +109,6 @@ from mklscale.engine.kernels import each_matvec, stack_matvec
 from mklscale.errors import InvalidInputError
 from mklscale.solvers._threads import single_blas_thread_for_small_n
 from mklscale.solvers import _validation as check
-from mklscale.solvers._held_blocks import block_nbytes, fetch_held
 from mklscale.solvers.result import MKLResult
 
 STEP_RULES = ("lipschitz", "paper")
@@ -117,8 +116,6 @@ INITIAL_WORKING_SET = 16
 MIN_ADDITIONS = 8
 INNER_TOL_FACTOR = 0.5        # the working-set gap target, relative to tol, before a certification
 DENSE_EIG_MAX_N = 200
-_PATH_NAMES = ("path", "cross_validate", "plot_path", "PFBSPath", "CrossValidation", "SubsetEngine",
-               "predict_rows", "tau_grid")
 
 
 @dataclasses.dataclass
@@ -219,7 +216,7 @@ class _WorkingSet:
         if not idx.size:
             return
         self._check_memory(engine, idx.size)
-        self.chunks.append(np.ascontiguousarray(fetch_held(engine, idx)))
+        self.chunks.append(np.ascontiguousarray(engine.blocks(idx, keep=False)))
         self.index = np.concatenate([self.index, idx])
         self.alphas = np.concatenate([self.alphas, np.zeros((idx.size, self.n))])
         self.K_alphas = np.concatenate([self.K_alphas, np.zeros((idx.size, self.n))])
@@ -227,7 +224,7 @@ class _WorkingSet:
     def _check_memory(self, engine, count: int) -> None:
         import psutil
 
-        per = block_nbytes(engine)
+        per = engine.block_nbytes
         available = psutil.virtual_memory().available
         if count * per > 0.9 * available:
             raise InvalidInputError(
@@ -632,12 +629,3 @@ def fit(engine, y, tau, mu, tol: float = 1e-6, max_iter: int = 20000, accelerate
     solver = PFBSSolver(engine, y, mu, center=center, step=step, working_set=working_set,
                         accelerated=accelerated, tol=tol, max_iter=max_iter, verbose=verbose)
     return solver.solve(tau, init=init, return_coefficients=return_coefficients, checkpoint=checkpoint)
-
-
-def __getattr__(name):
-    # path, cross-validation and plotting live in paths.py, which imports this module.
-    if name in _PATH_NAMES:
-        from mklscale.solvers import paths
-
-        return getattr(paths, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

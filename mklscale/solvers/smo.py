@@ -267,7 +267,7 @@ class _SMO:
         if state is None:
             # kappa = 1: the SVM on sum_j K_j / d_j^2, to eps2 / 2 (libsvm tol = 2 (eps2 / 2))
             t0, p0 = time.perf_counter(), self._stats()
-            K_sum = _svm.combine(self.engine, 1.0 / (d * d))
+            K_sum = self.engine.combine(1.0 / (d * d))
             alpha, _, _, svm_ok = _svm.fit_svc(K_sum, y, C, self.eps2)
             del K_sum
             q_all = self._full_pass(alpha, with_probes=True)
@@ -335,7 +335,7 @@ class _SMO:
 
         weights = np.zeros(self.M)
         if final is None:  # no MY stage ran: the SVM on the sum of kernels, weights 1/(M d_j^2)
-            K_sum = _svm.combine(self.engine, 1.0 / (d * d))
+            K_sum = self.engine.combine(1.0 / (d * d))
             f0 = K_sum @ (y * alpha) / self.M
             weights[:] = 1.0 / (self.M * d * d)
             kappa = 1.0

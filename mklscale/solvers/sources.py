@@ -41,7 +41,9 @@ import numpy as np
 import scipy.optimize
 import scipy.stats
 
+from mklscale.engine.contract import KernelEngine
 from mklscale.errors import InvalidInputError
+from mklscale.solvers._validation import check_engine
 
 #: restarts of the 1-D width search (thesis 6.1.5 / 6.2: 10^{-3..5}), clipped to the interval
 WIDTH_RESTARTS = tuple(10.0 ** k for k in range(-3, 6))
@@ -54,8 +56,6 @@ class FiniteBank:
     finite = True
 
     def __init__(self, engine):
-        from mklscale.solvers._validation import check_engine
-
         self.n, self.M, _ = check_engine(engine)
         self.engine = engine
 
@@ -90,7 +90,7 @@ def as_source(source):
     """An engine becomes a FiniteBank; sources pass through."""
     if isinstance(source, (FiniteBank, PolynomialFamily, ContinuousFamily)):
         return source
-    if hasattr(source, "quad_forms") and hasattr(source, "blocks"):
+    if isinstance(source, KernelEngine):
         return FiniteBank(source)
     raise InvalidInputError(f"expected an engine or a kernel source (FiniteBank, PolynomialFamily, GaussianFamily, "
                             f"DirichletFamily); got {type(source).__name__}")

@@ -82,7 +82,6 @@ from mklscale.errors import InvalidInputError
 from mklscale.solvers._threads import single_blas_thread_for_small_n
 from mklscale.solvers import _certificate as cert
 from mklscale.solvers import _validation as check
-from mklscale.solvers._held_blocks import block_nbytes, fetch_held
 from mklscale.solvers._spicy_inner import InnerProblem, KernelTerm, newton
 from mklscale.solvers._spicy_loss_terms import make_loss_term
 from mklscale.solvers.losses import LOSSES, Loss, make_loss
@@ -120,10 +119,9 @@ class _Bank:
         self.ref_vector = None
         self.ref_norms = None
         self.offset = (0, 0)
-        self.block_nbytes = block_nbytes(engine)
+        self.block_nbytes = engine.block_nbytes
         if budget is None:
-            cache = getattr(engine, "cache", None)
-            budget = getattr(cache, "budget", None)
+            budget = engine.working_set_budget
         self.budget = budget   # bytes of dense kernels the working set may hold; None: no cap
 
     def capacity(self) -> int | float:
@@ -131,7 +129,7 @@ class _Bank:
         return np.inf if self.budget is None else self.budget // max(1, self.block_nbytes)
 
     def blocks(self, idx: np.ndarray) -> np.ndarray:
-        return fetch_held(self.engine, idx)
+        return self.engine.blocks(idx, keep=False)
 
     def full_pass(self, u: np.ndarray) -> np.ndarray:
         q = np.asarray(self.engine.quad_forms(u), dtype=np.float64)

@@ -1,0 +1,144 @@
+"""One conformance suite for every implementation of the engine contract (mklscale.engine.contract).
+
+Each engine is built over the same kernels and every operation is compared with a direct numpy
+computation on the Gram matrices it represents (float32-rounded for a float32 bank, principal
+submatrices for a row view, the chosen kernels for a kernel view).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mklscale.bank import KernelBank
+from mklscale.engine import Engine, InMemoryEngine, KernelEngine, KernelSubsetEngine, RowSubsetEngine
+from mklscale.errors import InvalidInputError
+
+N, M = 24, 7
+ROWS = np.array([0, 2, 3, 5, 8, 9, 11, 13, 17, 18, 20, 23])
+KERNELS = np.array([1, 2, 4, 6])
+
+
+def _grams() -> np.ndarray:
+    rng = np.random.default_rng(11)
+    X = rng.standard_normal((N, 3))
+    d2 = ((X[:, None] - X[None]) ** 2).sum(-1)
+    grams = [np.exp(-d2 / w) for w in (0.5, 1, 2, 4)] + [np.outer(X[:, j], X[:, j]) for j in range(3)]
+    return np.stack(grams)
+
+
+@pytest.fixture(scope="module", params=["memory", "zarr64", "zarr32", "rows-memory", "rows-zarr", "kernels-memory"])
+def case(request, tmp_path_factory):
+    """(engine, the float64 Gram matrices it represents, whether a kernels=None call is a pass)."""
+    grams = _grams()
+    kind = request.param
+    if kind == "memory":
+        yield InMemoryEngine(grams), grams
+        return
+    if kind == "kernels-memory":
+        yield KernelSubsetEngine(InMemoryEngine(grams), KERNELS), grams[KERNELS]
+        return
+    if kind == "rows-memory":
+        yield RowSubsetEngine(InMemoryEngine(grams), ROWS), grams[:, ROWS][:, :, ROWS]
+        return
+    dtype = "float32" if kind == "zarr32" else "float64"
+    bank = KernelBank.from_arrays(grams, tmp_path_factory.mktemp(kind) / "bank", dtype=dtype,
+                                  chunk_mb=0.005, shard_mb=0.01)
+    stored = grams.astype(dtype).astype(np.float64)
+    with Engine(bank, threads=1, cache_bytes="1MB") as engine:
+        if kind == "rows-zarr":
+            yield RowSubsetEngine(engine, ROWS), stored[:, ROWS][:, :, ROWS]
+        else:
+            yield engine, stored
+
+
+def _close(a, b):
+    np.testing.assert_allclose(np.asarray(a, dtype=np.float64), b, rtol=1e-10, atol=1e-10)
+
+
+def test_is_a_kernel_engine_with_sizes_and_lambda_max(case):
+    engine, grams = case
+    assert isinstance(engine, KernelEngine)
+    assert (engine.n, engine.M) == grams.shape[1:2] + grams.shape[:1]
+    top = np.array([np.linalg.eigvalsh(K)[-1] for K in grams])
+    lam = engine.lambda_max
+    assert lam.shape == (engine.M,) and np.all(lam >= top - 1e-6 * np.maximum(top, 1))   # a bound (views) or the value
+    budget = engine.working_set_budget
+    assert budget is None or (isinstance(budget, int) and budget > 0)
+
+
+def test_quad_forms_and_matvecs(case):
+    engine, grams = case
+    rng = np.random.default_rng(1)
+    u, U = rng.standard_normal(engine.n), rng.standard_normal((3, engine.n))
+    _close(engine.quad_forms(u), np.einsum("i,mij,j->m", u, grams, u))
+    _close(engine.quad_forms(U), np.einsum("ki,mij,kj->mk", U, grams, U))
+    idx = np.array([2, 0, 2])
+    _close(engine.quad_forms(U, kernels=idx), np.einsum("ki,mij,kj->mk", U, grams[idx], U))
+    per = rng.standard_normal((idx.size, engine.n))
+    _close(engine.quad_forms(per, kernels=idx, per_kernel=True), np.einsum("mi,mij,mj->m", per, grams[idx], per))
+    _close(engine.matvecs(u, kernels=idx), np.einsum("mij,j->mi", grams[idx], u))
+    _close(engine.matvecs(U, kernels=idx), np.einsum("mij,kj->mki", grams[idx], U))
+    _close(engine.matvecs(per, kernels=idx, per_kernel=True), np.einsum("mij,mj->mi", grams[idx], per))
+    _close(engine.matvecs(u), np.einsum("mij,j->mi", grams, u))
+
+
+def test_frobenius_combine_and_gram_of_kernels(case):
+    engine, grams = case
+    rng = np.random.default_rng(2)
+    A = rng.standard_normal((engine.n, engine.n))
+    T = A + A.T
+    _close(engine.frobenius(T), np.einsum("mij,ij->m", grams, T))
+    _close(engine.frobenius(T, kernels=[1]), np.einsum("mij,ij->m", grams[[1]], T))
+    w = np.zeros(engine.M)
+    w[[0, engine.M - 1]] = (0.3, 1.7)
+    combined = engine.combine(w)
+    assert combined.dtype == np.float64
+    _close(combined, np.einsum("m,mij->ij", w, grams))
+    _close(engine.gram_of_kernels(), np.einsum("aij,bij->ab", grams, grams))
+    _close(engine.gram_of_kernels([2, 0]), np.einsum("aij,bij->ab", grams[[2, 0]], grams[[2, 0]]))
+
+
+@pytest.mark.parametrize("keep", (True, False))
+def test_blocks_are_the_callers_own_copies(case, keep):
+    engine, grams = case
+    B = engine.blocks([1, 0], keep=keep)
+    assert B.shape == (2, engine.n, engine.n) and B[0].nbytes == engine.block_nbytes
+    _close(B, grams[[1, 0]])
+    B[:] = 0.0
+    _close(engine.blocks([1], keep=keep), grams[[1]])
+
+
+def test_counters_count_passes_and_bytes(case):
+    engine, grams = case
+    before = engine.counters()
+    engine.quad_forms(np.ones(engine.n), kernels=[0])
+    middle = engine.counters()
+    assert middle.passes == before.passes and middle.bytes_read >= before.bytes_read
+    engine.quad_forms(np.ones(engine.n))
+    after = engine.counters()
+    assert after.passes == middle.passes + 1 and after.bytes_read > middle.bytes_read
+
+
+def test_bad_input_is_refused_with_a_message(case):
+    engine, _ = case
+    with pytest.raises(InvalidInputError):
+        engine.quad_forms(np.ones(engine.n + 1))
+    with pytest.raises(InvalidInputError):
+        engine.blocks([engine.M])
+    with pytest.raises(InvalidInputError):
+        engine.combine(np.ones(engine.M + 1))
+    with pytest.raises(InvalidInputError):
+        engine.frobenius(np.ones((engine.n + 1, engine.n + 1)))
+
+
+def test_views_refuse_what_is_not_an_engine_or_bad_subsets():
+    engine = InMemoryEngine(_grams())
+    with pytest.raises(InvalidInputError, match="KernelEngine"):
+        RowSubsetEngine(_grams(), ROWS)
+    with pytest.raises(InvalidInputError, match="at least 2 distinct"):
+        RowSubsetEngine(engine, [3, 3])
+    with pytest.raises(InvalidInputError, match="distinct"):
+        KernelSubsetEngine(engine, [1, 1])
+    with pytest.raises(InvalidInputError, match="shape"):
+        InMemoryEngine(np.ones((3, 4)))
