@@ -163,7 +163,7 @@ def test_step_is_the_lipschitz_constant_and_paper_rule_can_diverge():
     assert paper_sigma < L / 4.0                    # below the divergence threshold of FB
     # the printed rule, unguarded, diverges (tau = 0 makes the step linear) ...
     ws = pfbs._WorkingSet(engine)
-    ws.add(engine, np.arange(grams.shape[0]))
+    ws.add(np.arange(grams.shape[0]))
     x, Kx = ws.alphas, ws.K_alphas
     for _ in range(200):
         x, Kx, _, _ = pfbs._forward_backward(ws, x, Kx, y, 0.0, mu, paper_sigma)
@@ -402,9 +402,9 @@ def test_working_set_holds_the_storage_dtype_without_copies(tmp_path):
     grams, y = small_problem(n=30, M=12, seed=5)
     engine = Engine(KernelBank.from_arrays(grams, tmp_path / "b", dtype="float32"))
     ws = pfbs._WorkingSet(engine)
-    ws.add(engine, [3, 1])
-    ws.add(engine, [7])
-    assert [c.dtype for c in ws.chunks] == [np.float32] * 2 and ws.nbytes == 3 * 30 * 30 * 4
+    ws.add([3, 1])
+    ws.add([7])
+    assert [c.dtype for c in ws.held.chunks] == [np.float32] * 2 and ws.held.nbytes == 3 * 30 * 30 * 4
     K = grams.astype(np.float32).astype(np.float64)[[3, 1, 7]]
     u = np.random.default_rng(0).normal(size=30)
     np.testing.assert_allclose(ws.matvecs(u), K @ u, rtol=1e-13, atol=1e-13)

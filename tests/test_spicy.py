@@ -438,7 +438,7 @@ def test_working_set_holds_each_kernel_once(loss, penalty, tmp_path):
         tracemalloc.stop()
         W = solver.index.size
         assert result.converged and W >= 16
-        assert all(c.dtype == np.float32 for c in solver.kernels.chunks) and solver.kernels.nbytes == W * one
+        assert all(c.dtype == np.float32 for c in solver.kernels.held.chunks) and solver.kernels.held.nbytes == W * one
         assert engine.cache.nbytes == 0 and len(engine.cache) == 0
         assert held < 1.6 * W * one, f"{held / (W * one):.2f} copies of the working set held"
         assert peak < 3.5 * W * one, f"peak {peak / (W * one):.2f} working sets"
@@ -489,39 +489,6 @@ def test_one_step_working_set_grows_faster(loss, monkeypatch):
     assert quadrupling.active.size > M // 4  # the regime the rule is for
     assert passes < passes_doubling if loss == "logistic" else passes <= passes_doubling
     assert quadrupling.objective == pytest.approx(doubling.objective, rel=1e-6)
-
-
-def test_kernel_term_keep_compacts_in_place():
-    """KernelTerm.keep drops working-set kernels chunk by chunk without a second copy; products
-    with the kept kernels are unchanged (float32 blocks, float64 accumulation)."""
-    from mklscale.solvers._spicy_inner import KernelTerm
-
-    import tracemalloc
-
-    rng = np.random.default_rng(3)
-    n = 24
-    tracemalloc.start()  # before the kernels exist, so that freeing them is counted
-    grams = rng.standard_normal((9, n, n)).astype(np.float32)
-    term = KernelTerm(n, make_penalty("elastic_net", LAM, Q), 0.1, "conjugate")
-    term.add(grams[:4].copy(), 10.0)
-    term.add(grams[4:].copy(), 10.0)
-    u = rng.standard_normal(n)
-    exact = np.einsum("mij,j->mi", grams.astype(np.float64), u)
-    np.testing.assert_allclose(term.matvec(u), exact, rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(term.matvec(u, first=6), exact[6:], rtol=1e-12, atol=1e-12)
-    mask = np.array([True, False, True, True, False, False, False, False, True])
-    before = tracemalloc.get_traced_memory()[0]
-    tracemalloc.reset_peak()
-    term.keep(mask)
-    held, peak = (v - before for v in tracemalloc.get_traced_memory())
-    tracemalloc.stop()
-    assert term.size == 4 and term.nbytes == 4 * n * n * 4 and len(term.chunks) == 2
-    # 5 of 9 kernels freed; at no point a copy of a kept kernel (n * n * 4 bytes) more
-    assert held < -4 * n * n * 4 and peak < n * n * 4, "keep() copied kept kernels instead of compacting"
-    np.testing.assert_allclose(term.matvec(u), exact[mask], rtol=1e-12, atol=1e-12)
-    H = np.zeros((n, n))
-    term.add_weighted(np.array([0, 3]), np.array([2.0, -1.0]), H)
-    np.testing.assert_allclose(H, 2.0 * grams[0] - grams[8].astype(np.float64), rtol=1e-12, atol=1e-12)
 
 
 def test_uci_protocol_on_breast_cancer(tmp_path):

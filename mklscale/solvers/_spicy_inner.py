@@ -33,33 +33,20 @@ import dataclasses
 
 import numpy as np
 import scipy.linalg
-from numba import njit
-
-from mklscale.engine.kernels import axpy_rows, stack_matvec
 from mklscale.solvers.penalties import Penalty
-
-
-@njit(nogil=True, cache=True)
-def _stack_axpy(B, sel, weights, out):
-    """out += sum_p weights[p] K_{sel[p]} over kernels of B (c, n, n), accumulated in float64."""
-    for p in range(sel.shape[0]):
-        axpy_rows(B[sel[p]], 0, weights[p], out)
+from mklscale.solvers.toolkit.working_set import HeldKernels
 
 
 class KernelTerm:
-    """sum_{m in W} psi_m(||alpha_m + gamma_m rho||_{K_m}) with the working-set kernels held dense.
+    """sum_{m in W} psi_m(||alpha_m + gamma_m rho||_{K_m}) over the working set W, whose kernels
+    are the solver's :class:`~mklscale.solvers.toolkit.working_set.HeldKernels` ``held``."""
 
-    The kernels are kept exactly as the engine returned them (float32 from a float32 bank), one
-    copy each: ``add`` appends the fetched stack as a chunk instead of concatenating (which would
-    briefly hold W twice), and every product with them (``matvec``, ``add_weighted``) widens the
-    entries exactly and accumulates in float64, so the results are those of the float64 kernels.
-    """
-
-    def __init__(self, n: int, penalty: Penalty, C: float, mode: str):
+    def __init__(self, held: HeldKernels, penalty: Penalty, C: float, mode: str):
         if mode not in ("proximal", "conjugate"):
             raise ValueError(mode)
-        self.penalty, self.C, self.mode, self.n = penalty, float(C), mode, int(n)
-        self.chunks: list[np.ndarray] = []   # (c, n, n) stacks of W's kernels, in W's order
+        self.held = held
+        self.penalty, self.C, self.mode, self.n = penalty, float(C), mode, held.n
+        n = self.n
         self.alpha = np.zeros((0, n))
         self.K_alpha = np.zeros((0, n))
         self.alpha_K_alpha = np.zeros(0)
@@ -69,42 +56,19 @@ class KernelTerm:
     def size(self) -> int:
         return self.gamma.size
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the dense kernels held."""
-        return sum(c.nbytes for c in self.chunks)
-
-    def add(self, blocks: np.ndarray, gamma: float):
-        k, n = blocks.shape[0], self.n
+    def add(self, idx: np.ndarray, gamma: float, remedy: str) -> None:
+        """Hold the kernels ``idx`` (read from the engine) with alpha_m = 0 and the given gamma."""
+        k, n = self.held.fetch(idx, remedy).size, self.n
         if k == 0:
             return
-        self.chunks.append(np.ascontiguousarray(blocks))
         self.alpha = np.concatenate([self.alpha, np.zeros((k, n))])
         self.K_alpha = np.concatenate([self.K_alpha, np.zeros((k, n))])
         self.alpha_K_alpha = np.concatenate([self.alpha_K_alpha, np.zeros(k)])
         self.gamma = np.concatenate([self.gamma, np.full(k, 1.0 if self.mode == "conjugate" else gamma)])
 
     def keep(self, mask: np.ndarray) -> None:
-        """Keep only the working-set kernels where ``mask`` is True. Each chunk is compacted in
-        place (kept kernels moved to its front, then the array shrunk), so no second copy of the
-        kept kernels is made."""
-        start, chunks = 0, []
-        for chunk in self.chunks:
-            part = mask[start:start + chunk.shape[0]]
-            start += chunk.shape[0]
-            kept = np.flatnonzero(part)
-            if kept.size == part.size:
-                chunks.append(chunk)
-            elif kept.size:
-                for dst, src in enumerate(kept.tolist()):   # src >= dst: never overwrites a kept one
-                    if src != dst:
-                        chunk[dst] = chunk[src]
-                try:
-                    chunk.resize((kept.size,) + chunk.shape[1:], refcheck=False)  # frees the tail
-                except ValueError:  # does not own its data (or is read-only): keep a compact copy
-                    chunk = chunk[:kept.size].copy()
-                chunks.append(chunk)
-        self.chunks = chunks
+        """Keep only the working-set kernels where ``mask`` is True (compacted in place)."""
+        self.held.keep(mask)
         self.alpha, self.K_alpha = self.alpha[mask], self.K_alpha[mask]
         self.alpha_K_alpha, self.gamma = self.alpha_K_alpha[mask], self.gamma[mask]
 
@@ -120,28 +84,11 @@ class KernelTerm:
 
     def matvec(self, u: np.ndarray, first: int = 0) -> np.ndarray:
         """K_m u for the working-set kernels at positions >= ``first``, (w - first, n) float64."""
-        U = np.ascontiguousarray(u, dtype=np.float64).reshape(1, self.n)
-        out = np.empty((self.size - first, 1, self.n))
-        start = 0
-        for chunk in self.chunks:
-            stop = start + chunk.shape[0]
-            if stop > first:
-                lo = max(first, start)
-                stack_matvec(chunk[lo - start:], U, out[lo - first:stop - first])
-            start = stop
-        return out[:, 0]
+        return self.held.matvecs(u, first)
 
     def add_weighted(self, sel: np.ndarray, weights: np.ndarray, out: np.ndarray) -> None:
         """out += sum_p weights[p] K_{sel[p]} (sel: ascending positions in W; out (n, n) float64)."""
-        sel = np.asarray(sel, dtype=np.int64)
-        weights = np.asarray(weights, dtype=np.float64)
-        start = 0
-        for chunk in self.chunks:
-            stop = start + chunk.shape[0]
-            lo, hi = np.searchsorted(sel, [start, stop])
-            if hi > lo:
-                _stack_axpy(chunk, sel[lo:hi] - start, weights[lo:hi], out)
-            start = stop
+        self.held.add_weighted(sel, weights, out)
 
 
 @dataclasses.dataclass

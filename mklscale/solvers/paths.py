@@ -109,7 +109,7 @@ def path(engine, y, taus=None, n_taus: int = 20, mu: float = 1e-4, eps: float = 
     tmax = None
     if taus is None:
         # this pass is at the residual of alpha = 0, so the first solve reuses it
-        tmax = float(solver.bank.full_pass(-solver.y).max()) / solver.n
+        tmax = float(solver.screen.full_pass(-solver.y).max()) / solver.n
         if tmax <= 0.0:
             raise InvalidInputError("tau_max = 0: y is orthogonal to every kernel (y^T K_j y = 0 for all "
                                     "j; after centring, if center=True); there is nothing to fit")

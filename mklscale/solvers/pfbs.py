@@ -99,23 +99,27 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import time
 
 import numpy as np
 import scipy.linalg
 from scipy.sparse.linalg import eigsh
 
-from mklscale.engine.kernels import each_matvec, stack_matvec
 from mklscale.errors import InvalidInputError
 from mklscale.solvers._threads import single_blas_thread_for_small_n
 from mklscale.solvers import _validation as check
 from mklscale.solvers.result import MKLResult
+from mklscale.solvers.toolkit import RunLog
+from mklscale.solvers.toolkit.screening import Screening
+from mklscale.solvers.toolkit.working_set import HeldKernels
 
 STEP_RULES = ("lipschitz", "paper")
 INITIAL_WORKING_SET = 16
 MIN_ADDITIONS = 8
 INNER_TOL_FACTOR = 0.5        # the working-set gap target, relative to tol, before a certification
 DENSE_EIG_MAX_N = 200
+#: What to do when the working set does not fit in memory.
+_MEMORY_REMEDY = ("use a larger tau (fewer active kernels: a larger fraction of pfbs.tau_max), or SpicyMKL, "
+                  "which streams the bank and holds only the kernels it can fit")
 
 
 @dataclasses.dataclass
@@ -184,82 +188,41 @@ def tau_max(engine, y, center: bool = False) -> float:
 # ---- the working set and the bank -------------------------------------------------------------
 
 class _WorkingSet:
-    """Kernels held in the driver (engine.blocks), their alpha_j and cached g_j = K_j alpha_j.
-
-    The blocks are held as the engine stores them (float32 for a float32 bank: half the memory of
-    float64 copies, and no cache copy: ``blocks(idx, keep=False)``), in one (c, n, n) chunk per
-    ``add``, so adding kernels never copies the held ones. Every product with them accumulates in
-    float64 (``engine.kernels.stack_matvec``; the widening is exact). ``add`` refuses, with a
-    message, a working set that would not fit in the memory the machine has available.
-    """
+    """The held kernels W (:class:`~mklscale.solvers.toolkit.working_set.HeldKernels`: as the
+    engine stores them, one copy each, float64 products), their alpha_j and the cached
+    g_j = K_j alpha_j."""
 
     def __init__(self, engine):
-        self.n = int(engine.n)
-        self.index = np.zeros(0, dtype=np.int64)
-        self.chunks: list[np.ndarray] = []
+        self.held = HeldKernels(engine, name="PFBS")
+        self.n = self.held.n
         self.alphas = np.zeros((0, self.n))
         self.K_alphas = np.zeros((0, self.n))
         self._top_vector = None
 
     @property
-    def size(self) -> int:
-        return int(self.index.size)
+    def index(self) -> np.ndarray:
+        return self.held.index
 
     @property
-    def nbytes(self) -> int:
-        return sum(c.nbytes for c in self.chunks)
+    def size(self) -> int:
+        return self.held.size
 
-    def add(self, engine, idx) -> None:
+    def add(self, idx) -> None:
         """Hold kernels ``idx`` (those not held yet) with alpha_j = 0."""
-        idx = np.asarray(idx, dtype=np.int64).reshape(-1)
-        idx = idx[~np.isin(idx, self.index)]
-        if not idx.size:
-            return
-        self._check_memory(engine, idx.size)
-        self.chunks.append(np.ascontiguousarray(engine.blocks(idx, keep=False)))
-        self.index = np.concatenate([self.index, idx])
-        self.alphas = np.concatenate([self.alphas, np.zeros((idx.size, self.n))])
-        self.K_alphas = np.concatenate([self.K_alphas, np.zeros((idx.size, self.n))])
-
-    def _check_memory(self, engine, count: int) -> None:
-        import psutil
-
-        per = engine.block_nbytes
-        available = psutil.virtual_memory().available
-        if count * per > 0.9 * available:
-            raise InvalidInputError(
-                f"the PFBS working set would hold {self.size + count} kernels ({(self.size + count) * per / 1e9:.3g} GB: "
-                f"{self.size} held, {count} to add) and this machine has {available / 1e9:.3g} GB of memory "
-                "available; use a larger tau (fewer active kernels: a larger fraction of pfbs.tau_max), "
-                "or SpicyMKL, which streams the bank and holds only the kernels it can fit")
-
-    def _stacks(self):
-        """(first position, chunk) for every chunk, in W's order."""
-        start = 0
-        for chunk in self.chunks:
-            yield start, chunk
-            start += chunk.shape[0]
+        count = self.held.fetch(idx, _MEMORY_REMEDY).size
+        self.alphas = np.concatenate([self.alphas, np.zeros((count, self.n))])
+        self.K_alphas = np.concatenate([self.K_alphas, np.zeros((count, self.n))])
 
     def matvecs(self, u: np.ndarray) -> np.ndarray:
         """(k, n) K_j u for every held kernel, in float64."""
-        out = np.empty((self.size, 1, self.n))
-        U = np.ascontiguousarray(u, dtype=np.float64).reshape(1, self.n)
-        for start, chunk in self._stacks():
-            stack_matvec(chunk, U, out[start:start + chunk.shape[0]])
-        return out[:, 0, :]
+        return self.held.matvecs(u)
 
     def refresh(self) -> None:
         """Recompute g_j = K_j alpha_j exactly (the recurrences accumulate rounding)."""
-        out = np.empty((self.size, self.n))
-        A = np.ascontiguousarray(self.alphas)
-        for start, chunk in self._stacks():
-            each_matvec(chunk, A[start:start + chunk.shape[0]], out[start:start + chunk.shape[0]])
-        self.K_alphas = out
+        self.K_alphas = self.held.each_matvec(self.alphas)
 
     def lambda_max_of_sum(self) -> float:
-        S = np.zeros((self.n, self.n))
-        for chunk in self.chunks:
-            S += chunk.sum(axis=0, dtype=np.float64)
+        S = self.held.total()
         n = S.shape[0]
         if n <= DENSE_EIG_MAX_N:
             return float(scipy.linalg.eigh(S, eigvals_only=True, subset_by_index=[n - 1, n - 1])[0])
@@ -267,45 +230,6 @@ class _WorkingSet:
         vals, vecs = eigsh(S, k=1, which="LA", v0=v0, tol=1e-10)
         self._top_vector = vecs[:, 0]
         return float(vals[0]) * (1.0 + 1e-8)  # Ritz values approach lambda_max from below
-
-
-class _Bank:
-    """Full-bank quadratic forms of the residual and the inactivity bound from the last pass."""
-
-    def __init__(self, engine, lambda_max: np.ndarray):
-        self.engine, self.sqrt_lambda = engine, np.sqrt(lambda_max)
-        self.ref_vector = None
-        self.ref_norms = None
-        self._counters = None      # engine (passes, bytes_read), re-read only after an engine call
-
-    def full_pass(self, u: np.ndarray) -> np.ndarray:
-        """||u||_{K_j} for every kernel: one engine.quad_forms pass."""
-        norms = np.sqrt(np.maximum(np.asarray(self.engine.quad_forms(u), dtype=np.float64), 0.0))
-        self.ref_vector, self.ref_norms = u.copy(), norms
-        self._counters = None
-        return norms.copy()
-
-    def hold(self, ws: "_WorkingSet", idx) -> None:
-        """Add kernels to the working set (an engine.blocks read)."""
-        ws.add(self.engine, idx)
-        self._counters = None
-
-    def upper_bounds(self, u: np.ndarray) -> np.ndarray | None:
-        if self.ref_vector is None:
-            return None
-        return self.ref_norms + self.sqrt_lambda * float(np.linalg.norm(u - self.ref_vector))
-
-    def norms(self, u: np.ndarray) -> np.ndarray:
-        """Exact norms: reuse the last pass when u is the same vector, else a new pass."""
-        if self.ref_vector is not None and np.array_equal(u, self.ref_vector):
-            return self.ref_norms.copy()
-        return self.full_pass(u)
-
-    def counters(self) -> tuple[int, int]:
-        if self._counters is None:    # the real engine's stats is a snapshot with a growing log
-            stats = self.engine.stats
-            self._counters = (int(stats.get("passes", 0)), int(stats.get("bytes_read", 0)))
-        return self._counters
 
 
 def _forward_backward(ws: _WorkingSet, z, Kz, y, tau, mu, sigma):
@@ -349,7 +273,7 @@ class PFBSSolver:
         self.y = y - self.bias
         self.lambda_max = lambda_max
         self.working_set_rule = check.check_working_set(working_set, self.M)
-        self.bank = _Bank(engine, lambda_max)
+        self.screen = Screening(engine, lambda_max)
         self.ws = _WorkingSet(engine)
         self._sigma_for = None     # (working-set size, sigma) of the last step-size computation
 
@@ -361,12 +285,10 @@ class PFBSSolver:
         if tau == 0.0 and self.mu == 0.0:
             raise InvalidInputError("tau = 0 and mu = 0 is unregularised least squares (no unique "
                                     "solution, no certificate); give tau > 0 or mu > 0")
-        self.t0, self.base = time.perf_counter(), self.bank.counters()
-        self.history: list[dict] = []
+        self.log = RunLog(self.engine, "pfbs", self.verbose)
         self.iterations = 0
         self._target = INNER_TOL_FACTOR * self.tol     # gap target of the working-set rounds
         self._momentum = None     # (x_prev, K x_prev, t) the next round starts from (a resume)
-        self._resumed = False     # mark the next history entry
         state = checkpoint.load() if checkpoint is not None else None
         if state is None:
             self._set_initial(init)
@@ -399,7 +321,7 @@ class PFBSSolver:
         if not np.all(np.isfinite(alphas)):
             raise InvalidInputError("init contains NaN or inf")
         self.ws.alphas[:] = 0.0
-        self.bank.hold(self.ws, kernels[~np.isin(kernels, self.ws.index)])
+        self.ws.add(kernels[~np.isin(kernels, self.ws.index)])
         pos = {int(k): i for i, k in enumerate(self.ws.index)}
         for k, a in zip(kernels, alphas):
             self.ws.alphas[pos[int(k)]] = a
@@ -408,17 +330,17 @@ class PFBSSolver:
     def _initial_working_set(self, tau: float) -> None:
         rule = self.working_set_rule
         if isinstance(rule, str) and rule == "all":
-            self.bank.hold(self.ws, np.arange(self.M))
+            self.ws.add(np.arange(self.M))
             return
         if not isinstance(rule, str):      # given indices: certification re-adds what they miss
-            self.bank.hold(self.ws, rule)
+            self.ws.add(rule)
             return
         residual = self.ws.K_alphas.sum(axis=0) - self.y
-        kkt = self.bank.norms(residual) / self.n
+        kkt = self.screen.norms(residual) / self.n
         outside = np.setdiff1d(np.arange(self.M), self.ws.index)
         violators = outside[kkt[outside] > tau]
         violators = violators[np.argsort(-kkt[violators], kind="stable")]
-        self.bank.hold(self.ws, violators[:INITIAL_WORKING_SET])
+        self.ws.add(violators[:INITIAL_WORKING_SET])
 
     # -- iterations -------------------------------------------------------------------------------
     def _sigma(self) -> float:
@@ -479,7 +401,7 @@ class PFBSSolver:
                 return False, certificate
             if violators.size:
                 order = np.argsort(-certificate["kkt"][violators], kind="stable")
-                self.bank.hold(self.ws, violators[order][: max(MIN_ADDITIONS, self.ws.size)])
+                self.ws.add(violators[order][: max(MIN_ADDITIONS, self.ws.size)])
             else:
                 self._target = max(0.1 * self._target, 1e-15)
 
@@ -496,23 +418,23 @@ class PFBSSolver:
         kkt[ws.index] = inside
         outside = np.ones(self.M, dtype=bool)
         outside[ws.index] = False
-        used_pass, passes_before = False, self.bank.counters()[0]
+        used_pass, passes_before = False, self.engine.counters().passes
         if outside.any():
-            bounds = self.bank.upper_bounds(residual)
+            bounds = self.screen.upper_bounds(residual)
             certified = False
             if bounds is not None and np.all(bounds[outside] / self.n <= tau):
                 kkt[outside] = bounds[outside] / self.n
                 dual, _ = dual_value(residual, self.y, kkt, tau, self.mu)
                 certified = relative_gap(model["objective"], dual) <= self.tol
             if not certified:
-                kkt[outside] = self.bank.norms(residual)[outside] / self.n
+                kkt[outside] = self.screen.norms(residual)[outside] / self.n
                 used_pass = True
         dual, _ = dual_value(residual, self.y, kkt, tau, self.mu)
         gap = relative_gap(model["objective"], dual)
         violators = np.flatnonzero(outside & (kkt > tau)) if used_pass else np.zeros(0, dtype=np.int64)
         self._record(model["objective"], dual, gap, int(np.count_nonzero(model["weights"])), "all",
                      iterate_primal=iterate_primal, iterate_gap=relative_gap(iterate_primal, dual),
-                     full_pass=self.bank.counters()[0] > passes_before, violators=int(violators.size))
+                     full_pass=self.engine.counters().passes > passes_before, violators=int(violators.size))
         return {"model": model, "dual": dual, "gap": gap, "violators": violators, "kkt": kkt,
                 "iterate_primal": iterate_primal}
 
@@ -540,14 +462,10 @@ class PFBSSolver:
     # -- checkpoints ----------------------------------------------------------------------------
     def _state(self, x, Kx, x_prev, Kx_prev, t) -> dict:
         """Checkpoint state at the start of an iteration (module docstring, "Checkpoints")."""
-        passes, bytes_read = self.bank.counters()
         state = {"kernels": self.ws.index.copy(), "alphas": x, "K_alphas": Kx, "alphas_prev": x_prev,
                  "K_alphas_prev": Kx_prev, "t": t, "target": self._target,
                  "sigma_for": None if self._sigma_for is None else list(self._sigma_for),
-                 "history": self.history, "passes": passes - self.base[0],
-                 "bytes_read": bytes_read - self.base[1], "seconds": time.perf_counter() - self.t0}
-        if self.bank.ref_vector is not None:
-            state["ref_vector"], state["ref_norms"] = self.bank.ref_vector, self.bank.ref_norms
+                 **self.log.state(), **self.screen.state()}
         if self.ws._top_vector is not None:
             state["top_vector"] = self.ws._top_vector
         return state
@@ -556,38 +474,29 @@ class PFBSSolver:
         """Continue from :meth:`_state`'s dict: re-hold W (one engine.blocks read), set the rest."""
         if self.ws.size:
             raise InvalidInputError("a checkpoint resumes into a fresh PFBSSolver (this one holds kernels)")
-        self.base = (self.base[0] - int(state["passes"]), self.base[1] - int(state["bytes_read"]))
-        self.t0 -= float(state["seconds"])
-        self.history, self.iterations = list(state["history"]), int(state["iteration"])
-        self.bank.hold(self.ws, state["kernels"])
+        self.log.restore(state)
+        self.iterations = int(state["iteration"])
+        self.ws.add(state["kernels"])
         self.ws.alphas, self.ws.K_alphas = state["alphas"], state["K_alphas"]
         self._momentum = (state["alphas_prev"], state["K_alphas_prev"], float(state["t"]))
         self._target = float(state["target"])
         self._sigma_for = None if state["sigma_for"] is None else (int(state["sigma_for"][0]), float(state["sigma_for"][1]))
-        if "ref_vector" in state:
-            self.bank.ref_vector, self.bank.ref_norms = state["ref_vector"], state["ref_norms"]
+        self.screen.restore(state)
         self.ws._top_vector = state.get("top_vector")
-        self._resumed = True
 
     # -- bookkeeping ----------------------------------------------------------------------------
     def _record(self, primal, dual, gap, n_active, scope, **extra) -> None:
-        passes, bytes_read = self.bank.counters()
-        entry = {"iteration": self.iterations, "primal": primal, "dual": dual, "gap": gap,
-                 "n_active": n_active, "working_set": self.ws.size, "scope": scope,
-                 "passes": passes - self.base[0], "bytes_read": bytes_read - self.base[1],
-                 "seconds": time.perf_counter() - self.t0, **extra}
-        if self._resumed:
-            entry["resumed"], self._resumed = True, False
-        self.history.append(entry)
-        if self.verbose and (scope == "all" or self.iterations % 100 == 0):
-            print(f"pfbs it {self.iterations:6d} [{scope}] P={primal:.10g} D={dual:.10g} gap={gap:.2e} "
-                  f"active={n_active} |W|={self.ws.size} passes={entry['passes']}")
+        entry = self.log.record({"iteration": self.iterations, "primal": primal, "dual": dual, "gap": gap,
+                                 "n_active": n_active, "working_set": self.ws.size, "scope": scope, **extra})
+        if scope == "all" or self.iterations % 100 == 0:
+            self.log.say(f"it {self.iterations:6d} [{scope}] P={primal:.10g} D={dual:.10g} gap={gap:.2e} "
+                         f"active={n_active} |W|={self.ws.size} passes={entry['passes']}")
 
     def _result(self, tau: float, certificate: dict, converged: bool) -> MKLResult:
         model = certificate["model"]
         return MKLResult(weights=model["weights"], dual_coef=model["dual_coef"], bias=self.bias,
                          active=np.flatnonzero(model["weights"]), objective=model["objective"],
-                         gap=certificate["gap"], history=self.history, converged=converged,
+                         gap=certificate["gap"], history=self.log.history, converged=converged,
                          solver="pfbs/fista" if self.accelerated else "pfbs",
                          params={"tau": tau, "mu": self.mu, "tol": self.tol, "max_iter": self.max_iter,
                                  "accelerated": self.accelerated, "center": self.center, "step": self.step,

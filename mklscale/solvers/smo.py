@@ -73,7 +73,6 @@ SVM and first pass are not repeated). Resumed runs are bit-identical; the first 
 from __future__ import annotations
 
 import functools
-import time
 
 import numpy as np
 
@@ -83,6 +82,7 @@ from mklscale.solvers import _smo_kernels as kern
 from mklscale.solvers import _svm
 from mklscale.solvers import _validation as check
 from mklscale.solvers.result import MKLResult
+from mklscale.solvers.toolkit import RunLog
 
 #: eps1 / n of the paper's experiments (§4.4).
 EPS1_PER_SAMPLE = 5e-4
@@ -129,8 +129,8 @@ def fit(engine, y, C, eps1: float | None = None, eps2: float = 1e-4, mu: float =
     -------
     MKLResult: weights w (sum_j d_j^2 w_j = 1, exact zeros out of the model), dual_coef D(y) alpha,
     bias b, f = sum_j w_j K_j D(y) alpha + b; history per stage (kappa, primal, dual, gap, n_active,
-    n_working, smo_steps, smo_eps, violation, smo_converged, opt4, eps1_excess, n_violators, passes,
-    bytes_read, seconds); params["status"] is "converged", "max_steps" / "stalled" (an SMO stage did
+    n_working, smo_steps, smo_eps, violation, smo_converged, opt4, eps1_excess, n_violators, and the
+    running totals passes, bytes_read, seconds of this solve); params["status"] is "converged", "max_steps" / "stalled" (an SMO stage did
     not reach its precision), "kappa_min" or "max_stages".
     """
     n, M, lambda_max = _svm.check_engine(engine)
@@ -211,16 +211,11 @@ class _SMO:
         self.eps1, self.eps2, self.mu, self.tol = eps1, eps2, mu, tol
         self.continuation, self.kappa_min = continuation, kappa_min
         self.max_stages, self.max_steps, self.max_working_set = max_stages, max_steps, max_working_set
-        self.drop_after, self.seed, self.verbose = drop_after, seed, verbose
+        self.drop_after, self.seed = drop_after, seed
         self.n, self.M = y.size, d.size
-        self.history: list[dict] = []
-        self._resumed = False   # mark the next history entry
+        self.log = RunLog(engine, "smo", verbose)
 
     # ---- engine access --------------------------------------------------------------------------
-    def _stats(self) -> tuple[int, int]:
-        s = self.engine.stats
-        return int(s.get("passes", 0)), int(s.get("bytes_read", 0))
-
     def _full_pass(self, alpha: np.ndarray, with_probes: bool) -> np.ndarray:
         """q_j = alpha^T D(y) K_j D(y) alpha for ALL kernels in one pass (checked for PSD)."""
         v = self.y * alpha
@@ -260,18 +255,15 @@ class _SMO:
 
     # ---- main loop ------------------------------------------------------------------------------
     def run(self, params: dict, checkpoint=None) -> MKLResult:
-        self._t_start = time.perf_counter()
-        self._base = self._stats()
         y, C, d = self.y, self.C, self.d
         state = checkpoint.load() if checkpoint is not None else None
         if state is None:
             # kappa = 1: the SVM on sum_j K_j / d_j^2, to eps2 / 2 (libsvm tol = 2 (eps2 / 2))
-            t0, p0 = time.perf_counter(), self._stats()
             K_sum = self.engine.combine(1.0 / (d * d))
             alpha, _, _, svm_ok = _svm.fit_svc(K_sum, y, C, self.eps2)
             del K_sum
             q_all = self._full_pass(alpha, with_probes=True)
-            self._record(1.0, alpha, q_all, d, None, None, self.M, 0, np.nan, svm_ok, t0, p0)
+            self._record(1.0, alpha, q_all, d, None, None, self.M, 0, np.nan, svm_ok)
 
             # the working set: the kernels with the largest q_j / d_j^2, all of them when they fit
             W = np.sort(np.argsort(-(q_all / (d * d)), kind="stable")[: self.max_working_set])
@@ -293,7 +285,6 @@ class _SMO:
             if kappa < self.kappa_min:
                 status = "kappa_min"
                 break
-            t0, p0 = time.perf_counter(), self._stats()
             dW = d[W]
             dk, ak, _ = stage_parameters(dW, kappa, self.continuation)
             steps, violation, code = kern.smo_solve(K, y, alpha, Z, q, dk, ak, C, smo_eps, self.max_steps)
@@ -315,7 +306,7 @@ class _SMO:
                 # without violators D, P and (OPT_3) over all kernels equal those on W
                 certified = paper_test and violators.size == 0
             self._record(kappa, alpha, q, dW, w, (opt4, excess, primal, dual, gap), W.size, steps,
-                         violation, smo_ok, t0, p0, n_violators=int(violators.size), smo_eps=smo_eps)
+                         violation, smo_ok, n_violators=int(violators.size), smo_eps=smo_eps)
             if certified and (self.tol is None or gap <= self.tol):
                 status = "converged"
                 break
@@ -348,23 +339,18 @@ class _SMO:
         primal = primal_value(weights, q_all, d, y, C, f0 + bias)
         dual = dual_value(alpha, q_all, d)
         gap = (primal - dual) / max(abs(primal), 1e-300)
-        passes1, bytes1 = self._stats()
-        params = dict(params, kappa=kappa, stages=len(self.history) - 1, status=status,
-                      passes=passes1 - self._base[0], bytes_read=bytes1 - self._base[1],
-                      seconds=time.perf_counter() - self._t_start, dual=dual, n_working=int(W.size))
+        params = dict(params, kappa=kappa, stages=len(self.log.history) - 1, status=status, **self.log.totals(),
+                      dual=dual, n_working=int(W.size))
         return MKLResult(weights=weights, dual_coef=y * alpha, bias=bias, active=np.flatnonzero(weights),
-                         objective=primal, gap=gap, history=self.history, converged=status == "converged",
+                         objective=primal, gap=gap, history=self.log.history, converged=status == "converged",
                          solver="smo_mkl", params=params)
 
     # ---- checkpoints ----------------------------------------------------------------------------
     def _state(self, alpha, W, Z, q, zero_streak, kappa, smo_eps, early_checked, final) -> dict:
         """Checkpoint state before a stage (module docstring); ``final`` is the last converged
         stage's (alpha, W, w, f0, kappa) or None. The stage count is the checkpoint's iteration."""
-        passes, bytes_read = self._stats()
         state = {"alpha": alpha, "W": W, "Z": Z, "q": q, "zero_streak": zero_streak, "kappa": kappa,
-                 "smo_eps": smo_eps, "early_checked": early_checked, "final_kappa": None,
-                 "history": self.history, "passes": passes - self._base[0],
-                 "bytes_read": bytes_read - self._base[1], "seconds": time.perf_counter() - self._t_start}
+                 "smo_eps": smo_eps, "early_checked": early_checked, "final_kappa": None, **self.log.state()}
         if final is not None:
             state.update(final_alpha=final[0], final_W=final[1], final_w=final[2], final_f0=final[3],
                          final_kappa=final[4])
@@ -372,9 +358,7 @@ class _SMO:
 
     def _restore(self, state: dict):
         """(stage, alpha, W, Z, q, zero_streak, kappa, smo_eps, early_checked, final) from :meth:`_state`."""
-        self._base = (self._base[0] - int(state["passes"]), self._base[1] - int(state["bytes_read"]))
-        self._t_start -= float(state["seconds"])
-        self.history, self._resumed = list(state["history"]), True
+        self.log.restore(state)
         final = None if state["final_kappa"] is None else \
             (state["final_alpha"], state["final_W"], state["final_w"], state["final_f0"], float(state["final_kappa"]))
         return (int(state["iteration"]), state["alpha"], state["W"], state["Z"], state["q"], state["zero_streak"],
@@ -414,9 +398,8 @@ class _SMO:
                 zero_streak[keep])
 
     # ---- history --------------------------------------------------------------------------------
-    def _record(self, kappa, alpha, q, d, w, tests, n_working, steps, violation, smo_ok, t0, p0,
-                n_violators=0, smo_eps=np.nan):
-        p1 = self._stats()
+    def _record(self, kappa, alpha, q, d, w, tests, n_working, steps, violation, smo_ok, n_violators=0,
+                smo_eps=np.nan):
         if tests is None:
             opt4 = excess = primal = np.nan
             dual = dual_value(alpha, q, d)
@@ -429,11 +412,6 @@ class _SMO:
                  "n_working": int(n_working), "smo_steps": int(steps), "smo_eps": smo_eps,
                  "violation": float(violation),
                  "smo_converged": bool(smo_ok), "opt4": opt4, "eps1_excess": excess,
-                 "n_violators": n_violators, "passes": p1[0] - p0[0], "bytes_read": p1[1] - p0[1],
-                 "seconds": time.perf_counter() - t0}
-        if self._resumed:
-            entry["resumed"], self._resumed = True, False
-        self.history.append(entry)
-        if self.verbose:
-            print(f"[smo] kappa {kappa:.3e}  W {n_working:4d}  active {n_active:4d}  steps {steps:7d}  "
-                  f"P {primal:.10g}  D {dual:.10g}  gap {gap:.2e}  opt4 {opt4:.2e}  eps1 {excess:.2e}")
+                 "n_violators": n_violators}
+        self.log.record(entry, f"kappa {kappa:.3e}  W {n_working:4d}  active {n_active:4d}  steps {steps:7d}  "
+                               f"P {primal:.10g}  D {dual:.10g}  gap {gap:.2e}  opt4 {opt4:.2e}  eps1 {excess:.2e}")

@@ -73,7 +73,6 @@ much W needs.
 from __future__ import annotations
 
 import functools
-import time
 
 import numpy as np
 
@@ -87,6 +86,9 @@ from mklscale.solvers._spicy_loss_terms import make_loss_term
 from mklscale.solvers.losses import LOSSES, Loss, make_loss
 from mklscale.solvers.penalties import PENALTIES, Penalty, make_penalty
 from mklscale.solvers.result import MKLResult
+from mklscale.solvers.toolkit import RunLog
+from mklscale.solvers.toolkit.screening import Screening
+from mklscale.solvers.toolkit.working_set import HeldKernels
 
 GAMMA_INIT = 10.0          # [CODE] initial gamma_m and per-sample slack gammas
 GAMMA_BIAS_INIT = 1.0      # [CODE] initial gamma_b
@@ -101,51 +103,8 @@ INNER_GTOL = 1e-10
 METHODS = ("auto", "proximal", "one_step")
 
 
-class _Bank:
-    """The engine, the kernels it can serve, and the reference vector/norms of the last full pass
-    (for the inactivity bound).
-
-    Kernels whose lambda_max or quadratic form is NaN (unfinished kernels of a bank opened with
-    allow_incomplete) are not part of the problem: they are never loaded and the certificate
-    covers the available kernels. ``blocks`` fetches kernels for W (with ``keep=False`` where the
-    engine takes it, so its cache holds no second copy); ``capacity`` is how many of them the
-    byte budget (working_set_bytes) allows.
-    """
-
-    def __init__(self, engine, lambda_max: np.ndarray, budget: int | None):
-        self.engine = engine
-        self.available = ~np.isnan(lambda_max)
-        self.sqrt_lambda = np.sqrt(np.where(self.available, lambda_max, 0.0))
-        self.ref_vector = None
-        self.ref_norms = None
-        self.offset = (0, 0)
-        self.block_nbytes = engine.block_nbytes
-        if budget is None:
-            budget = engine.working_set_budget
-        self.budget = budget   # bytes of dense kernels the working set may hold; None: no cap
-
-    def capacity(self) -> int | float:
-        """How many kernels the working set may hold."""
-        return np.inf if self.budget is None else self.budget // max(1, self.block_nbytes)
-
-    def blocks(self, idx: np.ndarray) -> np.ndarray:
-        return self.engine.blocks(idx, keep=False)
-
-    def full_pass(self, u: np.ndarray) -> np.ndarray:
-        q = np.asarray(self.engine.quad_forms(u), dtype=np.float64)
-        self.available &= ~np.isnan(q)
-        norms = np.sqrt(np.maximum(np.where(self.available, q, 0.0), 0.0))
-        self.ref_vector, self.ref_norms = u.copy(), norms
-        return norms.copy()
-
-    def upper_bounds(self, u: np.ndarray, idx: np.ndarray) -> np.ndarray:
-        shift = float(np.linalg.norm(u - self.ref_vector))
-        return self.ref_norms[idx] + self.sqrt_lambda[idx] * shift
-
-    def stats(self) -> tuple[int, int]:
-        """Passes and bytes read in this solve (``offset``: those of the run a checkpoint resumed)."""
-        s = self.engine.stats
-        return int(s.get("passes", 0)) + self.offset[0], int(s.get("bytes_read", 0)) + self.offset[1]
+#: What to do when the working set does not fit (its byte budget or the machine's memory).
+_REMEDY = "raise working_set_bytes (or the engine's cache_bytes), or use a larger C (fewer active kernels)"
 
 
 class _Spicy:
@@ -155,22 +114,24 @@ class _Spicy:
         self.y = check.check_targets(y, self.n, loss.is_classification, loss.name)
         self.C, self.loss, self.penalty, self.bias = C, loss, penalty, bias
         self.tol, self.max_outer, self.max_inner = tol, max_outer, max_inner
-        self.method, self.verbose = method, verbose
-        self.bank = _Bank(engine, lambda_max, working_set_bytes)
+        self.method = method
+        self.log = RunLog(engine, "spicy", verbose)
+        self.screen = Screening(engine, lambda_max)
         self.threshold = penalty.threshold(C)
         self.working_set_rule = check.check_working_set(working_set, self.M)
-        self.index = np.zeros(0, dtype=np.int64)   # working set W, in the order of the blocks
         mode = "conjugate" if method == "one_step" else "proximal"
-        self.kernels = KernelTerm(self.n, penalty, C, mode)
+        self.kernels = KernelTerm(HeldKernels(engine, working_set_bytes, "SpicyMKL"), penalty, C, mode)
         self.loss_term = make_loss_term(loss, self.y, GAMMA_INIT)
         self.b, self.gamma_b = 0.0, GAMMA_BIAS_INIT
         # proximal term on rho for the piecewise-linear conjugates (see module docstring)
         self.tau = TAU_INIT if loss.conjugate_kind == "slack" else np.inf
         self.ck = np.inf
-        self.history: list[dict] = []
         self.params: dict = {}
-        self.t0 = time.perf_counter()
-        self._resumed = False
+
+    @property
+    def index(self) -> np.ndarray:
+        """The working set W: kernel ids in the order they are held."""
+        return self.kernels.held.index
 
     # -- setup ---------------------------------------------------------------------------------
     def _initial_rho(self) -> np.ndarray:
@@ -192,27 +153,26 @@ class _Spicy:
         they do not fit, the kernels of W flagged ``inactive`` (zero weight in the current model,
         alpha_m = 0) are dropped first: they leave the model's support unchanged, and if one
         becomes a violator again the next certification brings it back."""
-        room = self.bank.capacity() - self.index.size
+        held = self.kernels.held
+        room = held.capacity() - self.index.size
         needed = idx.size if needed is None else needed
         if idx.size > room and inactive is not None and np.any(inactive):
             keep = ~inactive
             self.kernels.keep(keep)
-            self.index, K_rho = self.index[keep], K_rho[keep]
-            room = self.bank.capacity() - self.index.size
+            K_rho = K_rho[keep]
+            room = held.capacity() - self.index.size
         if needed > room:
-            per = self.bank.block_nbytes
+            per = held.kernel_nbytes
             raise InvalidInputError(
                 f"the SpicyMKL working set is full: it holds {self.index.size} kernels "
                 f"({self.index.size * per / 1e9:.3g} GB) and needs at least {needed - room} more "
                 f"({(self.index.size + needed) * per / 1e9:.3g} GB in all) against working_set_bytes = "
-                f"{self.bank.budget / 1e9:.3g} GB; raise working_set_bytes (or the engine's cache_bytes), or "
-                "use a larger C (fewer active kernels)")
+                f"{held.budget / 1e9:.3g} GB; {_REMEDY}")
         idx = idx[: int(min(idx.size, room))]
         if idx.size == 0:
             return K_rho
         gamma = float(np.min(self.kernels.gamma)) if self.kernels.size else GAMMA_INIT
-        self.kernels.add(self.bank.blocks(idx), gamma)
-        self.index = np.concatenate([self.index, idx])
+        self.kernels.add(idx, gamma, _REMEDY)
         return np.concatenate([K_rho, self.kernels.matvec(rho, first=self.index.size - idx.size)])
 
     def _initial_working_set(self, norms0: np.ndarray) -> tuple[np.ndarray, int | None]:
@@ -220,13 +180,13 @@ class _Spicy:
         rule = self.working_set_rule
         if isinstance(rule, np.ndarray):
             if self.threshold <= 0.0:
-                return np.flatnonzero(self.bank.available), None
-            if not np.all(self.bank.available[rule]):
+                return np.flatnonzero(self.screen.available), None
+            if not np.all(self.screen.available[rule]):
                 raise InvalidInputError("working_set names kernels the engine cannot serve (unfinished)")
             return rule, None
         if rule == "all" or self.threshold <= 0.0:
-            return np.flatnonzero(self.bank.available), None
-        above = np.flatnonzero((norms0 > self.threshold) & self.bank.available)
+            return np.flatnonzero(self.screen.available), None
+        above = np.flatnonzero((norms0 > self.threshold) & self.screen.available)
         order = above[np.argsort(-norms0[above], kind="stable")]
         return order[:self._growth(0, order.size)], min(1, above.size)
 
@@ -315,14 +275,14 @@ class _Spicy:
 
     def _certify(self, rho_tilde, norms_w):
         """Dual value over ALL kernels and the violators outside W (bound first, then a pass)."""
-        outside = np.setdiff1d(np.flatnonzero(self.bank.available), self.index)
+        outside = np.setdiff1d(np.flatnonzero(self.screen.available), self.index)
         if outside.size == 0:
             return cert.dual_value(self.loss, self.penalty, self.y, self.C, rho_tilde, norms_w)[0], outside
-        if np.all(self.bank.upper_bounds(rho_tilde, outside) <= self.threshold):
+        if np.all(self.screen.upper_bounds(rho_tilde, outside) <= self.threshold):
             return cert.dual_value(self.loss, self.penalty, self.y, self.C, rho_tilde, norms_w)[0], outside[:0]
-        norms = self.bank.full_pass(rho_tilde)
+        norms = self.screen.full_pass(rho_tilde)
         norms[self.index] = norms_w
-        outside = outside[self.bank.available[outside]]
+        outside = outside[self.screen.available[outside]]
         dual = cert.dual_value(self.loss, self.penalty, self.y, self.C, rho_tilde,
                                np.concatenate([norms_w, norms[outside]]))[0]
         above = outside[norms[outside] > self.threshold]
@@ -333,7 +293,7 @@ class _Spicy:
         state = checkpoint.load() if checkpoint is not None else None
         if state is None:
             rho = self._initial_rho()
-            norms0 = self.bank.full_pass(cert.project_dual(self.loss, self.y, rho, self.bias))
+            norms0 = self.screen.full_pass(cert.project_dual(self.loss, self.y, rho, self.bias))
             K_rho = self._add_kernels(*self._initial_working_set(norms0), rho, np.zeros((0, self.n)))
             first, best = 0, None
         else:
@@ -349,7 +309,7 @@ class _Spicy:
             rho_tilde, norms_w = self._working_set_dual(rho)
             dual = cert.dual_value(self.loss, self.penalty, self.y, self.C, rho_tilde, norms_w)[0]
             gap = cert.relative_gap(primal, dual)
-            certified = self.index.size == np.count_nonzero(self.bank.available)
+            certified = self.index.size == np.count_nonzero(self.screen.available)
             violators = np.zeros(0, dtype=np.int64)
             if gap <= self.tol or t == self.max_outer - 1:
                 dual, violators = self._certify(rho_tilde, norms_w)
@@ -374,12 +334,10 @@ class _Spicy:
         the pass counters."""
         k = self.kernels
         state = {"rho": rho, "K_rho": K_rho, "index": self.index, "alpha": k.alpha, "K_alpha": k.K_alpha,
-                 "alpha_K_alpha": k.alpha_K_alpha, "kernel_gamma": k.gamma, "available": self.bank.available,
+                 "alpha_K_alpha": k.alpha_K_alpha, "kernel_gamma": k.gamma,
                  "b": float(self.b), "gamma_b": float(self.gamma_b), "tau": float(self.tau), "ck": float(self.ck),
-                 "history": self.history, "seconds": time.perf_counter() - self.t0}
-        state["passes"], state["bytes_read"] = self.bank.stats()
-        if self.bank.ref_vector is not None:
-            state["ref_vector"], state["ref_norms"] = self.bank.ref_vector, self.bank.ref_norms
+                 **self.log.state()}
+        state.update(self.screen.state())
         for (owner, name), value in _loss_multipliers(self.loss_term).items():
             state[f"loss_{owner}_{name}"] = value
         if best is not None:
@@ -390,13 +348,8 @@ class _Spicy:
 
     def _restore(self, state: dict):
         """Set the solver to a state of :meth:`_state`; returns (rho, K_rho, best, first iteration)."""
-        self.index = np.zeros(0, dtype=np.int64)
-        self.bank.available = state["available"].astype(bool)
-        if "ref_vector" in state:
-            self.bank.ref_vector, self.bank.ref_norms = state["ref_vector"], state["ref_norms"]
-        index = state["index"].astype(np.int64)
-        self.kernels.add(self.bank.blocks(index), 1.0)
-        self.index = index
+        self.screen.restore(state)
+        self.kernels.add(state["index"].astype(np.int64), 1.0, _REMEDY)
         k = self.kernels
         k.alpha, k.K_alpha = state["alpha"], state["K_alpha"]
         k.alpha_K_alpha, k.gamma = state["alpha_K_alpha"], state["kernel_gamma"]
@@ -404,12 +357,7 @@ class _Spicy:
             target = self.loss_term if owner == "term" else getattr(self.loss_term, owner)
             setattr(target, name, state[f"loss_{owner}_{name}"])
         self.b, self.gamma_b, self.tau, self.ck = state["b"], state["gamma_b"], state["tau"], state["ck"]
-        self.history = list(state["history"])
-        self.bank.offset = (0, 0)
-        passes, bytes_read = self.bank.stats()
-        self.bank.offset = (int(state["passes"]) - passes, int(state["bytes_read"]) - bytes_read)
-        self.t0 = time.perf_counter() - float(state["seconds"])
-        self._resumed = True
+        self.log.restore(state)
         best = None
         if "best_d" in state:
             best = (state["best_d"], state["best_b"], state["best_rho"], state["best_primal"], state["best_gap"],
@@ -433,31 +381,26 @@ class _Spicy:
         return problem, point, report
 
     def _record(self, t, primal, dual, gap, certified, d, report, violators):
-        passes, bytes_read = self.bank.stats()
         entry = {
             "iteration": t + 1, "primal": float(primal), "dual": float(dual), "gap": float(gap),
             "certified": bool(certified), "n_active": int(np.count_nonzero(d)),
             "working_set": int(self.index.size), "violators": int(violators.size),
-            "passes": passes, "bytes_read": bytes_read, "seconds": time.perf_counter() - self.t0,
             "inner_iterations": int(report.iterations),
             "gamma_max": float(np.max(self.kernels.gamma)) if self.kernels.size else 0.0,
         }
         if self.method == "proximal":
             entry["primal_alpha"] = self._alpha_primal()
-        if self._resumed:
-            entry["resumed"], self._resumed = True, False
-        self.history.append(entry)
-        if self.verbose:
-            print(f"[spicy] it {t + 1:3d} primal {primal:.10g} dual {dual:.10g} gap {gap:.3e}"
-                  f"{'' if certified else ' (W)'} active {entry['n_active']}/{self.index.size}/{self.M}"
-                  f" passes {passes} inner {report.iterations}", flush=True)
+        self.log.record(entry)
+        self.log.say(f"it {t + 1:3d} primal {primal:.10g} dual {dual:.10g} gap {gap:.3e}"
+                     f"{'' if certified else ' (W)'} active {entry['n_active']}/{self.index.size}/{self.M}"
+                     f" passes {entry['passes']} inner {report.iterations}")
 
     def _result(self, model, converged) -> MKLResult:
         d, b, rho, primal, gap, index = model
         weights = np.zeros(self.M)
         weights[index[: d.size]] = d
         return MKLResult(weights=weights, dual_coef=rho / self.C, bias=b, active=np.flatnonzero(weights),
-                         objective=primal, gap=gap, history=self.history, converged=converged,
+                         objective=primal, gap=gap, history=self.log.history, converged=converged,
                          solver=f"spicy/{self.method}", params=dict(self.params))
 
 
@@ -534,7 +477,7 @@ def _build(engine, y, C, loss, penalty, lam, q, eps, bias, tol, max_outer, max_i
     ws = solver.working_set_rule
     solver.params = {
         "loss": loss, "penalty": penalty, "C": C, "bias": bool(bias), "tol": tol, "method": method,
-        "max_outer": max_outer, "max_inner": max_inner, "working_set_bytes": solver.bank.budget,
+        "max_outer": max_outer, "max_inner": max_inner, "working_set_bytes": solver.kernels.held.budget,
         "working_set": ws.tolist() if isinstance(ws, np.ndarray) else ws,
         **loss_obj.params(), **penalty_obj.params(),
     }

@@ -1,0 +1,163 @@
+"""HeldKernels: the kernels a solver holds in the driver (its working set), behind their operations.
+
+A working-set solver reads a few kernels once (``engine.blocks(idx, keep=False)``: the engine keeps
+no second copy) and runs its inner iterations on them. The kernels stay exactly as the engine
+stores them (float32 from a float32 bank: half the memory of float64 copies), one copy each: every
+``fetch`` appends its stack as a chunk (concatenating would briefly hold W twice), ``keep`` compacts
+the chunks in place, and every product widens the entries exactly and accumulates in float64, so
+the results are those of the float64 kernels. Solvers never see the arrays, only the operations
+below, so another storage (low-rank factors) can stand behind the same methods.
+
+The memory rule, the same for every solver: ``budget`` (bytes; the solver's ``working_set_bytes``,
+else the engine's ``working_set_budget``, None = no cap) bounds how many kernels a solver chooses
+to hold (:meth:`capacity`); and :meth:`fetch` refuses, with the solver's remedy in the message, any
+set that would not fit in 90% of the memory the machine has available.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from mklscale.engine.contract import KernelEngine
+from mklscale.engine.kernels import axpy_rows, each_matvec, stack_matvec
+from mklscale.errors import InvalidInputError
+
+#: Share of the available memory a working set may take.
+MEMORY_SHARE = 0.9
+
+
+@njit(nogil=True, cache=True)
+def _stack_axpy(B, sel, weights, out):
+    """out += sum_p weights[p] K_{sel[p]} over kernels of B (c, n, n), accumulated in float64."""
+    for p in range(sel.shape[0]):
+        axpy_rows(B[sel[p]], 0, weights[p], out)
+
+
+class HeldKernels:
+    """The working set's kernels: ``index`` (kernel ids, in held order) and their values.
+
+    engine : where the kernels are read from. budget_bytes : the working-set budget (module
+    docstring; None: the engine's ``working_set_budget``). name : the solver, for messages.
+    """
+
+    def __init__(self, engine: KernelEngine, budget_bytes: int | None = None, name: str = "the solver"):
+        self.engine, self.name = engine, name
+        self.n = int(engine.n)
+        self.budget = budget_bytes if budget_bytes is not None else engine.working_set_budget
+        self.index = np.zeros(0, dtype=np.int64)
+        self.chunks: list[np.ndarray] = []    # (c, n, n) stacks, in held order
+
+    @property
+    def size(self) -> int:
+        return int(self.index.size)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the kernels held."""
+        return sum(c.nbytes for c in self.chunks)
+
+    @property
+    def kernel_nbytes(self) -> int:
+        return int(self.engine.block_nbytes)
+
+    def capacity(self) -> int | float:
+        """How many kernels the budget allows (inf without a budget)."""
+        return np.inf if self.budget is None else self.budget // max(1, self.kernel_nbytes)
+
+    # ---- what is held ---------------------------------------------------------------------------
+    def fetch(self, idx, remedy: str) -> np.ndarray:
+        """Read and hold the kernels ``idx`` not held yet (one ``engine.blocks`` call); returns
+        them (the ids actually added). ``remedy`` ends the message of a set too large for memory."""
+        idx = np.asarray(idx, dtype=np.int64).reshape(-1)
+        idx = idx[~np.isin(idx, self.index)]
+        if idx.size:
+            self._check_memory(idx.size, remedy)
+            self.append(idx, self.engine.blocks(idx, keep=False))
+        return idx
+
+    def append(self, idx, blocks: np.ndarray) -> None:
+        """Hold ``blocks`` (len(idx), n, n), already read, as the kernels ``idx``."""
+        idx = np.asarray(idx, dtype=np.int64).reshape(-1)
+        if idx.size:
+            self.chunks.append(np.ascontiguousarray(blocks))
+            self.index = np.concatenate([self.index, idx])
+
+    def _check_memory(self, count: int, remedy: str) -> None:
+        import psutil
+
+        per = self.kernel_nbytes
+        available = psutil.virtual_memory().available
+        if count * per > MEMORY_SHARE * available:
+            total = self.size + count
+            raise InvalidInputError(
+                f"the {self.name} working set would hold {total} kernels ({total * per / 1e9:.3g} GB: "
+                f"{self.size} held, {count} to add) and this machine has {available / 1e9:.3g} GB of memory "
+                f"available; {remedy}")
+
+    def keep(self, mask: np.ndarray) -> None:
+        """Keep only the kernels where ``mask`` is True. Each chunk is compacted in place (kept
+        kernels moved to its front, then the array shrunk), so no second copy of them is made."""
+        start, chunks = 0, []
+        for chunk in self.chunks:
+            part = mask[start:start + chunk.shape[0]]
+            start += chunk.shape[0]
+            kept = np.flatnonzero(part)
+            if kept.size == part.size:
+                chunks.append(chunk)
+            elif kept.size:
+                for dst, src in enumerate(kept.tolist()):   # src >= dst: never overwrites a kept one
+                    if src != dst:
+                        chunk[dst] = chunk[src]
+                try:
+                    chunk.resize((kept.size,) + chunk.shape[1:], refcheck=False)  # frees the tail
+                except ValueError:  # does not own its data (or is read-only): keep a compact copy
+                    chunk = chunk[:kept.size].copy()
+                chunks.append(chunk)
+        self.chunks = chunks
+        self.index = self.index[mask]
+
+    # ---- operations -----------------------------------------------------------------------------
+    def _stacks(self):
+        """(first position, chunk) for every chunk, in held order."""
+        start = 0
+        for chunk in self.chunks:
+            yield start, chunk
+            start += chunk.shape[0]
+
+    def matvecs(self, u: np.ndarray, first: int = 0) -> np.ndarray:
+        """(size - first, n) float64 K_p u for the held kernels at positions >= ``first``."""
+        U = np.ascontiguousarray(u, dtype=np.float64).reshape(1, self.n)
+        out = np.empty((self.size - first, 1, self.n))
+        for start, chunk in self._stacks():
+            stop = start + chunk.shape[0]
+            if stop > first:
+                lo = max(first, start)
+                stack_matvec(chunk[lo - start:], U, out[lo - first:stop - first])
+        return out[:, 0]
+
+    def each_matvec(self, A: np.ndarray) -> np.ndarray:
+        """(size, n) float64 K_p A[p]: every held kernel times its own vector."""
+        A = np.ascontiguousarray(A, dtype=np.float64)
+        out = np.empty((self.size, self.n))
+        for start, chunk in self._stacks():
+            stop = start + chunk.shape[0]
+            each_matvec(chunk, A[start:stop], out[start:stop])
+        return out
+
+    def add_weighted(self, sel: np.ndarray, weights: np.ndarray, out: np.ndarray) -> None:
+        """out += sum_p weights[p] K_{sel[p]} (sel: ascending positions; out (n, n) float64)."""
+        sel = np.asarray(sel, dtype=np.int64)
+        weights = np.asarray(weights, dtype=np.float64)
+        for start, chunk in self._stacks():
+            stop = start + chunk.shape[0]
+            lo, hi = np.searchsorted(sel, [start, stop])
+            if hi > lo:
+                _stack_axpy(chunk, sel[lo:hi] - start, weights[lo:hi], out)
+
+    def total(self) -> np.ndarray:
+        """(n, n) float64 sum of the held kernels."""
+        S = np.zeros((self.n, self.n))
+        for chunk in self.chunks:
+            S += chunk.sum(axis=0, dtype=np.float64)
+        return S
