@@ -34,11 +34,13 @@ import contextlib
 import hashlib
 import os
 import time
+from numbers import Real
 from pathlib import Path
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, clone
 from sklearn.utils._available_if import available_if
+from sklearn.utils._param_validation import Interval, InvalidParameterError, StrOptions
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_array, check_is_fitted, check_random_state, column_or_1d, validate_data
 
@@ -92,6 +94,24 @@ class _MKLBase(BaseEstimator):
 
     _task = "classification"
 
+    #: scikit-learn's declaration of the parameters' types. What depends on the solver (C's range,
+    #: solver_params' names, kernels' contents) is checked by the registry and families.resolve,
+    #: whose messages say what the value means for the chosen solver.
+    _parameter_constraints: dict = {
+        "kernels": [str, dict, list, tuple, KernelSpec],
+        "solver": [str],
+        "C": [Real, None],
+        "solver_params": [dict, None],
+        "normalize": [StrOptions({"trace", "diag"}), None],
+        "cache_dir": [str, os.PathLike, None],
+        "client": "no_validation",
+        "progress": ["boolean"],
+        "verbose": ["verbose"],
+        "random_state": ["random_state"],
+        "checkpoint_dir": [str, os.PathLike, None],
+        "checkpoint_every_s": [Interval(Real, 0, None, closed="neither")],
+    }
+
     def __init__(self, kernels="simplemkl", solver="spicy", C=None, solver_params=None, normalize="trace",
                  cache_dir=None, client=None, progress=False, verbose=False, random_state=None, checkpoint_dir=None,
                  checkpoint_every_s=60.0):
@@ -116,6 +136,10 @@ class _MKLBase(BaseEstimator):
 
     # ---- fitting ------------------------------------------------------------------------------
     def _check_solver(self) -> dict:
+        try:
+            self._validate_params()
+        except InvalidParameterError as exc:
+            raise InvalidInputError(f"{exc} See help({type(self).__name__}) for what each parameter means.") from None
         if not registry.supports(self.solver, self._task):
             raise InvalidInputError(
                 f"solver {self.solver!r} does not support {self._task}; it supports "

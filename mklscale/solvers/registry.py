@@ -28,7 +28,9 @@ The square-loss solvers (pfbs, sgd, gcd one stage) classify by least squares on 
 for classification) gives calibrated-style probabilities sigmoid(f).
 
 Parameters other than the mapped one go in ``params`` (the solver's keyword arguments, listed by
-:func:`accepted_params`); unknown names raise :class:`~mklscale.errors.InvalidInputError` listing the
+:func:`accepted_params`: read from the signatures of the solver's functions, minus the arguments
+no caller sets by name (``NOT_PARAMETERS``), so a parameter a solver gains is accepted everywhere at
+once); unknown names raise :class:`~mklscale.errors.InvalidInputError` listing the
 accepted ones. The mapped parameter may also be given in ``params`` when ``C`` is None (the pipeline
 runner does that), but not both. ``seed`` (where a solver has one) is the solver's random seed.
 
@@ -49,6 +51,9 @@ checkpoint after storing the result (the solvers leave it in place).
 
 from __future__ import annotations
 
+import functools
+import importlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -56,6 +61,11 @@ from mklscale.errors import InvalidInputError
 from mklscale.solvers.result import MKLResult
 
 TASKS = ("classification", "regression")
+
+#: arguments of the solvers' functions that are not user parameters: the bank, the targets, the task
+#: (the registry's), the checkpoint (fit_solver's) and pfbs' raw-coefficient switch (fit_solver
+#: returns an MKLResult)
+NOT_PARAMETERS = frozenset({"engine", "source", "y", "task", "checkpoint", "return_coefficients"})
 
 #: the losses of spicy that fit each task (the first one is the default)
 SPICY_LOSSES = {"classification": ("logistic", "hinge"), "regression": ("square", "eps_insensitive")}
@@ -65,8 +75,9 @@ SPICY_LOSSES = {"classification": ("logistic", "hinge"), "regression": ("square"
 class SolverInfo:
     """One row of the table.
 
-    name : registry name; tasks : supported tasks; params : accepted keyword parameters (``accepted_params``
-    adds the names C may stand for);
+    name : registry name; tasks : supported tasks; functions : the solver functions ("module:function"
+    in mklscale.solvers) whose keyword parameters it accepts (:attr:`params`, plus ``extra``, minus
+    NOT_PARAMETERS; ``accepted_params`` adds the names C may stand for);
     c_param(task, params) -> name of the solver parameter ``C`` sets; c_default(task, params) -> its
     default; run(engine, y, task, c_value, params) -> MKLResult (params already checked);
     seed_param : the parameter holding the solver's random seed, or None; summary : one line;
@@ -75,13 +86,29 @@ class SolverInfo:
 
     name: str
     tasks: tuple[str, ...]
-    params: tuple[str, ...]
+    functions: tuple[str, ...]
     c_param: Callable[[str, dict], str]
     c_default: Callable[[str, dict], float]
     run: Callable[..., MKLResult]
     seed_param: str | None
     summary: str
     checkpoints: bool = False
+    extra: tuple[str, ...] = ()
+
+    @property
+    def params(self) -> tuple[str, ...]:
+        """The keyword parameters of ``functions`` (in order, without repeats) and ``extra``."""
+        return _signature_params(self.functions, self.extra)
+
+
+@functools.cache
+def _signature_params(functions: tuple[str, ...], extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    names = list(extra)
+    for target in functions:
+        module, function = target.split(":")
+        fn = getattr(importlib.import_module(f"mklscale.solvers.{module}"), function)
+        names += [p for p in inspect.signature(fn).parameters if p not in NOT_PARAMETERS and p not in names]
+    return tuple(names)
 
 
 # ---- adapters ------------------------------------------------------------------------------------
@@ -151,10 +178,11 @@ def _check_gcd(task: str, params: dict) -> None:
     stage = params.get("stage", "one")
     if stage not in ("one", "two"):
         raise InvalidInputError(f"gcd stage must be 'one' (GCD-1s) or 'two' (GCD-2s); got {stage!r}")
-    extra = sorted(set(params) - {"stage", "lam"} - set(_GCD_ONE)) if stage == "one" else []
+    one_stage = _signature_params(("gcd:fit_one_stage",))
+    extra = sorted(set(params) - {"stage", "lam"} - set(one_stage)) if stage == "one" else []
     if extra:
         raise InvalidInputError(f"gcd stage='one' does not take {extra}; they belong to stage='two' "
-                                f"(one-stage parameters: {sorted(_GCD_ONE)})")
+                                f"(one-stage parameters: {sorted(one_stage)})")
 
 
 def _run_baseline(fn_name):
@@ -188,40 +216,29 @@ def _const(value: float):
     return lambda task, params: value
 
 
-_SPICY = ("loss", "penalty", "lam", "q", "eps", "bias", "tol", "max_outer", "max_inner", "working_set",
-          "method", "verbose")
-_ELASTICNET = ("eta", "tol", "max_iter", "wsr_tol", "wsr_max_iter", "svm_tol", "selection_threshold",
-               "max_seconds", "seed", "verbose")
-_SMO = ("eps1", "eps2", "mu", "d", "tol", "continuation", "kappa_min", "max_stages", "max_steps",
-        "max_working_set", "drop_after", "seed", "verbose")
-_PFBS = ("mu", "tol", "max_iter", "accelerated", "center", "init", "working_set", "step", "verbose")
-_SGD = ("nu", "T", "step", "seed", "refresh", "mix", "eta0", "iterate", "fit_intercept", "record_every", "verbose")
-_GCD_ONE = ("max_iter", "tol", "fit_intercept", "reg", "verbose")
-_GCD_TWO = ("criterion", "lam", "C", "max_iter", "delta", "eps", "eta_max", "beta", "step", "tol", "reg", "verbose")
-_BASELINE = ("lam", "C")
-
 _TABLE: dict[str, SolverInfo] = {
-    "spicy": SolverInfo("spicy", TASKS, _SPICY, _fixed("C"), _const(0.1), _run_spicy, None,
+    "spicy": SolverInfo("spicy", TASKS, ("spicy:fit",), _fixed("C"), _const(0.1), _run_spicy, None,
                         "SpicyMKL (block-1 / elastic-net / block-q penalty; logistic, hinge, square, "
                         "eps-insensitive loss; default loss logistic for classification, square for regression)",
                         checkpoints=True),
-    "elasticnet": SolverInfo("elasticnet", ("classification",), _ELASTICNET, _fixed("C"), _const(100.0),
+    "elasticnet": SolverInfo("elasticnet", ("classification",), ("elasticnet:fit",), _fixed("C"), _const(100.0),
                              _run_elasticnet, "seed",
                              "Citi elastic-net constrained MKL, hinge loss (eta default 0.5; eta = 1 is L1 MKL)"),
-    "smo": SolverInfo("smo", ("classification",), _SMO, _fixed("C"), _const(100.0), _run_smo, "seed",
+    "smo": SolverInfo("smo", ("classification",), ("smo:fit",), _fixed("C"), _const(100.0), _run_smo, "seed",
                       "SMO-MKL support kernel machine (squared block-1 MKL, hinge loss)", checkpoints=True),
-    "pfbs": SolverInfo("pfbs", TASKS, _PFBS, _fixed("tau"), _const(1e-3), _run_pfbs, None,
+    "pfbs": SolverInfo("pfbs", TASKS, ("pfbs:fit",), _fixed("tau"), _const(1e-3), _run_pfbs, None,
                        "PFBS elastic-net MKL, square loss (mu default 0, center default True)", checkpoints=True),
-    "sgd": SolverInfo("sgd", TASKS, _SGD, _fixed("lam"), _const(0.01), _run_sgd, "seed",
+    "sgd": SolverInfo("sgd", TASKS, ("sgd:fit",), _fixed("lam"), _const(0.01), _run_sgd, "seed",
                       "SGD-1s one-stage MKL with importance-sampled kernels, square loss", checkpoints=True),
-    "gcd": SolverInfo("gcd", TASKS, ("stage",) + tuple(sorted(set(_GCD_ONE) | set(_GCD_TWO))),
+    "gcd": SolverInfo("gcd", TASKS, ("gcd:fit_one_stage", "gcd:fit_two_stage"),
                       _gcd_c_param, lambda task, params: 0.01 if _gcd_c_param(task, params) == "lam" else 100.0,
                       _run_gcd, None,
                       "greedy coordinate descent MKL: stage='one' (GCD-1s/CKL, square loss, default) or "
-                      "stage='two' (GCD-2s alignment/euclidean, then SVM or kernel ridge)", checkpoints=True),
-    "uniform": SolverInfo("uniform", TASKS, _BASELINE, _final_fit_param, _final_fit_default,
+                      "stage='two' (GCD-2s alignment/euclidean, then SVM or kernel ridge)", checkpoints=True,
+                      extra=("stage",)),
+    "uniform": SolverInfo("uniform", TASKS, ("baselines:uniform",), _final_fit_param, _final_fit_default,
                           _run_baseline("uniform"), None, "UNIFORM weights 1/M, then SVM or kernel ridge"),
-    "alignment": SolverInfo("alignment", TASKS, _BASELINE, _final_fit_param, _final_fit_default,
+    "alignment": SolverInfo("alignment", TASKS, ("baselines:alignment",), _final_fit_param, _final_fit_default,
                             _run_baseline("alignment"), None,
                             "AMKL centred-alignment weights (Cortes et al.), then SVM or kernel ridge"),
 }
