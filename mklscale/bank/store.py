@@ -1,7 +1,8 @@
 """KernelBank: an opened kernel bank, the zarr v3 store of M Gram matrices and their per-kernel metadata.
 
 The bank's arrays and attributes, and how its group is created: ``group``; the bytes of its shard
-files: ``shard_format``.
+files: ``shard_format``. ``KernelBank.repair`` is ``build.repair_bank``, attached by the package
+(``mklscale.bank``) so that this module does not import the build.
 
 Integrity. ``verify`` re-reads kernels and compares their crc32c with ``checksum``. A kernel it finds
 bad (flipped bytes, a missing or truncated shard file) is recorded on disk, when the store is
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,6 +103,10 @@ class VerifyReport:
 
 class KernelBank:
     """An opened bank. ``len(bank)`` is M, ``bank.n`` the number of training points."""
+
+    #: ``bank.repair(kernels=None, client=None, progress=True)``: ``build.repair_bank`` (returns its
+    #: ``RepairReport``), attached by ``mklscale.bank``: the build imports this module, not the reverse.
+    repair: Callable[..., object]
 
     def __init__(self, path: str | os.PathLike, group: zarr.Group):
         self.path = Path(path)
@@ -479,13 +484,6 @@ class KernelBank:
         self._group = zarr.open_group(self.path, mode=self._mode)
         self._attrs = self._group.attrs.asdict()
         self.gram = self._group["gram"]
-
-    def repair(self, kernels: Sequence[int] | None = None, client=None, progress: bool = True):
-        """Recompute bad kernels from their specs and the stored standardised X; see
-        ``mklscale.bank.build.repair_bank`` (returns its ``RepairReport``)."""
-        from mklscale.bank.build import repair_bank
-
-        return repair_bank(self, kernels=kernels, client=client, progress=progress)
 
     # ---- cross kernels ------------------------------------------------------------------------
     def standardize(self, X: np.ndarray) -> np.ndarray:
