@@ -19,12 +19,12 @@ benchmark machine's DAMON reclaim), a write whose pages must come back from the 
 the system time, so the first write swings between about 0.8 s and 6 s for 4 GB while the second
 reuses the pages the first freed. Both are recorded; the second, fast one is the stricter baseline.
 
-The build writes its shards with direct I/O (``store.write_shard_file``): when it returns, the bytes
+The build writes its shards with direct I/O (``shard_format.write_shard_file``): when it returns, the bytes
 are on the disk. The plain write returns once they are in the page cache (writeback follows
 later), so it is the faster of the two for a few GB on a machine with free memory. A second
 baseline, the same plain write followed by fsync of every file, is recorded next to it: the time
 to put the same bytes on the disk. A third, the direct write, is the build's own write path alone
-(``store.write_shard_file`` of every shard from one aligned buffer, with the build's threads, no
+(``shard_format.write_shard_file`` of every shard from one aligned buffer, with the build's threads, no
 compute): no build can finish faster than it, whatever its compute costs.
 Each run also records the process CPU time (user, system) of both and the load average before it:
 on a shared machine the write's own system time and the CPU left to this process decide the ratio.
@@ -51,7 +51,8 @@ from machine import describe_machine  # noqa: E402
 
 from mklscale.bank import build_bank, families  # noqa: E402
 from mklscale.bank.build import BUILD_THREADS  # noqa: E402
-from mklscale.bank.store import aligned_empty, write_shard_file  # noqa: E402
+from mklscale.bank.direct_io import aligned_empty  # noqa: E402
+from mklscale.bank.shard_format import write_shard_file  # noqa: E402
 from mklscale.datasets import load  # noqa: E402
 
 

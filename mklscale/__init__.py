@@ -8,7 +8,7 @@ __version__ = "0.1.0"
 # The estimators pull in scikit-learn, pandas and the solvers: import them only when asked for, so
 # ``import mklscale`` stays cheap.
 _LAZY = {"MKLClassifier": "mklscale.estimators", "MKLRegressor": "mklscale.estimators",
-         "MKLModel": "mklscale.model", "load": "mklscale.model"}
+         "MKLModel": "mklscale.model", "load": "mklscale.estimators"}
 
 __all__ = ["MKLClassifier", "MKLModel", "MKLRegressor", "__version__", "load"]
 

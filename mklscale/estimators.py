@@ -26,6 +26,8 @@ are always labels seen at fit.
 pfbs: tau; sgd/gcd: ridge lam). ``predict_proba`` exists only for ``solver="spicy"`` with the logistic
 loss (its default for classification): P(classes_[1] | x) = sigmoid(f(x)) for binary, and
 sigmoid(f_k(x)) / sum_j sigmoid(f_j(x)) for one-vs-rest.
+
+``load(path)`` (``mklscale.load``) reads a saved model back as a fitted estimator.
 """
 
 from __future__ import annotations
@@ -567,3 +569,15 @@ def estimator_from_model(model: MKLModel, doc: dict):
     est.fit_stats_ = fitted.get("fit_stats_", {})
     _set_model_attributes(est, model)
     return est
+
+
+def load(path):
+    """Load a model directory written by ``MKLClassifier.save`` / ``MKLRegressor.save``.
+
+    Returns the fitted estimator (``model_`` set), so ``mklscale.load(path).predict(X)`` works.
+    The arrays are read with ``allow_pickle=False``. Raises ModelFileError when the directory is not
+    a model, was written by a newer mklscale (upgrade mklscale), or its arrays file is truncated or
+    corrupted (re-save the model or refit).
+    """
+    model, doc = MKLModel.read(path)
+    return estimator_from_model(model, doc)

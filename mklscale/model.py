@@ -1,4 +1,5 @@
-"""MKLModel: everything prediction needs, without the kernel bank; model files; ``mklscale.load``.
+"""MKLModel: everything prediction needs, without the kernel bank; model files (read back as
+estimators by ``mklscale.load``, which lives in ``estimators``: the estimators import this module).
 
 A fitted MKL model with H heads (one for binary classification and regression, one per class for
 one-vs-rest) predicts
@@ -13,7 +14,7 @@ with the bank's normalisation applied to the standardised features:
     k~_m(x, z) = k_m(x~, z~) * factor_m          ("trace": factor_m = 1 / trace K_m(X_train))
     k~_m(x, z) = k_m(x~, z~) / sqrt(k_m(x~, x~) k_m(z~, z~))   ("diag")
 
-Only the kept kernels are evaluated, and only against the rows S (``bank.store.normalize_block`` and
+Only the kept kernels are evaluated, and only against the rows S (``bank.normalize.normalize_block`` and
 ``KernelSpec.compute`` = ``from_base(base(.))``, as ``KernelBank.cross`` does, so the values are those
 of the bank's cross kernels restricted to S; kernels sharing a pairwise base reuse it). The stored training rows are the STANDARDISED rows of the bank
 (``bank.X_train[S]``), which is what makes the model's cross kernels bit-identical to the bank's.
@@ -46,7 +47,8 @@ from pathlib import Path
 import numpy as np
 
 from mklscale.bank.spec import KernelSpec
-from mklscale.bank.store import normalize_block, validate_features
+from mklscale.bank.inputs import validate_features
+from mklscale.bank.normalize import normalize_block
 from mklscale.errors import InvalidInputError, ModelFileError
 from mklscale.runtime.atomic import fsync_dir, swap_into_place
 from mklscale.solvers.result import MKLResult, json_safe
@@ -419,17 +421,3 @@ def _classes_from_json(values, dtype) -> np.ndarray | None:
     if values is None:
         return None
     return np.asarray(values, dtype=np.dtype(dtype))
-
-
-def load(path):
-    """Load a model directory written by ``MKLClassifier.save`` / ``MKLRegressor.save``.
-
-    Returns the fitted estimator (``model_`` set), so ``mklscale.load(path).predict(X)`` works.
-    The arrays are read with ``allow_pickle=False``. Raises ModelFileError when the directory is not
-    a model, was written by a newer mklscale (upgrade mklscale), or its arrays file is truncated or
-    corrupted (re-save the model or refit).
-    """
-    from mklscale.estimators import estimator_from_model
-
-    model, doc = MKLModel.read(path)
-    return estimator_from_model(model, doc)

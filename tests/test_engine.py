@@ -183,7 +183,7 @@ def test_identical_across_threads_plans_panels_and_cache(banks, name, monkeypatc
         got = every_op(eng)
     for key in ref:
         assert np.array_equal(got[key], ref[key]), ("panels", key)
-    monkeypatch.setattr(KernelBank, "_plain_layout", property(lambda self: False))  # zarr's read path
+    monkeypatch.setattr(KernelBank, "plain_layout", property(lambda self: False))  # zarr's read path
     with Engine(bank) as eng:
         got = every_op(eng)
     for key in ref:

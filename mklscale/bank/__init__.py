@@ -1,8 +1,20 @@
-"""Kernel banks: specs that compute Gram matrices, the zarr store that holds them, and the build."""
+"""Kernel banks: specs that compute Gram matrices, the zarr store that holds them, and the build.
+
+Modules, each importing only those listed before it (``tests/test_layering.py`` checks there is no
+import cycle): ``_compute`` (numba kernels), ``spec`` and ``families`` (KernelSpec), ``inputs``
+(checks of user input), ``normalize`` (normalisation rules), ``stats`` (per-kernel statistics,
+crc32c), ``direct_io`` (O_DIRECT writes), ``shard_format`` (the shard files' bytes), ``fs_errors``
+(disk full, read-only store), ``group`` (the zarr group: layout, creation), ``store`` (KernelBank),
+``build`` (build_bank, repair_bank).
+"""
 
 from mklscale.bank import families
-from mklscale.bank.build import build_bank
+from mklscale.bank.build import build_bank, repair_bank
 from mklscale.bank.spec import KernelSpec
 from mklscale.bank.store import KernelBank, VerifyReport
 
-__all__ = ["KernelBank", "KernelSpec", "VerifyReport", "build_bank", "families"]
+# ``bank.repair(...)``: the store cannot import the build (the build imports the store), so the
+# method is attached here, above both; every import of mklscale.bank.store runs this file first.
+KernelBank.repair = repair_bank
+
+__all__ = ["KernelBank", "KernelSpec", "VerifyReport", "build_bank", "families", "repair_bank"]

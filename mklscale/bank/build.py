@@ -25,22 +25,13 @@ from threadpoolctl import threadpool_limits
 
 from mklscale.bank import _compute
 from mklscale.bank.spec import KernelSpec, specs_from_json, specs_to_json
-from mklscale.bank.store import (
-    NORMALIZATIONS,
-    PER_KERNEL_FLOATS,
-    KernelBank,
-    VerifyReport,
-    aligned_empty,
-    create_bank_group,
-    creation_info,
-    json_attr,
-    kernel_stats,
-    prepare_path,
-    raise_store_error,
-    validate_dtype,
-    validate_features,
-    write_shard_file,
-)
+from mklscale.bank.direct_io import aligned_empty
+from mklscale.bank.fs_errors import raise_store_error
+from mklscale.bank.group import PER_KERNEL_FLOATS, create_bank_group, creation_info, json_attr
+from mklscale.bank.inputs import NORMALIZATIONS, validate_dtype, validate_features
+from mklscale.bank.shard_format import write_shard_file
+from mklscale.bank.stats import kernel_stats
+from mklscale.bank.store import KernelBank, VerifyReport, prepare_path
 from mklscale.errors import (
     BankCorruptError,
     BankMismatchError,

@@ -7,10 +7,12 @@ until the chunk kernel has used them) into a buffer that each thread reuses for 
 Measured on the benchmark machine that is ~3x the bandwidth of ``np.fromfile`` of the same
 files (fresh pages are zero-filled and faulted in on every call; a reused buffer is not).
 
-Layout handled (the one ``KernelBank._plain_layout`` recognises): one file per shard at
-``gram/c/<s>/0/0`` holding raw little-endian inner chunks of ``kernels_per_chunk`` whole kernels,
-followed by the shard index (``(offset, nbytes)`` uint64 per chunk) and its crc32c. Anything else
-(compressed banks) falls back to ``bank.read_shard``.
+Layout handled: the shard files of ``mklscale.bank.shard_format`` (the one the build writes), for
+banks whose ``KernelBank.plain_layout`` is True: one file per shard at ``gram/c/<s>/0/0`` holding
+raw little-endian inner chunks of ``kernels_per_chunk`` whole kernels, followed by the shard index
+(``(offset, nbytes)`` uint64 per chunk) and its crc32c, located and checked by the bank's
+``shard_file``, ``shard_index_bytes`` and ``chunk_offsets``. Anything else (compressed banks) falls
+back to ``bank.read_shard``.
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ class KernelReader:
         self.n = bank.n
         self.dtype = bank.dtype
         self.piece_bytes = int(PIECE_BYTES if piece_bytes is None else piece_bytes)
-        self.plain = bool(getattr(bank, "_plain_layout", False))
+        self.plain = bool(bank.plain_layout)
         self._shards: dict[int, _Shard] = {}
         self._whole: dict[int, np.ndarray] = {}  # fallback: whole shards read through zarr
 

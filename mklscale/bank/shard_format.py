@@ -1,0 +1,123 @@
+"""The byte layout of a bank's shard files: the one format the build writes and the engine reads.
+
+The ``gram`` array of a bank is zarr v3 with sharding: one file per shard, ``gram/c/<s>/0/0``
+(``shard_path``), holding ``kernels_per_shard`` kernels. When its codecs are the plain ones
+(``is_plain``: raw little-endian inner chunks, the index at the end with a crc32c; what
+``group.create_bank_group`` creates), a shard file is
+
+    inner chunk 0 | inner chunk 1 | ... | index: (offset, nbytes) uint64 LE per chunk | crc32c (uint32 LE)
+
+with ``kernels_per_chunk`` whole kernels (C order) per inner chunk, the last one zero-padded, and
+both index entries of a chunk past the end of the bank 2^64 - 1. ``index_nbytes`` is the size of
+the tail, ``chunk_offsets`` reads and checks it. ``write_shard_file`` writes such a file (the
+build, ``build.build_shard``); ``KernelBank.read_shard`` and the engine's
+``mklscale.engine.reader`` read it directly, bypassing zarr, for banks where
+``KernelBank.plain_layout`` is True.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import google_crc32c
+import numpy as np
+import zarr
+
+from mklscale.bank.direct_io import write_direct
+from mklscale.errors import BankCorruptError
+
+_EMPTY = np.iinfo(np.uint64).max
+
+
+def shard_path(bank_path: str | os.PathLike, s: int) -> Path:
+    """The file holding shard s of the bank at ``bank_path`` (zarr's default chunk key encoding)."""
+    return Path(bank_path) / "gram" / "c" / str(s) / "0" / "0"
+
+
+def index_nbytes(per_chunk: int, per_shard: int) -> int:
+    """Bytes at the end of every shard file: the (offset, nbytes) index and its crc32c."""
+    return 16 * (per_shard // per_chunk) + 4
+
+
+def write_shard_file(bank_path: Path, s: int, block: np.ndarray, per_chunk: int, per_shard: int) -> None:
+    """Write one shard of the ``gram`` array in zarr v3's sharding format, uncompressed.
+
+    The file is the inner chunks back to back (the last one zero-padded to full size), then the
+    index of (offset, nbytes) little-endian uint64 pairs for every inner chunk of the shard (empty
+    chunks: both 2^64 - 1), then the crc32c of the index. This is the byte layout zarr itself
+    writes with ShardingCodec(BytesCodec) and index codecs (BytesCodec, Crc32cCodec) at the end;
+    writing it directly avoids zarr's per-chunk encode path, which runs several times slower than
+    the disk. Written to a temporary file and renamed, so a shard is either old or new, never torn.
+
+    The kernels go to disk with direct I/O where they can (``write_direct``): copying them through
+    the page cache costs CPU time the build needs (the copy, and reclaiming pages once the bank
+    outgrows memory, where it cannot stay cached anyway). The price: a bank that fits in memory is
+    read from the disk on its first pass instead of from the cache.
+    """
+    k, n = block.shape[0], block.shape[1]
+    n_chunks = -(-k // per_chunk)
+    chunk_bytes = per_chunk * n * n * block.dtype.itemsize
+    index = np.full((per_shard // per_chunk, 2), _EMPTY, dtype="<u8")
+    index[:n_chunks, 0] = np.arange(n_chunks, dtype=np.uint64) * chunk_bytes
+    index[:n_chunks, 1] = chunk_bytes
+    index_bytes = index.tobytes()
+    crc = np.array([google_crc32c.value(index_bytes)], dtype="<u4").tobytes()
+    pad = n_chunks * per_chunk - k
+    target = shard_path(bank_path, s)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".0.{uuid.uuid4().hex[:8]}.partial")
+    data = memoryview(block.astype(block.dtype.newbyteorder("<"), copy=False)).cast("B")
+    try:
+        with open(tmp, "wb") as f:
+            done = write_direct(tmp, data)
+            f.seek(done)
+            f.write(data[done:])
+            if pad:
+                f.write(bytes(pad * n * n * block.dtype.itemsize))
+            f.write(index_bytes)
+            f.write(crc)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def chunk_offsets(tail: bytes, file_size: int, *, n_kernels: int, per_chunk: int, per_shard: int,
+                  kernel_bytes: int, where: str) -> np.ndarray:
+    """Byte offsets (int64) of the inner chunks holding a shard's ``n_kernels`` kernels, from the
+    file's last ``index_nbytes`` bytes ``tail``, after checking the index's crc32c and that every
+    such chunk is present, full size and inside the file.
+
+    Raises BankCorruptError, its message starting with ``where`` (the shard and its kernels), otherwise.
+    """
+    tail_nbytes = index_nbytes(per_chunk, per_shard)
+    if file_size < tail_nbytes:
+        raise BankCorruptError(f"{where} is truncated ({file_size} bytes); those kernels need repair")
+    index_raw = bytes(tail[:-4])
+    if google_crc32c.value(index_raw) != int.from_bytes(bytes(tail[-4:]), "little"):
+        raise BankCorruptError(f"{where} has a damaged index (truncated or overwritten); those kernels need repair")
+    n_chunks = -(-n_kernels // per_chunk)
+    index = np.frombuffer(index_raw, dtype="<u8").reshape(-1, 2)[:n_chunks]
+    chunk_bytes = per_chunk * kernel_bytes
+    if (index[:, 1] != chunk_bytes).any() or (index[:, 0] + chunk_bytes > file_size - tail_nbytes).any():
+        raise BankCorruptError(f"{where} is truncated or malformed (a chunk is missing or has the wrong size); "
+                               "those kernels need repair")
+    return index[:, 0].astype(np.int64)
+
+
+def is_plain(gram: zarr.Array, dtype: np.dtype) -> bool:
+    """True when ``gram`` (stored as ``dtype``) is sharded with this module's layout: raw
+    little-endian inner chunks, the index at the end with a crc32c, "/" in chunk keys. Other
+    banks (compressed ones) must be read through zarr."""
+    from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
+
+    codecs = gram.metadata.codecs
+    return (
+        len(codecs) == 1 and isinstance(codecs[0], ShardingCodec)
+        and len(codecs[0].codecs) == 1 and isinstance(codecs[0].codecs[0], BytesCodec)
+        and dtype.byteorder in ("<", "=") and np.little_endian
+        and codecs[0].index_location.value == "end"
+        and [type(c) for c in codecs[0].index_codecs] == [BytesCodec, Crc32cCodec]
+        and gram.metadata.chunk_key_encoding.separator == "/"
+    )
