@@ -17,9 +17,8 @@ import mklscale
 
 PACKAGE = Path(mklscale.__file__).parent
 
-#: Cycles still allowed, each as the set of its modules. Issue 16 (the solver layer redesign)
-#: removes this one; delete the entry then.
-ALLOWED_CYCLES = [frozenset({"mklscale.solvers.paths", "mklscale.solvers.pfbs"})]
+#: Cycles still allowed, each as the set of its modules: none.
+ALLOWED_CYCLES: list[frozenset] = []
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:
