@@ -107,6 +107,7 @@ from scipy.sparse.linalg import eigsh
 from mklscale.errors import InvalidInputError
 from mklscale.solvers._threads import single_blas_thread_for_small_n
 from mklscale.solvers import _validation as check
+from mklscale.solvers.duality import relative_gap
 from mklscale.solvers.result import MKLResult
 from mklscale.solvers.toolkit import RunLog
 from mklscale.solvers.toolkit.screening import Screening
@@ -169,10 +170,6 @@ def dual_value(residual: np.ndarray, y: np.ndarray, kkt_norms: np.ndarray, tau: 
     s = (a + tau * s1[k] / mu) / (n * b + s2[k] / mu)
     excess = np.maximum(s * kkt_norms - tau, 0.0)
     return float(2.0 * s * a - n * b * s * s - excess @ excess / mu), float(s)
-
-
-def relative_gap(primal: float, dual: float) -> float:
-    return (primal - dual) / max(abs(primal), 1e-300)
 
 
 def tau_max(engine, y, center: bool = False) -> float:

@@ -81,6 +81,7 @@ from mklscale.solvers._threads import single_blas_thread_for_small_n
 from mklscale.solvers import _smo_kernels as kern
 from mklscale.solvers import _svm
 from mklscale.solvers import _validation as check
+from mklscale.solvers.duality import relative_gap
 from mklscale.solvers.result import MKLResult
 from mklscale.solvers.toolkit import RunLog
 
@@ -251,7 +252,7 @@ class _SMO:
         bias = _svm.optimal_bias(f0, self.y)
         primal = primal_value(w, q, d, self.y, self.C, f0 + bias)
         dual = dual_value(alpha, q, d)
-        return primal, dual, (primal - dual) / max(abs(primal), 1e-300), bias
+        return primal, dual, relative_gap(primal, dual), bias
 
     # ---- main loop ------------------------------------------------------------------------------
     def run(self, params: dict, checkpoint=None) -> MKLResult:
@@ -338,7 +339,7 @@ class _SMO:
         bias = _svm.optimal_bias(f0, y)
         primal = primal_value(weights, q_all, d, y, C, f0 + bias)
         dual = dual_value(alpha, q_all, d)
-        gap = (primal - dual) / max(abs(primal), 1e-300)
+        gap = relative_gap(primal, dual)
         params = dict(params, kappa=kappa, stages=len(self.log.history) - 1, status=status, **self.log.totals(),
                       dual=dual, n_working=int(W.size))
         return MKLResult(weights=weights, dual_coef=y * alpha, bias=bias, active=np.flatnonzero(weights),

@@ -79,7 +79,7 @@ import numpy as np
 from mklscale.engine.cache import parse_bytes
 from mklscale.errors import InvalidInputError
 from mklscale.solvers._threads import single_blas_thread_for_small_n
-from mklscale.solvers import _certificate as cert
+from mklscale.solvers import duality
 from mklscale.solvers import _validation as check
 from mklscale.solvers._spicy_inner import InnerProblem, KernelTerm, newton
 from mklscale.solvers._spicy_loss_terms import make_loss_term
@@ -265,10 +265,10 @@ class _Spicy:
     def _alpha_primal(self) -> float:
         k = self.kernels
         f = k.K_alpha.sum(axis=0) + self.b if k.size else np.full(self.n, self.b)
-        return cert.primal_value(self.loss, self.penalty, self.y, self.C, f, np.sqrt(k.alpha_K_alpha))
+        return duality.primal_value(self.loss, self.penalty, self.y, self.C, f, np.sqrt(k.alpha_K_alpha))
 
     def _working_set_dual(self, rho):
-        rho_tilde = cert.project_dual(self.loss, self.y, rho, self.bias)
+        rho_tilde = duality.project_dual(self.loss, self.y, rho, self.bias)
         K_rt = self.kernels.matvec(rho_tilde)
         norms_w = np.sqrt(np.maximum(K_rt @ rho_tilde, 0.0))
         return rho_tilde, norms_w
@@ -277,13 +277,13 @@ class _Spicy:
         """Dual value over ALL kernels and the violators outside W (bound first, then a pass)."""
         outside = np.setdiff1d(np.flatnonzero(self.screen.available), self.index)
         if outside.size == 0:
-            return cert.dual_value(self.loss, self.penalty, self.y, self.C, rho_tilde, norms_w)[0], outside
+            return duality.dual_value(self.loss, self.penalty, self.y, self.C, rho_tilde, norms_w)[0], outside
         if np.all(self.screen.upper_bounds(rho_tilde, outside) <= self.threshold):
-            return cert.dual_value(self.loss, self.penalty, self.y, self.C, rho_tilde, norms_w)[0], outside[:0]
+            return duality.dual_value(self.loss, self.penalty, self.y, self.C, rho_tilde, norms_w)[0], outside[:0]
         norms = self.screen.full_pass(rho_tilde)
         norms[self.index] = norms_w
         outside = outside[self.screen.available[outside]]
-        dual = cert.dual_value(self.loss, self.penalty, self.y, self.C, rho_tilde,
+        dual = duality.dual_value(self.loss, self.penalty, self.y, self.C, rho_tilde,
                                np.concatenate([norms_w, norms[outside]]))[0]
         above = outside[norms[outside] > self.threshold]
         return dual, above[np.argsort(-norms[above], kind="stable")]
@@ -293,7 +293,7 @@ class _Spicy:
         state = checkpoint.load() if checkpoint is not None else None
         if state is None:
             rho = self._initial_rho()
-            norms0 = self.screen.full_pass(cert.project_dual(self.loss, self.y, rho, self.bias))
+            norms0 = self.screen.full_pass(duality.project_dual(self.loss, self.y, rho, self.bias))
             K_rho = self._add_kernels(*self._initial_working_set(norms0), rho, np.zeros((0, self.n)))
             first, best = 0, None
         else:
@@ -305,15 +305,15 @@ class _Spicy:
             problem, point, report = self._outer_step(rho, K_rho)
             rho, K_rho = point.rho, point.K_rho
             d, b, f, x = self._model(problem, point)
-            primal = cert.primal_value(self.loss, self.penalty, self.y, self.C, f, x)
+            primal = duality.primal_value(self.loss, self.penalty, self.y, self.C, f, x)
             rho_tilde, norms_w = self._working_set_dual(rho)
-            dual = cert.dual_value(self.loss, self.penalty, self.y, self.C, rho_tilde, norms_w)[0]
-            gap = cert.relative_gap(primal, dual)
+            dual = duality.dual_value(self.loss, self.penalty, self.y, self.C, rho_tilde, norms_w)[0]
+            gap = duality.relative_gap(primal, dual)
             certified = self.index.size == np.count_nonzero(self.screen.available)
             violators = np.zeros(0, dtype=np.int64)
             if gap <= self.tol or t == self.max_outer - 1:
                 dual, violators = self._certify(rho_tilde, norms_w)
-                gap, certified = cert.relative_gap(primal, dual), True
+                gap, certified = duality.relative_gap(primal, dual), True
             self._record(t, primal, dual, gap, certified, d, report, violators)
             if certified and (best is None or gap <= best[4] or gap <= self.tol):
                 best = (d.copy(), b, rho.copy(), primal, gap, self.index.copy())
