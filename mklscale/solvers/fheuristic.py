@@ -9,8 +9,8 @@ siRNA efficacy prediction", IEEE/ACM TCBB 6(2); MKLpy 0.6 ``algorithms/Heuristic
 The alignment is the uncentred one (MKLpy's ``metrics.alignment_yy``; the AMKL baseline uses the
 centred one). y^T K_m y comes from one ``quad_forms`` pass; ||K_m||_F from the bank's metadata (no
 pass; an in-memory engine computes it from its kernels); the final kernel sum_m w_m K_m from one
-``combine`` pass: two passes in all. For PSD kernels y^T K_m y >= 0, so w >= 0; a value that float32
-rounding makes slightly negative is set to 0 (its kernel gets weight 0).
+``combine`` pass: two passes in all. For PSD kernels y^T K_m y >= 0, so w >= 0; an alignment at
+rounding level (below ALIGNMENT_FLOOR = 1e-12, or slightly negative) is set to 0 (weight 0).
 
 Tasks. Classification (y in {-1, +1}, ||y||^2 = n) as in MKLpy, and regression with real y (Qiu &
 Lane's setting; MKLpy accepts classification only). Final fit (``baselines``/``_final_fit``): libsvm
@@ -33,12 +33,19 @@ from mklscale.solvers.baselines import _finish, _prepare
 from mklscale.solvers.result import MKLResult
 
 
+#: Alignments below this count as 0: the rounding level of the float64 sums behind y^T K_m y, which
+#: leave a kernel exactly orthogonal to y with a value of order 1e-16 instead of 0.
+ALIGNMENT_FLOOR = 1e-12
+
+
 def kernel_alignments(engine, y: np.ndarray) -> np.ndarray:
-    """(M,) A(K_m, y y^T) = y^T K_m y / (||K_m||_F ||y||^2) (0 for a zero kernel); one quad_forms pass."""
-    q = np.maximum(np.asarray(engine.quad_forms(y), dtype=np.float64), 0.0)
+    """(M,) A(K_m, y y^T) = y^T K_m y / (||K_m||_F ||y||^2), 0 below ALIGNMENT_FLOOR or for a zero
+    kernel; one quad_forms pass."""
+    q = np.asarray(engine.quad_forms(y), dtype=np.float64)
     fro = _final_fit.stored_stat(engine, "fro")
     denom = fro * float(y @ y)
-    return np.divide(q, denom, out=np.zeros_like(q), where=denom > 0)
+    align = np.divide(q, denom, out=np.zeros_like(q), where=denom > 0)
+    return np.where(align > ALIGNMENT_FLOOR, align, 0.0)
 
 
 @single_blas_thread_for_small_n
