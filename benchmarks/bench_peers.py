@@ -36,8 +36,10 @@ default KOMD learner), AverageMKL, FHeuristic, PWMK (3-fold CV), CKA (SVC learne
 iterative GRAM, RMKL, MEMO (SVC learner, --mklpy-max-iter iterations, learning rate 0.01,
 ReduceOnWorsening scheduler, as in MKLpy's documentation). mklscale: SpicyMKL block-1 (hinge and
 logistic; relative gap 0.01), SMO-MKL (the paper's stopping rule), UNIFORM and the alignment
-baseline (AMKL, Cortes et al.). The ratio is the peer's fit time over the matching mklscale method's:
-AverageMKL / UNIFORM, CKA and FHeuristic / alignment, every other peer / SpicyMKL hinge.
+baseline (AMKL, Cortes et al.), EasyMKL (lam 0.1, KOMD(lam 0.1) learner, kernels as given:
+MKLpy's settings) and FHeuristic (SVC(C)). The ratio is the peer's fit time over the matching
+mklscale method's: AverageMKL / UNIFORM, CKA / alignment, EasyMKL / EasyMKL, FHeuristic /
+FHeuristic, every other peer / SpicyMKL hinge.
 
 The cvxpy part solves the QCQP (L) of Lanckriet et al. with Clarabel (the SMO-MKL paper's oracle;
 time includes the eigen-factorisations), SMO-MKL with a certified relative gap 1e-4 (as bench_smo_citi.py), and SpicyMKL
@@ -67,10 +69,12 @@ RESULTS = HERE / "results"
 GB = 1e9
 
 MKLPY_METHODS = ("EasyMKL", "AverageMKL", "FHeuristic", "PWMK", "CKA", "GRAM", "RMKL", "MEMO")
-OUR_METHODS = ("spicy_hinge", "spicy_logistic", "smo", "uniform", "alignment")
+OUR_METHODS = ("spicy_hinge", "spicy_logistic", "smo", "uniform", "alignment", "easymkl", "fheuristic")
 OUR_LABELS = {"spicy_hinge": "SpicyMKL hinge (block-1)", "spicy_logistic": "SpicyMKL logistic (block-1)",
-              "smo": "SMO-MKL", "uniform": "UNIFORM", "alignment": "alignment (AMKL)"}
-MATCH = {"AverageMKL": "uniform", "CKA": "alignment", "FHeuristic": "alignment"}  # else spicy_hinge
+              "smo": "SMO-MKL", "uniform": "UNIFORM", "alignment": "alignment (AMKL)",
+              "easymkl": "EasyMKL (KOMD learner)", "fheuristic": "FHeuristic"}
+MATCH = {"AverageMKL": "uniform", "CKA": "alignment", "EasyMKL": "easymkl",
+         "FHeuristic": "fheuristic"}  # else spicy_hinge
 TASKS = ("breast_cancer", "ringnorm", "digits")
 
 
@@ -123,8 +127,8 @@ def decision_chunked(res, bank, X_test, chunk: int = 64) -> np.ndarray:
     return f + res.bias
 
 
-def _fit_ours(method: str, engine, y, C):
-    from mklscale.solvers import baselines, smo, spicy
+def _fit_ours(method: str, engine, y, C, easy_lam: float = 0.1):
+    from mklscale.solvers import baselines, easymkl, fheuristic, smo, spicy
 
     if method == "spicy_hinge":
         return spicy.fit(engine, y, C, loss="hinge", penalty="l1", tol=0.01)
@@ -136,6 +140,10 @@ def _fit_ours(method: str, engine, y, C):
         return baselines.uniform(engine, y, C=C)
     if method == "alignment":
         return baselines.alignment(engine, y, C=C)
+    if method == "easymkl":  # MKLpy's settings: lam, KOMD(lam=0.1) learner, kernels as given
+        return easymkl.fit(engine, y, lam=easy_lam, learner="komd", komd_lam=0.1, tracenorm=False)
+    if method == "fheuristic":
+        return fheuristic.fit(engine, y, task="classification", C=C)
     raise ValueError(f"unknown method {method!r}")
 
 
@@ -183,7 +191,7 @@ def worker(args) -> int:
                           normalize="diag", standardize=False, overwrite=True, progress=False)
         for m in methods:
             with Engine(tiny) as eng:
-                r = _fit_ours(m, eng, y[:k], args.C)
+                r = _fit_ours(m, eng, y[:k], args.C, args.easy_lam)
             decision_chunked(r, tiny, tiny.X_train[:5])
     except Exception as exc:  # noqa: BLE001
         print(f"warm-up failed: {exc}", file=sys.stderr)
@@ -195,7 +203,7 @@ def worker(args) -> int:
         try:
             t0 = time.perf_counter()
             with Engine(bank, cache_bytes=args.cache_bytes) as engine:
-                res = _fit_ours(m, engine, y, args.C)
+                res = _fit_ours(m, engine, y, args.C, args.easy_lam)
                 out["fit_seconds"] = time.perf_counter() - t0
                 out["passes"] = int(engine.stats["passes"])
             t0 = time.perf_counter()
@@ -222,7 +230,8 @@ def run_ours(methods: list[str], bank_path: Path, task_npz: Path, args) -> dict:
     while todo:
         out_path.unlink(missing_ok=True)
         cmd = [sys.executable, __file__, "--worker", ",".join(todo), "--bank", str(bank_path), "--task-npz",
-               str(task_npz), "--worker-out", str(out_path), "--C", str(args.C), "--cache-bytes", args.cache_bytes]
+               str(task_npz), "--worker-out", str(out_path), "--C", str(args.C), "--cache-bytes", args.cache_bytes,
+               "--easy-lam", str(args.easy_lam)]
         if args.mem_limit_gb:
             cmd += ["--mem-limit-gb", str(args.mem_limit_gb)]
         errf = open(Path(args.workdir) / "ours.stderr", "w+")  # noqa: SIM115  (closed after the worker)
@@ -280,7 +289,7 @@ def run_mklpy(npz: Path, methods: list[str], args) -> dict:
     py = Path(args.venv) / "bin" / "python"
     cmd = [str(py), str(HERE / "peers" / "run_mklpy.py"), str(npz), "--out", str(out_path),
            "--methods", ",".join(methods), "--time-limit", str(args.time_limit),
-           "--max-iter", str(args.mklpy_max_iter), "--svm-C", str(args.C)]
+           "--max-iter", str(args.mklpy_max_iter), "--svm-C", str(args.C), "--easy-lam", str(args.easy_lam)]
     if args.mem_limit_gb:
         cmd += ["--mem-limit-gb", str(args.mem_limit_gb)]
     # the per-fit limit is enforced inside (each fit is a forked process); this is the safety net
@@ -512,6 +521,7 @@ def main(argv=None) -> int:
     ap.add_argument("--M", default=None, help="comma list of bank sizes")
     ap.add_argument("--n-test", type=int, default=500)
     ap.add_argument("--C", type=float, default=1.0)
+    ap.add_argument("--easy-lam", type=float, default=0.1, help="EasyMKL's lam, MKLpy's and ours (default 0.1)")
     ap.add_argument("--time-limit", type=float, default=None, help="seconds per fit, fit + prediction (default 120)")
     ap.add_argument("--mem-limit-gb", type=float, default=None,
                     help="address-space cap of every fitting process (default min(16, 0.7 x RAM))")
@@ -583,8 +593,10 @@ def main(argv=None) -> int:
                    "family": "random_subsets (gaussian on random feature subsets, width 5 chi^2 + 0.1)",
                    "export": "uncompressed npz, float32; MKLpy loads it as float64 torch tensors",
                    "ours": {"spicy": "block-1 (l1), tol 0.01", "smo": "paper's (OPT_3) stopping rule",
-                            "uniform": "weights 1/M + SVC(C)", "alignment": "centred alignment QP + SVC(C)"},
-                   "mklpy": {"EasyMKL": "lam 0.1, KOMD learner", "AverageMKL": "SVC(C)", "FHeuristic": "SVC(C)",
+                            "uniform": "weights 1/M + SVC(C)", "alignment": "centred alignment QP + SVC(C)",
+                            "easymkl": f"lam {args.easy_lam}, KOMD(lam 0.1) learner, tracenorm off",
+                            "fheuristic": "uncentred alignment weights + SVC(C)"},
+                   "mklpy": {"EasyMKL": f"lam {args.easy_lam}, KOMD learner", "AverageMKL": "SVC(C)", "FHeuristic": "SVC(C)",
                              "PWMK": "SVC(C), delta 0, cv 3", "CKA": "SVC(C)",
                              "GRAM/RMKL/MEMO": "SVC(C) learner, learning rate 0.01, ReduceOnWorsening, max_iter "
                                                + str(args.mklpy_max_iter)},

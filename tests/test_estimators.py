@@ -200,7 +200,11 @@ def test_solver_errors(cancer, cache):
 
 
 def test_registry_table():
-    assert registry.names() == ["spicy", "elasticnet", "smo", "pfbs", "sgd", "gcd", "uniform", "alignment"]
+    assert registry.names() == ["spicy", "elasticnet", "smo", "pfbs", "sgd", "gcd", "uniform", "alignment",
+                                "fheuristic", "easymkl"]
+    assert registry.supports("fheuristic", "regression") and not registry.supports("easymkl", "regression")
+    assert registry.c_parameter("easymkl", "classification") == "lam"
+    assert registry.c_parameter("fheuristic", "classification") == "C"
     assert registry.supports("smo", "classification") and not registry.supports("smo", "regression")
     assert registry.c_parameter("pfbs", "regression") == "tau"
     assert registry.c_parameter("gcd", "classification", {"stage": "two"}) == "C"

@@ -20,7 +20,10 @@ gcd           classif., regression   one stage: ridge ``lam``;       larger lam 
                                      ``lam`` (regression) of the
                                      final fit
 uniform       classif., regression   final-fit ``C`` (classif., SVM) larger C = less regularised, 100;
-alignment                            / ``lam`` (regression, ridge)   larger lam = more regularised, 0.01
+alignment,                           / ``lam`` (regression, ridge)   larger lam = more regularised, 0.01
+fheuristic
+easymkl       classification         EasyMKL ``lam`` in (0, 1]       larger = more regularised (1: centroid
+                                                                     distance), 0.1 (MKLpy's default)
 ============  =====================  ==============================  =======================================
 
 The square-loss solvers (pfbs, sgd, gcd one stage) classify by least squares on the +-1 labels
@@ -42,8 +45,8 @@ This module imports no estimator code, so the pipeline runner can use it directl
 Checkpoints: ``fit_solver(..., checkpoint=Checkpoint(path, fingerprint, ...))``
 (:mod:`mklscale.runtime.checkpoint`) is passed to the solvers whose row has ``checkpoints=True``
 (spicy, pfbs, smo, sgd, gcd): they resume from a saved state, save as they go and raise ``Preempted``
-on SIGTERM/SIGINT inside ``stop_on_signals()``. The others (elasticnet, uniform, alignment: one-shot
-or short) ignore it and run from the start. The caller chooses the fingerprint: it must
+on SIGTERM/SIGINT inside ``stop_on_signals()``. The others (elasticnet, uniform, alignment, fheuristic,
+easymkl: one-shot or short) ignore it and run from the start. The caller chooses the fingerprint: it must
 identify the problem (solver name, task, the mapped C value and every parameter including the seed, the
 bank and the targets), so that a checkpoint of another problem is refused; and the caller clears the
 checkpoint after storing the result (the solvers leave it in place).
@@ -185,15 +188,22 @@ def _check_gcd(task: str, params: dict) -> None:
                                 f"(one-stage parameters: {sorted(one_stage)})")
 
 
-def _run_baseline(fn_name):
+def _run_baseline(fn_name, module="baselines"):
+    """Adapter of a weights-then-final-fit solver ``mklscale.solvers.<module>.<fn_name>(engine, y, task, lam, C)``."""
     def run(engine, y, task, C, params):
-        from mklscale.solvers import baselines
+        import importlib
 
         params = dict(params)
         params[_final_fit_param(task, params)] = C
-        return getattr(baselines, fn_name)(engine, y, task=task, **params)
+        return getattr(importlib.import_module(f"mklscale.solvers.{module}"), fn_name)(engine, y, task=task, **params)
 
     return run
+
+
+def _run_easymkl(engine, y, task, C, params):
+    from mklscale.solvers import easymkl
+
+    return easymkl.fit(engine, y, lam=C, **params)
 
 
 def _final_fit_param(task: str, params: dict) -> str:
@@ -241,6 +251,13 @@ _TABLE: dict[str, SolverInfo] = {
     "alignment": SolverInfo("alignment", TASKS, ("baselines:alignment",), _final_fit_param, _final_fit_default,
                             _run_baseline("alignment"), None,
                             "AMKL centred-alignment weights (Cortes et al.), then SVM or kernel ridge"),
+    "fheuristic": SolverInfo("fheuristic", TASKS, ("fheuristic:fit",), _final_fit_param, _final_fit_default,
+                             _run_baseline("fit", "fheuristic"), None,
+                             "FHeuristic weights ~ uncentred alignment with y y^T (Qiu & Lane; MKLpy), "
+                             "then SVM or kernel ridge"),
+    "easymkl": SolverInfo("easymkl", ("classification",), ("easymkl:fit",), _fixed("lam"), _const(0.1), _run_easymkl,
+                          None, "EasyMKL margin-based weights (Aiolli & Donini; MKLpy), then KOMD (default) or "
+                          "SVM (learner='svm', svm_C)"),
 }
 
 
@@ -249,7 +266,8 @@ _PRECHECKS = {"spicy": _check_spicy, "gcd": _check_gcd}
 
 #: every solver parameter ``C`` can stand for, per solver (accepted in params when C is None)
 _C_NAMES = {"spicy": ("C",), "elasticnet": ("C",), "smo": ("C",), "pfbs": ("tau",), "sgd": ("lam",),
-            "gcd": ("lam", "C"), "uniform": ("C", "lam"), "alignment": ("C", "lam")}
+            "gcd": ("lam", "C"), "uniform": ("C", "lam"), "alignment": ("C", "lam"),
+            "fheuristic": ("C", "lam"), "easymkl": ("lam",)}
 
 
 # ---- public API ----------------------------------------------------------------------------------
