@@ -142,3 +142,9 @@ def test_views_refuse_what_is_not_an_engine_or_bad_subsets():
         KernelSubsetEngine(engine, [1, 1])
     with pytest.raises(InvalidInputError, match="shape"):
         InMemoryEngine(np.ones((3, 4)))
+
+
+def test_traces_and_frobenius_norms(case):
+    engine, grams = case
+    _close(engine.traces, np.trace(grams, axis1=1, axis2=2))
+    np.testing.assert_allclose(engine.frobenius_norms, np.sqrt(np.einsum("mij,mij->m", grams, grams)), rtol=1e-6)

@@ -71,14 +71,14 @@ def test_regression_weights_and_kernel_ridge(tmp_path):
 
 
 def test_in_memory_engine_computes_the_norms(classification, tmp_path):
-    """An engine without a bank (DenseEngine: no metadata, no combine) gets ||K_m||_F from its blocks."""
+    """The in-memory engine computes ||K_m||_F itself; the real engine reads the bank's metadata."""
     grams, y = classification
     dense = DenseEngine(grams)
-    np.testing.assert_allclose(_final_fit.stored_stat(dense, "fro"), np.linalg.norm(grams, axis=(1, 2)), rtol=1e-13)
-    np.testing.assert_allclose(_final_fit.stored_stat(dense, "trace"), np.trace(grams, axis1=1, axis2=2), rtol=1e-13)
+    np.testing.assert_allclose(dense.frobenius_norms, np.linalg.norm(grams, axis=(1, 2)), rtol=1e-13)
+    np.testing.assert_allclose(dense.traces, np.trace(grams, axis1=1, axis2=2), rtol=1e-13)
     with engine_of(grams, tmp_path / "bank") as eng:
         real = fheuristic.fit(eng, y, C=10.0)
-        np.testing.assert_allclose(_final_fit.stored_stat(eng, "fro"), np.linalg.norm(grams, axis=(1, 2)), rtol=1e-12)
+        np.testing.assert_allclose(eng.frobenius_norms, np.linalg.norm(grams, axis=(1, 2)), rtol=1e-12)
     mem = fheuristic.fit(dense, y, C=10.0)
     np.testing.assert_allclose(mem.weights, real.weights, rtol=1e-12)
     np.testing.assert_allclose(mem.dual_coef, real.dual_coef, atol=1e-9)

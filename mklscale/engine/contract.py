@@ -8,6 +8,7 @@ keyword. The operations, with K_m the m-th kernel (n x n, PSD) of M:
 
     n, M                                    sizes
     lambda_max                              (M,) largest eigenvalue of each K_m (NaN: kernel unavailable)
+    traces, frobenius_norms                 (M,) trace(K_m) and ||K_m||_F (no pass where the bank stores them)
     quad_forms(U)                           (M,) u^T K_m u for U (n,); (M, k) for U (k, n): ONE pass
     quad_forms(U, kernels=idx)              the same for the kernels idx
     quad_forms(U, kernels=idx, per_kernel=True)   (len(idx),) u_p^T K_{idx[p]} u_p, U (len(idx), n)
@@ -52,6 +53,16 @@ class KernelEngine(ABC):
     @abstractmethod
     def lambda_max(self) -> np.ndarray:
         """(M,) float64 largest eigenvalue per kernel; NaN marks a kernel the engine cannot serve."""
+
+    @property
+    @abstractmethod
+    def traces(self) -> np.ndarray:
+        """(M,) float64 trace(K_m)."""
+
+    @property
+    @abstractmethod
+    def frobenius_norms(self) -> np.ndarray:
+        """(M,) float64 ||K_m||_F."""
 
     @property
     @abstractmethod

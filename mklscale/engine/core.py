@@ -111,6 +111,16 @@ class Engine(KernelEngine):
         return self._lambda_max.copy()
 
     @property
+    def traces(self) -> np.ndarray:
+        """(M,) trace of every stored kernel, from the bank's metadata (float64, of the stored values)."""
+        return np.asarray(self.bank.trace, dtype=np.float64).reshape(-1)
+
+    @property
+    def frobenius_norms(self) -> np.ndarray:
+        """(M,) Frobenius norm of every stored kernel, from the bank's metadata."""
+        return np.asarray(self.bank.fro, dtype=np.float64).reshape(-1)
+
+    @property
     def complete(self) -> np.ndarray:
         return self._complete.copy()
 

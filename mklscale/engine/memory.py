@@ -41,6 +41,14 @@ class InMemoryEngine(KernelEngine):
         return self._lambda_max.copy()
 
     @property
+    def traces(self) -> np.ndarray:
+        return np.trace(self._grams, axis1=1, axis2=2)
+
+    @property
+    def frobenius_norms(self) -> np.ndarray:
+        return np.sqrt(np.einsum("mij,mij->m", self._grams, self._grams))
+
+    @property
     def block_nbytes(self) -> int:
         return self.n * self.n * 8
 

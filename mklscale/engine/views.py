@@ -45,6 +45,22 @@ class RowSubsetEngine(KernelEngine):
         return self.engine.lambda_max
 
     @property
+    def traces(self) -> np.ndarray:
+        return self._per_kernel(lambda sub: np.trace(sub, axis1=1, axis2=2))
+
+    @property
+    def frobenius_norms(self) -> np.ndarray:
+        return self._per_kernel(lambda sub: np.sqrt(np.einsum("mij,mij->m", sub, sub)))
+
+    def _per_kernel(self, stat, chunk: int = 8) -> np.ndarray:
+        """stat of every kernel's principal submatrix, ``chunk`` kernels read at a time."""
+        out = np.empty(self.M)
+        for start in range(0, self.M, chunk):
+            idx = np.arange(start, min(start + chunk, self.M))
+            out[idx] = stat(np.asarray(self.blocks(idx, keep=False), dtype=np.float64))
+        return out
+
+    @property
     def block_nbytes(self) -> int:
         itemsize = self.engine.block_nbytes // (self.full_n * self.full_n)
         return self.n * self.n * itemsize
@@ -117,6 +133,14 @@ class KernelSubsetEngine(KernelEngine):
     @property
     def lambda_max(self) -> np.ndarray:
         return self.engine.lambda_max[self.kernels]
+
+    @property
+    def traces(self) -> np.ndarray:
+        return self.engine.traces[self.kernels]
+
+    @property
+    def frobenius_norms(self) -> np.ndarray:
+        return self.engine.frobenius_norms[self.kernels]
 
     @property
     def block_nbytes(self) -> int:

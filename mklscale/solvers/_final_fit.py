@@ -60,31 +60,6 @@ def final_fit(K: np.ndarray, y: np.ndarray, task: str, lam: float, C: float) -> 
     return c, b
 
 
-def combine_weights(engine, weights: np.ndarray) -> np.ndarray:
-    """(n, n) sum_m weights[m] K_m through the engine (only the kernels with non-zero weight are read)."""
-    return engine.combine(weights)
-
-
-def stored_stat(engine, name: str, chunk: int = 8) -> np.ndarray:
-    """(M,) float64 trace (``name="trace"``) or Frobenius norm (``name="fro"``) of every stored kernel.
-
-    An engine over a ``KernelBank`` reads them from the bank's metadata (computed in float64 from the
-    stored values when each kernel was written: no pass over the bank); an engine without a bank (an
-    in-memory one) computes them from ``engine.blocks``, ``chunk`` kernels at a time.
-    """
-    bank = getattr(engine, "bank", None)
-    if bank is not None and hasattr(bank, name):
-        return np.asarray(getattr(bank, name), dtype=np.float64).reshape(-1)
-    stat = {"trace": lambda B: np.trace(B, axis1=1, axis2=2),
-            "fro": lambda B: np.sqrt(np.einsum("mij,mij->m", B, B))}[name]
-    M = int(engine.M)
-    out = np.empty(M)
-    for start in range(0, M, chunk):
-        idx = np.arange(start, min(start + chunk, M))
-        out[idx] = stat(np.asarray(engine.blocks(idx), dtype=np.float64))
-    return out
-
-
 def check_task(task: str, y: np.ndarray) -> str:
     if task not in TASKS:
         raise InvalidInputError(f"unknown task {task!r}; choose 'regression' (kernel ridge) or "

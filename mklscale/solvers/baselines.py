@@ -28,7 +28,6 @@ classification. The achieved centred alignment of the learned kernel is stored i
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import scipy.optimize
@@ -37,6 +36,7 @@ from mklscale.solvers._threads import single_blas_thread_for_small_n
 from mklscale.solvers import _final_fit
 from mklscale.solvers._validation import check_engine, check_positive, check_targets
 from mklscale.solvers.result import MKLResult
+from mklscale.solvers.toolkit import RunLog
 
 
 def resolve_task(task: str, y) -> tuple[str, np.ndarray, int]:
@@ -57,19 +57,13 @@ def _prepare(engine, y, task):
     return n, M, task, y
 
 
-def _stats(engine) -> dict:
-    s = engine.stats
-    return {"passes": int(s.get("passes", 0)), "bytes_read": int(s.get("bytes_read", 0))}
-
-
-def _finish(engine, weights, y, task, lam, C, solver, params, t0, history_extra, objective=None, gap=0.0):
+def _finish(engine, weights, y, task, lam, C, solver, params, log: RunLog, history_extra, objective=None, gap=0.0):
     K = engine.combine(weights)
     c, b = _final_fit.final_fit(K, y, task, lam, C)
     align = _final_fit.centred_alignment(K, y)
-    entry = {"alignment": align, "n_active": int(np.count_nonzero(weights)), "seconds": time.perf_counter() - t0,
-             **_stats(engine), **history_extra}
+    log.record({"alignment": align, "n_active": int(np.count_nonzero(weights)), **history_extra})
     return MKLResult(weights=weights, dual_coef=c, bias=b, active=np.flatnonzero(weights),
-                     objective=align if objective is None else objective, gap=gap, history=[entry],
+                     objective=align if objective is None else objective, gap=gap, history=log.history,
                      converged=True, solver=solver,
                      params={"task": task, "lam": lam, "C": C, "alignment": align, **params})
 
@@ -80,12 +74,12 @@ def uniform(engine, y, task: str = "auto", lam: float = 1.0, C: float = 1.0) -> 
 
     ``objective`` and ``params["alignment"]`` hold the centred alignment of the uniform kernel; gap 0.
     """
-    t0 = time.perf_counter()
     n, M, task, y = _prepare(engine, y, task)
+    log = RunLog(engine, "baseline")
     lam = check_positive("lam", lam)
     C = check_positive("C", C)
     weights = np.full(M, 1.0 / M)
-    return _finish(engine, weights, y, task, lam, C, "uniform", {}, t0, {})
+    return _finish(engine, weights, y, task, lam, C, "uniform", {}, log, {})
 
 
 def centred_kernel_gram(engine, idx: np.ndarray) -> np.ndarray:
@@ -122,8 +116,8 @@ def alignment(engine, y, task: str = "auto", lam: float = 1.0, C: float = 1.0) -
     KKT residual (0 at an exact optimum). Engine work: one quad_forms pass, row sums and
     <K_i, K_j> of the kernels with positive b_i, one combine over the selected kernels.
     """
-    t0 = time.perf_counter()
     n, M, task, y = _prepare(engine, y, task)
+    log = RunLog(engine, "baseline")
     lam = check_positive("lam", lam)
     C = check_positive("C", C)
     yc = y - y.mean()
@@ -140,7 +134,7 @@ def alignment(engine, y, task: str = "auto", lam: float = 1.0, C: float = 1.0) -
         weights[:] = 1.0 / M
     qp_alignment = _qp_alignment(b_all, weights, candidates, Mc if candidates.size else None, yc)
     return _finish(engine, weights, y, task, lam, C, "alignment",
-                   {"n_candidates": int(candidates.size), "qp_alignment": qp_alignment}, t0,
+                   {"n_candidates": int(candidates.size), "qp_alignment": qp_alignment}, log,
                    {"kkt_residual": kkt}, gap=kkt)
 
 

@@ -58,7 +58,6 @@ Differences from MKLpy 0.6 (all documented choices, not approximations):
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 
@@ -67,6 +66,7 @@ from mklscale.solvers import _final_fit, _svm
 from mklscale.solvers import _validation as check
 from mklscale.solvers._threads import single_blas_thread_for_small_n
 from mklscale.solvers.result import MKLResult
+from mklscale.solvers.toolkit import RunLog
 
 LEARNERS = ("komd", "svm")
 #: The hard-margin SVM's C is this factor times the bound on its dual variables (module docstring).
@@ -117,8 +117,8 @@ def fit(engine, y, lam: float = 0.1, learner: str = "komd", komd_lam: float = 0.
     the settings and the final KOMD QP's objective and gap.
     Engine work: combine (all kernels), quad_forms (one vector), combine (kernels with eta_m > 0).
     """
-    t0 = time.perf_counter()
     n, M, _ = _svm.check_engine(engine)
+    log = RunLog(engine, "easymkl")
     y = check.check_targets(y, n, classification=True, loss_name="EasyMKL margin")
     lam = _unit_interval("lam", lam)
     learner = check.check_choice("learner", learner, LEARNERS)
@@ -130,13 +130,13 @@ def fit(engine, y, lam: float = 0.1, learner: str = "komd", komd_lam: float = 0.
 
     scale = np.ones(M)
     if tracenorm:
-        trace = _final_fit.stored_stat(engine, "trace")
+        trace = engine.traces
         if not np.all(np.isfinite(trace) & (trace > 0)):
             bad = np.flatnonzero(~(np.isfinite(trace) & (trace > 0)))
             raise InvalidInputError(f"kernel(s) {bad[:10].tolist()} have trace <= 0 (zero kernels) or NaN, so "
                                     "tracenorm cannot scale them; drop them from the bank or pass tracenorm=False")
         scale = n / trace
-    K_s = _final_fit.combine_weights(engine, scale)
+    K_s = engine.combine(scale)
     qp = margin_qp(K_s, y, lam, lam, tol)
     del K_s
     u = y * qp["gamma"]
@@ -148,7 +148,7 @@ def fit(engine, y, lam: float = 0.1, learner: str = "komd", komd_lam: float = 0.
                                 "do not separate the classes at all; check the bank and the labels")
     eta = d / d.sum()
     weights = eta * scale
-    K = _final_fit.combine_weights(engine, weights)
+    K = engine.combine(weights)
     extra = {}
     if learner == "komd":
         coef, bias, final = komd(K, y, komd_lam, tol)
@@ -157,12 +157,9 @@ def fit(engine, y, lam: float = 0.1, learner: str = "komd", komd_lam: float = 0.
     else:
         coef, bias, converged = _final_fit.svm(K, y, svm_C)
         converged = qp["converged"] and converged
-    stats = engine.stats
-    entry = {"objective": qp["objective"], "gap": qp["gap"], "n_active": int(np.count_nonzero(weights)),
-             "seconds": time.perf_counter() - t0, "passes": int(stats.get("passes", 0)),
-             "bytes_read": int(stats.get("bytes_read", 0)), **extra}
+    log.record({"objective": qp["objective"], "gap": qp["gap"], "n_active": int(np.count_nonzero(weights)), **extra})
     return MKLResult(weights=weights, dual_coef=coef, bias=bias, active=np.flatnonzero(weights),
-                     objective=qp["objective"], gap=qp["gap"], history=[entry], converged=bool(converged),
+                     objective=qp["objective"], gap=qp["gap"], history=log.history, converged=bool(converged),
                      solver="easymkl",
                      params={"task": "classification", "lam": lam, "learner": learner, "komd_lam": komd_lam,
                              "svm_C": svm_C, "tracenorm": bool(tracenorm), "tol": tol, **extra})

@@ -22,7 +22,6 @@ uniform, as the alignment baseline does, and ``params["fallback"]`` says so.
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 
@@ -31,6 +30,7 @@ from mklscale.solvers._threads import single_blas_thread_for_small_n
 from mklscale.solvers._validation import check_positive
 from mklscale.solvers.baselines import _finish, _prepare
 from mklscale.solvers.result import MKLResult
+from mklscale.solvers.toolkit import RunLog
 
 
 #: Alignments below this count as 0: the rounding level of the float64 sums behind y^T K_m y, which
@@ -42,7 +42,7 @@ def kernel_alignments(engine, y: np.ndarray) -> np.ndarray:
     """(M,) A(K_m, y y^T) = y^T K_m y / (||K_m||_F ||y||^2), 0 below ALIGNMENT_FLOOR or for a zero
     kernel; one quad_forms pass."""
     q = np.asarray(engine.quad_forms(y), dtype=np.float64)
-    fro = _final_fit.stored_stat(engine, "fro")
+    fro = engine.frobenius_norms
     denom = fro * float(y @ y)
     align = np.divide(q, denom, out=np.zeros_like(q), where=denom > 0)
     return np.where(align > ALIGNMENT_FLOOR, align, 0.0)
@@ -55,12 +55,12 @@ def fit(engine, y, task: str = "auto", lam: float = 1.0, C: float = 1.0) -> MKLR
     ``objective`` and ``params["alignment"]`` hold the centred alignment of the learned kernel (as the
     baselines report); ``params["max_kernel_alignment"]`` = max_m A(K_m, y y^T). Gap 0 (no optimisation).
     """
-    t0 = time.perf_counter()
     n, M, task, y = _prepare(engine, y, task)
+    log = RunLog(engine, "fheuristic")
     lam = check_positive("lam", lam)
     C = check_positive("C", C)
     align = kernel_alignments(engine, y)
     fallback = not align.sum() > 0
     weights = np.full(M, 1.0 / M) if fallback else align / align.sum()
     return _finish(engine, weights, y, task, lam, C, "fheuristic",
-                   {"fallback": bool(fallback), "max_kernel_alignment": float(align.max())}, t0, {})
+                   {"fallback": bool(fallback), "max_kernel_alignment": float(align.max())}, log, {})

@@ -334,7 +334,7 @@ def fit_two_stage(source, y, criterion: str = "alignment", task: str = "auto", l
 
 def _combine(src, weights: _Weights, w: np.ndarray) -> np.ndarray:
     if src.finite:
-        return _final_fit.combine_weights(src.engine, w)
+        return src.engine.combine(w)
     kept = [k for k in weights.keys if weights.values[k] != 0.0]
     return sum(wi * src.block(k) for wi, k in zip(w, kept)) if kept else np.zeros((src.n, src.n))
 

@@ -350,7 +350,7 @@ def fit(source, y, lam: float = 1.0, nu: float = 2, T: int = 1000, step="auto", 
             proj = project_nonneg_nu_ball([state.theta(kk) for kk in keys], nu)
             w_full = np.zeros(src.M)
             w_full[keys] = proj
-            state.set_theta(keys, proj, _final_fit.combine_weights(src.engine, w_full))
+            state.set_theta(keys, proj, src.engine.combine(w_full))
         if k % record_every == 0 or k == T:
             loop.record({"iteration": k, "objective": J, "eta": eta, "C": C_step, "kernel": src.describe(key),
                          "n_active": len(state.u), "blocks_read": loop.blocks_read})
