@@ -50,8 +50,9 @@ def test_sgd_finite_bank_close_to_optimum(tmp_path):
     assert full.params["objective_last"] == res.params["objective_last"]
     assert J_star <= res.params["objective_last"] <= 1.01 * J_star
     assert np.linalg.norm(res.weights) <= 1 + 1e-12 and np.all(res.weights >= 0)
-    # passes (cumulative engine counters, `short` ran first): one per refresh; blocks: one per iteration
-    assert res.history[-1]["passes"] - short.history[-1]["passes"] == 4000 // 50
+    # passes (this solve's running total, though `short` ran on the engine first): one per refresh;
+    # blocks: one per iteration
+    assert res.history[-1]["passes"] == 4000 // 50
     assert res.params["blocks_read"] == 4000
     # the returned model is alpha*(theta_bar)
     K = np.einsum("m,mij->ij", res.weights, grams)

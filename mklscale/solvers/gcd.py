@@ -89,7 +89,6 @@ caller's fingerprint must identify the source (bank), y, the stage / criterion a
 from __future__ import annotations
 
 import functools
-import time
 
 import numpy as np
 
@@ -100,6 +99,7 @@ from mklscale.solvers._final_fit import centre
 from mklscale.solvers._validation import check_choice, check_count, check_positive, check_targets
 from mklscale.solvers.baselines import resolve_task
 from mklscale.solvers.result import MKLResult
+from mklscale.solvers.toolkit import RunLog
 from mklscale.solvers.sources import as_source
 
 
@@ -143,48 +143,34 @@ class _Weights:
                 {"kernels": [source.describe(k) for k in kept]})
 
 
-def _engine_stats(source) -> dict:
-    if source.finite:
-        s = source.engine.stats
-        return {"passes": int(s.get("passes", 0)), "bytes_read": int(s.get("bytes_read", 0))}
-    return {"passes": 0, "bytes_read": 0}
-
-
 class _Run:
-    """A greedy loop's history (with elapsed seconds and engine counters) and its checkpoint.
+    """A greedy loop's run log (toolkit RunLog: history with running totals) and its checkpoint.
 
-    ``load()`` returns the saved state (or None) and continues history, clock and counters from it;
+    ``load()`` returns the saved state (or None) and continues the log from it;
     ``step(it, weights, get_state)`` calls ``checkpoint.step`` (if any) with the loop's own
-    ``get_state()`` plus the weights, the history and the counters.
+    ``get_state()`` plus the weights and the log.
     """
 
-    def __init__(self, src, t0: float, checkpoint):
-        self.src, self.t0, self.checkpoint = src, t0, checkpoint
-        self.history: list[dict] = []
-        self.offset = {"passes": 0, "bytes_read": 0}     # engine counters before a resume
-        self.resumed = False
+    def __init__(self, src, checkpoint, name: str):
+        self.src, self.checkpoint = src, checkpoint
+        self.log = RunLog(src.engine, name)
 
-    def stats(self) -> dict:
-        return {k: v + self.offset[k] for k, v in _engine_stats(self.src).items()}
+    @property
+    def history(self) -> list[dict]:
+        return self.log.history
 
     def append(self, entry: dict) -> None:
-        entry.update(seconds=time.perf_counter() - self.t0, **self.stats())
-        if self.resumed:
-            entry["resumed"], self.resumed = True, False
-        self.history.append(entry)
+        self.log.record(entry)
 
     def load(self) -> dict | None:
         saved = self.checkpoint.load() if self.checkpoint is not None else None
         if saved is not None:
-            self.history, self.resumed = list(saved["history"]), True
-            self.t0 -= float(saved["seconds"])
-            self.offset = {k: int(saved[k]) - v for k, v in _engine_stats(self.src).items()}
+            self.log.restore(saved)
         return saved
 
     def step(self, it: int, weights: _Weights, get_state) -> None:
         if self.checkpoint is not None:
-            self.checkpoint.step(it, lambda: {**get_state(), **weights.state(self.src), "history": self.history,
-                                              "seconds": time.perf_counter() - self.t0, **self.stats()})
+            self.checkpoint.step(it, lambda: {**get_state(), **weights.state(self.src), **self.log.state()})
 
 
 def _targets(y, n, fit_intercept):
@@ -206,7 +192,6 @@ def fit_one_stage(source, y, lam: float = 1.0, max_iter: int = 100, tol: float =
     a :class:`mklscale.runtime.checkpoint.Checkpoint`; resume from its state if it holds one, save it
     before each step when due and on SIGTERM/SIGINT (module docstring; the caller clears it).
     """
-    t_start = time.perf_counter()
     src = as_source(source)
     lam = check_positive("lam", lam)
     max_iter = check_count("max_iter", max_iter)
@@ -214,7 +199,7 @@ def fit_one_stage(source, y, lam: float = 1.0, max_iter: int = 100, tol: float =
     variant = check_choice("variant", variant, ("fw", "away"))
     y, t, bias = _targets(y, src.n, fit_intercept)
     n = src.n
-    run = _Run(src, t_start, checkpoint)
+    run = _Run(src, checkpoint, "gcd-1s")
     saved = run.load()
     converged = False
     if saved is None:
@@ -307,7 +292,6 @@ def fit_two_stage(source, y, criterion: str = "alignment", task: str = "auto", l
     ``checkpoint``: None or a :class:`mklscale.runtime.checkpoint.Checkpoint` for the greedy loop (module
     docstring; the caller clears it after storing the result).
     """
-    t_start = time.perf_counter()
     src = as_source(source)
     criterion = check_choice("criterion", criterion, ("alignment", "euclidean"))
     step = check_choice("step", step, ("exact", "thesis"))
@@ -319,7 +303,7 @@ def fit_two_stage(source, y, criterion: str = "alignment", task: str = "auto", l
     yc = y - y.mean()
     if not np.any(yc):
         raise InvalidInputError("y is constant: the centred ideal kernel is zero and alignment is undefined")
-    run = _Run(src, t_start, checkpoint)
+    run = _Run(src, checkpoint, f"gcd-2s/{criterion}")
     if criterion == "alignment":
         weights, converged, extra = _fsam(src, yc, max_iter, check_positive("delta", delta, allow_zero=True),
                                           check_positive("eps", eps), check_positive("eta_max", eta_max),

@@ -84,6 +84,7 @@ from mklscale.solvers._threads import single_blas_thread_for_small_n
 from mklscale.solvers import _final_fit
 from mklscale.solvers._validation import check_count, check_positive, check_targets
 from mklscale.solvers.result import MKLResult
+from mklscale.solvers.toolkit import RunLog
 from mklscale.solvers.sources import FiniteBank, PolynomialFamily, as_source
 
 
@@ -322,41 +323,35 @@ class _Loop:
     """Everything Algorithm 2's loop carries besides theta: the iterate, the sampling reference,
     counters and the history (what a checkpoint holds, with the generator's state)."""
 
-    def __init__(self, src, t0: float):
-        self.src, self.t0 = src, t0
+    def __init__(self, src):
+        self.src = src
+        self.log = RunLog(src.engine, "sgd-1s")
         self.it = _Iterate(src.n)
-        self.history: list[dict] = []
         self.blocks_read = 0
         self.s_ref = self.C_ref = None
         self.C_est_sum, self.C_est_count = 0.0, 0
-        self.offset = {"passes": 0, "bytes_read": 0}     # engine counters before a resume
-        self.resumed = False
+
+    @property
+    def history(self) -> list[dict]:
+        return self.log.history
 
     def record(self, entry: dict) -> None:
-        stats = _stats(self.src)
-        entry.update(seconds=time.perf_counter() - self.t0, **{k: v + self.offset[k] for k, v in stats.items()})
-        if self.resumed:
-            entry["resumed"], self.resumed = True, False
-        self.history.append(entry)
+        self.log.record(entry)
 
     def state(self, rng) -> dict:
-        stats = _stats(self.src)
-        return {**self.it.state(self.src), "history": self.history, "blocks_read": self.blocks_read,
+        return {**self.it.state(self.src), "blocks_read": self.blocks_read,
                 "C_ref": self.C_ref, "C_est_sum": self.C_est_sum, "C_est_count": self.C_est_count,
-                "rng": rng.bit_generator.state, "seconds": time.perf_counter() - self.t0,
-                **({"s_ref": self.s_ref} if self.s_ref is not None else {}),
-                **{k: v + self.offset[k] for k, v in stats.items()}}
+                "rng": rng.bit_generator.state, **({"s_ref": self.s_ref} if self.s_ref is not None else {}),
+                **self.log.state()}
 
     def restore(self, state: dict, rng) -> int:
         """Continue from :meth:`state`'s dict; returns the next iteration."""
         self.it.restore(state, self.src)
-        self.history, self.blocks_read = list(state["history"]), int(state["blocks_read"])
+        self.log.restore(state)
+        self.blocks_read = int(state["blocks_read"])
         self.s_ref, self.C_ref = state.get("s_ref"), state["C_ref"]
         self.C_est_sum, self.C_est_count = float(state["C_est_sum"]), float(state["C_est_count"])
         rng.bit_generator.state = state["rng"]
-        self.t0 -= float(state["seconds"])
-        self.offset = {k: int(state[k]) - v for k, v in _stats(self.src).items()}
-        self.resumed = True
         return int(state["iteration"]) + 1
 
 
@@ -372,7 +367,6 @@ def fit(source, y, lam: float = 1.0, nu: float = 2, T: int = 1000, step="auto", 
     it holds one, save it before each iteration when due and on SIGTERM/SIGINT (module docstring; the
     caller clears it after storing the result).
     """
-    t0 = time.perf_counter()
     src = as_source(source)
     lam = check_positive("lam", lam)
     try:
@@ -409,7 +403,7 @@ def fit(source, y, lam: float = 1.0, nu: float = 2, T: int = 1000, step="auto", 
     record_every = record_every or max(1, T // 200)
     burn_in = int(math.floor(average_from * T))      # theta^(k-1) enters the average iff k > burn_in
 
-    loop = _Loop(src, t0)
+    loop = _Loop(src)
     state = loop.it
     saved = checkpoint.load() if checkpoint is not None else None
     first = 1 if saved is None else loop.restore(saved, rng)
@@ -500,13 +494,6 @@ def _flat_at_zero(q: np.ndarray, nu: float, J0: float) -> bool:
     """True when theta^0 = 0 is optimal to ZERO_GRADIENT_RTOL: every q_i = alpha*^T K_i alpha* vanishes
     (t = 0, or t orthogonal to the range of every kernel, e.g. constant kernels and a centred t)."""
     return _gap_at_zero(q, nu) <= ZERO_GRADIENT_RTOL * J0
-
-
-def _stats(src) -> dict:
-    if isinstance(src, FiniteBank):
-        s = src.engine.stats
-        return {"passes": int(s.get("passes", 0)), "bytes_read": int(s.get("bytes_read", 0))}
-    return {"passes": 0, "bytes_read": 0}
 
 
 def _result_weights(src, theta: dict, kw: dict):

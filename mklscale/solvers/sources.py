@@ -97,6 +97,9 @@ def as_source(source):
 
 
 class _FamilyPredict:
+    #: families compute their kernels in the driver: no engine, so no passes or bytes read
+    engine = None
+
     def keys_of(self, result) -> list:
         return [self.key_from(d) for d in result.params["kernels"]]
 
