@@ -1,6 +1,6 @@
 """The bank's zarr v3 group: what arrays and attributes it holds, creating it, recognising it.
 
-Layout of a bank (see ../shared/DESIGN.md "The bank on disk")::
+Layout of a bank (see docs/design.md, "The bank on disk")::
 
     gram         (M, n, n) float32|float64, chunks of whole kernels, sharded, uncompressed
                  (the shard files' bytes: ``shard_format``)

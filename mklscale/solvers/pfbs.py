@@ -47,7 +47,7 @@ use theta = -s eps/n with the scalar s >= 0 maximising D (a concave piecewise qu
 maximised exactly; for mu = 0 this also enforces feasibility). The stopping rule is the relative
 gap (P - D)/|P| <= tol. Kernels outside W enter D only through ||eps||_{K_j}: either exactly, from
 one engine.quad_forms pass, or through the upper bound ||eps||_K <= ||eps_ref||_K +
-sqrt(lambda_max(K)) ||eps - eps_ref||_2 from the last pass (DESIGN.md), which only lowers D, so
+sqrt(lambda_max(K)) ||eps - eps_ref||_2 from the last pass (docs/design.md; toolkit.screening), which only lowers D, so
 the certificate stays valid.
 
 KKT and the working set

@@ -5,7 +5,7 @@ the projected dual rho~; PFBS: the residual) over all M kernels, compared with a
 engine pass gives them exactly (:meth:`Screening.full_pass`). For a later vector u', the triangle
 inequality in the K_m semi-norm and ||K_m^{1/2}||_2 = sqrt(lambda_max(K_m)) give
 
-    ||u'||_{K_m} <= ||u||_{K_m} + sqrt(lambda_max(K_m)) ||u' - u||_2            (DESIGN, "engine")
+    ||u'||_{K_m} <= ||u||_{K_m} + sqrt(lambda_max(K_m)) ||u' - u||_2            (docs/design.md)
 
 so every kernel whose bound is below the threshold is inactive at u' without a pass
 (:meth:`Screening.upper_bounds`). Kernels with NaN lambda_max or a NaN quadratic form (unfinished
