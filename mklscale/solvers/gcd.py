@@ -151,16 +151,16 @@ class _Run:
     ``get_state()`` plus the weights and the log.
     """
 
-    def __init__(self, src, checkpoint, name: str):
+    def __init__(self, src, checkpoint, name: str, verbose: bool):
         self.src, self.checkpoint = src, checkpoint
-        self.log = RunLog(src.engine, name)
+        self.log = RunLog(src.engine, name, verbose)
 
     @property
     def history(self) -> list[dict]:
         return self.log.history
 
-    def append(self, entry: dict) -> None:
-        self.log.record(entry)
+    def append(self, entry: dict, line: str | None = None) -> None:
+        self.log.record(entry, line)
 
     def load(self) -> dict | None:
         saved = self.checkpoint.load() if self.checkpoint is not None else None
@@ -199,7 +199,7 @@ def fit_one_stage(source, y, lam: float = 1.0, max_iter: int = 100, tol: float =
     variant = check_choice("variant", variant, ("fw", "away"))
     y, t, bias = _targets(y, src.n, fit_intercept)
     n = src.n
-    run = _Run(src, checkpoint, "gcd-1s")
+    run = _Run(src, checkpoint, "gcd-1s", verbose)
     saved = run.load()
     converged = False
     if saved is None:
@@ -244,9 +244,8 @@ def fit_one_stage(source, y, lam: float = 1.0, max_iter: int = 100, tol: float =
             K_theta = (1.0 - eta) * K_theta + eta * K_new
             kind = "fw"
         alpha, J = _final_fit.ridge_dual(K_theta, t, lam)
-        run.append({**_entry(it, J, gap, eta, key, src), "step": kind})
-        if verbose:
-            print(f"gcd-1s it {it:4d} J={J:.10g} gap={gap:.3e} {kind} eta={eta:.4f} key={src.describe(key)}")
+        run.append({**_entry(it, J, gap, eta, key, src), "step": kind},
+                   f"it {it:4d} J={J:.10g} gap={gap:.3e} {kind} eta={eta:.4f} key={src.describe(key)}")
     w, extra = weights.as_result_arrays(src)
     return MKLResult(weights=w, dual_coef=alpha, bias=bias, active=np.flatnonzero(w), objective=J,
                      gap=gap / max(abs(J), np.finfo(float).tiny), history=run.history, converged=converged,
@@ -303,14 +302,14 @@ def fit_two_stage(source, y, criterion: str = "alignment", task: str = "auto", l
     yc = y - y.mean()
     if not np.any(yc):
         raise InvalidInputError("y is constant: the centred ideal kernel is zero and alignment is undefined")
-    run = _Run(src, checkpoint, f"gcd-2s/{criterion}")
+    run = _Run(src, checkpoint, f"gcd-2s/{criterion}", verbose)
     if criterion == "alignment":
         weights, converged, extra = _fsam(src, yc, max_iter, check_positive("delta", delta, allow_zero=True),
                                           check_positive("eps", eps), check_positive("eta_max", eta_max),
-                                          reg, verbose, run)
+                                          reg, run)
     else:
         weights, converged, extra = _euclidean(src, yc, max_iter, beta, step, check_positive("tol", tol), reg,
-                                               verbose, run)
+                                               run)
     history = run.history
     w, fam = weights.as_result_arrays(src)
     if criterion == "euclidean" and w.sum() > 0:
@@ -383,7 +382,7 @@ def _centred_block(src, key, criterion: str, first: bool) -> np.ndarray | None:
         "handles them (its intercept-only model).")
 
 
-def _fsam(src, yc, T, delta, eps, eta_max, reg, verbose, run: _Run):
+def _fsam(src, yc, T, delta, eps, eta_max, reg, run: _Run):
     """Algorithm 7 with the closed-form step of Prop. 5.4."""
     n = src.n
     star_norm = float(yc @ yc)                      # ||y_c y_c^T||_F
@@ -424,9 +423,7 @@ def _fsam(src, yc, T, delta, eps, eta_max, reg, verbose, run: _Run):
         weights.add(key, eta)
         F_new = max(values)
         run.append({"iteration": it, "alignment": F_new, "objective": F_new, "eta": eta, "eta_star": eta_star,
-                    "kernel": src.describe(key)})
-        if verbose:
-            print(f"gcd-2s/alignment it {it:3d} F={F_new:.6f} eta={eta:.4f} key={src.describe(key)}")
+                    "kernel": src.describe(key)}, f"it {it:3d} F={F_new:.6f} eta={eta:.4f} key={src.describe(key)}")
         if it > 1 and F_new <= F_old + delta:   # K^0 is not part of the model: no test at k = 1
             converged = True
             break
@@ -434,7 +431,7 @@ def _fsam(src, yc, T, delta, eps, eta_max, reg, verbose, run: _Run):
     return weights, converged, {"delta": delta, "eps": eps, "eta_max": eta_max, "gap": np.nan}
 
 
-def _euclidean(src, yc, T, beta, step, tol, reg, verbose, run: _Run):
+def _euclidean(src, yc, T, beta, step, tol, reg, run: _Run):
     """Algorithm 8 (Frank-Wolfe on (5.9)) with the exact convex-combination step (erratum above)."""
     n = src.n
     Kstar = np.outer(yc, yc)
@@ -488,9 +485,8 @@ def _euclidean(src, yc, T, beta, step, tol, reg, verbose, run: _Run):
         R = Kstar - K
         J = 0.5 * float(np.sum(R * R)) / n**2
         run.append({"iteration": it, "objective": J, "gap": gap, "eta": eta, "beta": beta,
-                    "kernel": src.describe(key) if val > 0 else None})
-        if verbose:
-            print(f"gcd-2s/euclidean it {it:3d} J={J:.8g} eta={eta:.4f} beta={beta:.4g} key={src.describe(key)}")
+                    "kernel": src.describe(key) if val > 0 else None},
+                   f"it {it:3d} J={J:.8g} eta={eta:.4f} beta={beta:.4g} key={src.describe(key)}")
     # the returned weights are beta * theta (normalised to sum one by the caller)
     weights.scale(beta if beta else 1.0)
     return weights, converged, {"beta": beta, "step": step, "tol": tol, "gap": gap / J0 if J0 else np.nan}

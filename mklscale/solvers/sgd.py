@@ -323,9 +323,9 @@ class _Loop:
     """Everything Algorithm 2's loop carries besides theta: the iterate, the sampling reference,
     counters and the history (what a checkpoint holds, with the generator's state)."""
 
-    def __init__(self, src):
+    def __init__(self, src, verbose: bool):
         self.src = src
-        self.log = RunLog(src.engine, "sgd-1s")
+        self.log = RunLog(src.engine, "sgd-1s", verbose)
         self.it = _Iterate(src.n)
         self.blocks_read = 0
         self.s_ref = self.C_ref = None
@@ -335,8 +335,8 @@ class _Loop:
     def history(self) -> list[dict]:
         return self.log.history
 
-    def record(self, entry: dict) -> None:
-        self.log.record(entry)
+    def record(self, entry: dict, line: str | None = None) -> None:
+        self.log.record(entry, line)
 
     def state(self, rng) -> dict:
         return {**self.it.state(self.src), "blocks_read": self.blocks_read,
@@ -403,7 +403,7 @@ def fit(source, y, lam: float = 1.0, nu: float = 2, T: int = 1000, step="auto", 
     record_every = record_every or max(1, T // 200)
     burn_in = int(math.floor(average_from * T))      # theta^(k-1) enters the average iff k > burn_in
 
-    loop = _Loop(src)
+    loop = _Loop(src, verbose)
     state = loop.it
     saved = checkpoint.load() if checkpoint is not None else None
     first = 1 if saved is None else loop.restore(saved, rng)
@@ -457,16 +457,14 @@ def fit(source, y, lam: float = 1.0, nu: float = 2, T: int = 1000, step="auto", 
             state.set_theta(keys, proj, src.engine.combine(w_full))
         if k % record_every == 0 or k == T:
             loop.record({"iteration": k, "objective": J, "eta": eta, "C": C_step, "kernel": src.describe(key),
-                         "n_active": len(state.u), "blocks_read": loop.blocks_read})
-            if verbose:
-                print(f"sgd-1s it {k:6d} J={J:.8g} C={C_step:.4g} active={len(state.u)}")
+                         "n_active": len(state.u), "blocks_read": loop.blocks_read},
+                        f"it {k:6d} J={J:.8g} C={C_step:.4g} active={len(state.u)}")
 
     if stationary is not None:
         # grad J(0) = -(1/2) q = 0 (to ZERO_GRADIENT_RTOL): theta^0 = 0 is optimal, f = b (intercept only)
         loop.record({"iteration": 1, "objective": J, "eta": 0.0, "C": 0.0, "kernel": None, "n_active": 0,
-                     "blocks_read": 0, "stationary": True})
-        if verbose:
-            print(f"sgd-1s it      1 J={J:.8g}: zero gradient at theta = 0 (relative gap {stationary:.3g}), stopped")
+                     "blocks_read": 0, "stationary": True},
+                    f"it      1 J={J:.8g}: zero gradient at theta = 0 (relative gap {stationary:.3g}), stopped")
     K_avg = state.K_sum / state.count if state.count else state.K
     avg, last = (state.averaged(), state.last()) if state.count else ({}, {})
     alpha_avg, J_avg = _final_fit.ridge_dual(K_avg, t, lam)
