@@ -137,6 +137,32 @@ def test_fit_matches_cvxpy(bank, eta):
     assert 1 <= h["n_selected"] <= grams.shape[0]
 
 
+@pytest.mark.parametrize("C_, eta, svm_tol", [(100.0, 0.05, 1e-3),   # inexact inner SVM
+                                               (100.0, 0.5, 1e-6)])   # the registry's defaults
+def test_reported_gap_bounds_the_suboptimality_of_the_returned_model(bank, C_, eta, svm_tol):
+    """gap >= (P(returned) - P*) / scale with scale = |P| (the one relative gap, duality.relative_gap),
+    P* from the cvxpy oracle, and converged only with gap < tol. With svm_tol = 1e-3 the SVM's dual
+    value O_up is far below the primal at the returned model, so the paper's O_up / O_low - 1 claims
+    convergence at ~6e-5 while the model is ~5e-3 above the optimum (relative)."""
+    grams, y = bank
+    tol = 1e-4
+    res = elasticnet.fit(DenseEngine(grams), y, C_, eta, tol=tol, max_iter=60, svm_tol=svm_tol)
+    opt = elasticnet_oracle(grams, y, C_, eta)
+    # P at the returned model, recomputed from (weights, dual_coef, bias) alone
+    f = np.einsum("m,mij,j->i", res.weights, grams, res.dual_coef) + res.bias
+    u = np.einsum("i,mij,j->m", res.dual_coef, grams, res.dual_coef)
+    primal = elasticnet.primal_objective(res.weights, u, y, C_, f)
+    assert primal == pytest.approx(res.objective, rel=1e-12)
+    lower = res.params["lower"]
+    assert 0.0 < lower <= opt * (1 + 1e-8)  # a true lower bound
+    assert (primal - opt) / abs(primal) <= res.gap * (1 + 1e-6) + 1e-9
+    assert res.gap == pytest.approx((primal - lower) / primal, rel=1e-9)  # the stated certificate
+    assert res.converged == (res.gap < tol)
+    assert res.converged == (svm_tol < 1e-3)  # the inexact SVM cannot reach tol; the exact one does
+    for entry in res.history:  # every iteration's gap is a bound too (P at that iteration's model)
+        assert entry["gap"] >= (entry["primal"] - opt) / entry["primal"] - 1e-9
+
+
 def test_gap_decreases_and_first_iterate_is_uniform(bank):
     grams, y = bank
     res = elasticnet.fit(DenseEngine(grams), y, C, 0.5, tol=1e-4)

@@ -29,11 +29,25 @@ one ``quad_forms(alpha o y)`` pass for all u_k; WSR and LP are O(M).
 
 Weights never reach exactly zero (theta stays strictly positive from a positive start, §2.2), so
 ``weights`` is dense; the number of "selected kernels" (theta_k > selection_threshold * max theta) is
-reported per iteration in ``history[i]["n_selected"]``. ``gap`` is the paper's relative gap
-O_up / O_low - 1 (inf while O_low <= 0); ``objective`` is the primal (1) evaluated at the returned model,
-which equals O_up when the SVM is solved exactly. The returned theta is always the one the SVM was
-solved with (the last WSR update is skipped when max_iter or max_seconds ends the run). The model is
+reported per iteration in ``history[i]["n_selected"]``. The model is
 f = sum_k theta_k G_k (alpha o y) + bias with bias = -b of (1) (libsvm's intercept).
+
+Gap (certificate). ``objective`` P is the primal (1) evaluated at the returned model (theta, alpha o y,
+bias): P = (1/2) theta^T u + C sum_l hinge(y_l, f_l), since ||f_k||^2 / theta_k = theta_k u_k (3).
+O_low = 1^T alpha - (1/2) max_{theta' in Theta} u^T theta' (8) is the dual of (1)-(2) (§2.3) at the
+SVM's alpha, which is dual feasible (0 <= alpha <= C, y^T alpha = 0, kept by libsvm up to rounding),
+so O_low <= P* by weak duality. The reported gap is the one relative gap of every solver
+(``duality.relative_gap``, docs/design.md):
+
+    gap = (P - max(O_low, 0)) / |P|  >=  (P - P*) / |P|      (P* >= 0: a sum of norms and hinges)
+
+a true bound on the relative suboptimality of the returned model. The
+paper's O_up = 1^T alpha - (1/2) u^T theta (8) is the SVM's DUAL value at theta: it equals P only when
+the SVM is solved exactly, and with an inexact SVM (large ``svm_tol``) O_up / O_low - 1 can be tiny
+while the model is far from optimal; it is kept in ``history[i]["upper"]`` and ``params["upper"]``
+but not used to stop. The gap cannot fall below the inner SVM's own duality gap: when it stalls
+above ``tol``, tighten ``svm_tol``. The returned theta is always the one the SVM was solved with
+(the last WSR update is skipped when max_iter or max_seconds ends the run).
 """
 
 from __future__ import annotations
@@ -44,7 +58,7 @@ import numpy as np
 
 from mklscale.errors import InvalidInputError
 from mklscale.solvers._threads import single_blas_thread_for_small_n
-from mklscale.solvers import _svm
+from mklscale.solvers import _svm, duality
 from mklscale.solvers import _validation as check
 from mklscale.solvers.result import MKLResult
 
@@ -152,10 +166,11 @@ def fit(engine, y, C, eta, tol: float = 1e-4, max_iter: int = 200, wsr_tol: floa
     y : (n,) labels in {-1, +1}, both present.
     C : SVM constant > 0.
     eta : elastic-net mix in [0, 1] (1: L1 / simplex, 0: squared L2 ball).
-    tol : eps_MKL, stop when the relative gap O_up / O_low - 1 < tol.
+    tol : eps_MKL, stop when the relative gap (P - max(O_low, 0)) / |P| < tol (P the primal (1) at the
+        model, O_low the dual lower bound (8); module docstring, "Gap").
     max_iter : outer iterations.
     wsr_tol, wsr_max_iter : eps_WSR and the iteration limit of Algorithm 2.
-    svm_tol : libsvm stopping tolerance of the inner SVM.
+    svm_tol : libsvm stopping tolerance of the inner SVM (the gap cannot get below the SVM's own gap).
     selection_threshold : theta_k > selection_threshold * max(theta) counts as "selected".
     max_seconds : optional wall-time budget; the run ends (not converged) after the outer iteration
         that exceeds it, returning the model of that iteration.
@@ -164,9 +179,10 @@ def fit(engine, y, C, eta, tol: float = 1e-4, max_iter: int = 200, wsr_tol: floa
     Returns
     -------
     MKLResult with weights theta (dense: the method gives no exact zeros), dual_coef alpha o y and
-    bias b such that f = sum_k theta_k K_k (alpha o y) + b; history per outer iteration with primal,
-    upper (O_up), dual (O_low), gap, n_active, n_selected, passes, bytes_read, seconds, wsr_iterations,
-    svm_converged.
+    bias b such that f = sum_k theta_k K_k (alpha o y) + b; objective P (1) at that model and
+    gap = (P - max(O_low, 0)) / |P| >= (P - P*) / |P|; history per outer iteration with primal,
+    upper (the paper's O_up), dual (O_low), gap, n_active, n_selected, passes, bytes_read, seconds,
+    wsr_iterations, svm_converged.
     """
     n, M, lambda_max = _svm.check_engine(engine)
     y = check.check_targets(y, n, classification=True, loss_name="hinge")
@@ -199,8 +215,8 @@ def fit(engine, y, C, eta, tol: float = 1e-4, max_iter: int = 200, wsr_tol: floa
         u = _all_quad_forms(engine, v, probes if iteration == 1 else None, lambda_max)
         upper = float(np.sum(alpha)) - 0.5 * float(np.dot(u, theta))
         lower = float(np.sum(alpha)) - 0.5 * float(np.dot(u, solve_lp(u, eta)))
-        gap = upper / lower - 1.0 if lower > 0.0 else np.inf
         primal = primal_objective(theta, u, y, C, f)
+        gap = duality.relative_gap(primal, lower)   # P(model) vs O_low: module docstring, "Gap"
         stop = gap < tol
         last = iteration == max_iter or (max_seconds is not None and time.perf_counter() - t_start > max_seconds)
         wsr_iterations = 0
@@ -215,7 +231,7 @@ def fit(engine, y, C, eta, tol: float = 1e-4, max_iter: int = 200, wsr_tol: floa
             "wsr_iterations": wsr_iterations, "svm_converged": svm_ok,
         })
         if verbose:
-            print(f"[citi] it {iteration:3d}  O_up {upper:.8g}  O_low {lower:.8g}  gap {gap:.3e}  "
+            print(f"[citi] it {iteration:3d}  P {primal:.8g}  O_up {upper:.8g}  O_low {lower:.8g}  gap {gap:.3e}  "
                   f"selected {history[-1]['n_selected']}/{M}")
         if stop:
             converged = True
