@@ -17,6 +17,11 @@ the standardised features, normalised as the bank's ``normalize`` rule says), wi
 4. keeps in ``model_`` (:class:`~mklscale.model.MKLModel`) only what prediction needs: kept kernels,
    their specs and normalisation, and the training rows with non-zero dual coefficients.
 
+Convergence: a fit whose solve (any head) stopped before its stopping rule was met -- an iteration,
+step or time limit, or a stall -- issues ``sklearn.exceptions.ConvergenceWarning`` once, naming the
+solver, the class (one-vs-rest), the gap reached and what to change (``registry.convergence_advice``);
+the text is also kept in ``fit_stats_["convergence_warning"]``.
+
 Labels: binary classification maps ``classes_[1]`` to +1 (``decision_function > 0`` predicts
 ``classes_[1]``, as in scikit-learn); one-vs-rest predicts ``classes_[argmax_k f_k(x)]``. Predictions
 are always labels seen at fit.
@@ -35,12 +40,15 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import sys
 import time
+import warnings
 from numbers import Real
 from pathlib import Path
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, clone
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._available_if import available_if
 from sklearn.utils._param_validation import Interval, InvalidParameterError, StrOptions
 from sklearn.utils.multiclass import check_classification_targets
@@ -212,13 +220,39 @@ class _MKLBase(BaseEstimator):
         self.result_ = results[0] if len(results) == 1 else results
         self.model_ = MKLModel.from_results(bank, results, self._task, getattr(self, "classes_", None), info=info)
         _set_model_attributes(self, self.model_)
+        message = self._convergence_message(results)
         self.fit_stats_ = {
             "passes": int(stats.get("passes", 0)), "bytes_read": int(stats.get("bytes_read", 0)),
             "seconds": time.perf_counter() - t0, "solve_seconds": time.perf_counter() - t_solve,
             "build_seconds": float(build_seconds), "bank": str(bank.path),
             "kernels_built": int(getattr(bank, "last_build_computed", 0)), "n_kernels": int(bank.M),
-            "n_heads": len(results),
+            "n_heads": len(results), "converged": message is None, "convergence_warning": message,
         }
+        if message is not None:
+            warnings.warn(message, ConvergenceWarning, stacklevel=_caller_stacklevel())
+
+    def _convergence_message(self, results: list) -> str | None:
+        """The ConvergenceWarning text when some head's solve stopped unconverged (None when all converged).
+
+        One message for the fit: the solver, the head(s) (the class, for one-vs-rest), the relative gap
+        reached and the limit that ended the run, then what to change (``registry.convergence_advice``,
+        derived from the solver's accepted parameters).
+        """
+        heads = list(getattr(self, "classes_", [])) if len(results) > 1 else [None]
+        failed = [(head, r) for head, r in zip(heads, results) if not r.converged]
+        if not failed:
+            return None
+        parts = []
+        for head, r in failed:
+            status = r.params.get("status")
+            stopped = f", stopped by {status}" if isinstance(status, str) and status != "converged" else ""
+            label = head.item() if isinstance(head, np.generic) else head
+            parts.append(("" if head is None else f"class {label!r} (one-vs-rest): ")
+                         + f"relative duality gap {r.gap:.3g}{stopped}")
+        used = failed[0][1].params
+        return (f"{type(self).__name__}: solver {self.solver!r} did not converge: {'; '.join(parts)}. The returned "
+                f"model is not certified optimal. To converge, "
+                + registry.convergence_advice(self.solver, self._task, used) + ".")
 
     def _checkpoint(self, bank, y: np.ndarray, head: int, params: dict, resume: bool) -> Checkpoint | None:
         """Head ``head``'s checkpoint (None without checkpoint_dir or for one-shot solvers).
@@ -324,7 +358,9 @@ class MKLClassifier(ClassifierMixin, _MKLBase):
         not use one.
     selected_kernels_ : names of the kept kernels.
     fit_stats_ : dict with passes, bytes_read, seconds, solve_seconds, build_seconds, bank (path),
-        kernels_built (0 when the bank came from the cache), n_kernels, n_heads.
+        kernels_built (0 when the bank came from the cache), n_kernels, n_heads, converged (every head)
+        and convergence_warning (the text of the ConvergenceWarning a fit that did not converge
+        issues: solver, class, gap reached and what to change; None when converged).
     """
 
     def fit(self, X, y, resume: bool = False):
@@ -429,6 +465,16 @@ class MKLRegressor(RegressorMixin, _MKLBase):
 
     def predict_from_kernels(self, K_cross) -> np.ndarray:
         return self.decision_function_from_kernels(K_cross)
+
+
+def _caller_stacklevel() -> int:
+    """The ``stacklevel`` of warnings.warn called here that points at the first frame outside mklscale
+    (the user's ``fit``/``fit_bank`` call, however deep inside the package the warning is raised)."""
+    package = str(Path(__file__).resolve().parent)
+    frame, level = sys._getframe(1), 1
+    while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 # ---- input validation --------------------------------------------------------------------------------

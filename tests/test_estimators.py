@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import warnings
 
 import numpy as np
 import pandas as pd
 import pytest
 from sklearn.base import clone
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import GridSearchCV, train_test_split
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
@@ -312,3 +314,65 @@ def test_fit_on_a_distributed_client_matches_threaded(cancer, tmp_path, cluster_
     assert remote.fit_stats_["kernels_built"] == 3
     np.testing.assert_array_equal(remote.decision_function(Xt), local.decision_function(Xt))
     assert clone(remote).client is cluster_client
+
+
+# ---- convergence warnings --------------------------------------------------------------------------
+def _only_convergence_warning(record) -> str:
+    texts = [str(w.message) for w in record if issubclass(w.category, ConvergenceWarning)]
+    assert len(texts) == 1, texts  # one warning per fit, however many heads failed
+    return texts[0]
+
+
+def test_smo_stopped_by_max_steps_warns_naming_solver_gap_and_remedy(cancer, cache):
+    X, y, _, _ = cancer
+    with pytest.warns(ConvergenceWarning) as record:
+        est = MKLClassifier(kernels=TWO, solver="smo", solver_params={"max_steps": 5}, cache_dir=cache).fit(X, y)
+    text = _only_convergence_warning(record)
+    assert not est.result_.converged and est.fit_stats_["convergence_warning"] == text
+    assert "MKLClassifier: solver 'smo' did not converge" in text
+    assert f"gap {est.result_.gap:.3g}, stopped by max_steps" in text
+    assert "raise max_steps (now 5)" in text and "change C (it sets smo's C = 100)" in text
+    assert record[0].filename == __file__  # points at the caller's fit, not inside mklscale
+
+
+def test_pfbs_stopped_by_max_iter_warns(diabetes, cache):
+    X, y, _, _ = diabetes
+    with pytest.warns(ConvergenceWarning, match=r"solver 'pfbs' did not converge: relative duality gap") as record:
+        MKLRegressor(kernels=TWO, solver="pfbs", solver_params={"max_iter": 10}, cache_dir=cache).fit(X, y)
+    text = _only_convergence_warning(record)
+    assert "raise max_iter (now 10)" in text and "loosen tol (now 1e-06)" in text and "pfbs's tau = 0.001" in text
+
+
+def test_real_defaults_that_do_not_converge_warn(cancer, diabetes, cache):
+    """At their defaults, smo (C = 100, max_steps = 1000 n) and pfbs (max_iter = 20000) stop unconverged
+    on the 'simplemkl' bank of these small sets (a few seconds each): both warn."""
+    X, y, _, _ = cancer
+    with pytest.warns(ConvergenceWarning, match=r"solver 'smo' did not converge.*stopped by max_steps"):
+        est = MKLClassifier(solver="smo", cache_dir=cache).fit(X, y)
+    assert not est.result_.converged
+    X, y, _, _ = diabetes
+    with pytest.warns(ConvergenceWarning, match=r"solver 'pfbs' did not converge.*raise max_iter \(now 20000\)"):
+        est = MKLRegressor(solver="pfbs", cache_dir=cache).fit(X, y)
+    assert not est.result_.converged
+
+
+def test_converged_fit_does_not_warn(diabetes, cache):
+    X, y, _, _ = diabetes
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        est = MKLRegressor(kernels=TWO, solver="pfbs", cache_dir=cache).fit(X, y)
+    assert est.result_.converged
+    assert est.fit_stats_["converged"] and est.fit_stats_["convergence_warning"] is None
+
+
+def test_one_vs_rest_warns_once_naming_the_classes(cache):
+    ds = datasets.load("iris", standardise=False)
+    labels = np.array(["setosa", "versicolor", "virginica"])[ds.y]
+    with pytest.warns(ConvergenceWarning) as record:
+        est = MKLClassifier(kernels=TWO, solver="smo", solver_params={"max_steps": 5},
+                            cache_dir=cache).fit(ds.X[::2], labels[::2])
+    text = _only_convergence_warning(record)
+    failed = [c for c, r in zip(est.classes_, est.result_) if not r.converged]
+    assert failed
+    for c in failed:
+        assert f"class '{c}' (one-vs-rest): relative duality gap" in text

@@ -39,7 +39,8 @@ runner does that), but not both. ``seed`` (where a solver has one) is the solver
 
 This module imports no estimator code, so the pipeline runner can use it directly:
 ``fit_solver(name, engine, y, task, C=None, params=None, checkpoint=None)``, ``names()``,
-``supports(name, task)``, ``checkpoints(name)``, ``accepted_params(name)``,
+``supports(name, task)``, ``checkpoints(name)``, ``accepted_params(name)``, ``limit_params(name)``,
+``convergence_advice(name, task, used)`` (the "what to change" of an unconverged run),
 ``c_parameter(name, task, params)``, ``default_C(name, task, params)``.
 
 Checkpoints: ``fit_solver(..., checkpoint=Checkpoint(path, fingerprint, ...))``
@@ -298,6 +299,51 @@ def accepted_params(name: str) -> tuple[str, ...]:
     """Keyword parameters the solver takes in ``params``, including the one ``C`` sets (module table)."""
     entry = info(name)
     return entry.params + tuple(c for c in _C_NAMES[name] if c not in entry.params)
+
+
+def limit_params(name: str) -> tuple[str, ...]:
+    """The accepted parameters that bound the work of a run: the ``max_*`` names (max_iter, max_steps,
+    max_outer, max_stages, max_seconds...), except the ``max_*_set`` ones, which bound a set's size."""
+    return tuple(p for p in accepted_params(name) if p.startswith("max_") and not p.endswith("_set"))
+
+
+def convergence_advice(name: str, task: str, used: dict | None = None) -> str:
+    """What to change after a run of ``name`` ended unconverged, from the parameters it accepts.
+
+    ``used`` is the run's ``MKLResult.params`` (for the values in force and, where the solver records it,
+    ``status``: the limit that ended the run). The text names, in this order: the limit that stopped
+    the run (or every :func:`limit_params` when the status names none), ``tol`` (a looser target),
+    the inner tolerances ``*_tol`` (an inexact inner solve bounds the gap from below) and the
+    parameter the estimators' ``C`` sets (the problem's conditioning).
+    """
+    used = dict(used or {})
+    accepted = accepted_params(name)
+    status = used.get("status")
+    limits = [status] if isinstance(status, str) and status in accepted else list(limit_params(name))
+
+    def now(p: str) -> str:
+        value = _number_text(used.get(p))
+        return f"{p} (now {value})" if value else p
+
+    steps = []
+    if limits:
+        steps.append("raise " + " / ".join(now(p) for p in limits))
+    if "tol" in accepted:
+        steps.append(f"loosen {now('tol')} if that gap is good enough")
+    inner = [p for p in accepted if p.endswith("_tol")]
+    if inner:
+        steps.append("tighten " + " / ".join(now(p) for p in inner) + ", as inexact inner solves bound the gap")
+    c_name = c_parameter(name, task, used)
+    c_value = _number_text(used.get(c_name))
+    change_c = f"change C (it sets {name}'s {c_name}{' = ' + c_value if c_value else ''})"
+    if not steps:
+        return change_c
+    return f"in solver_params {', '.join(steps[:-1]) + ', or ' if len(steps) > 1 else ''}{steps[-1]}; or {change_c}"
+
+
+def _number_text(value) -> str:
+    """``value`` formatted with :g when it is a number (not a bool), else ""."""
+    return f"{value:g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
 
 
 def c_parameter(name: str, task: str, params: dict | None = None) -> str:
