@@ -57,7 +57,11 @@ path with name, solver, params, status ("ok"/"failed"), error, metrics (train/te
 r2 and rmse), seconds, passes, bytes_read, converged, objective, gap, n_active, kernels (kept
 kernels with index, name, family, params, features, weight, head), history (per iteration, with
 head for one-vs-rest), path (for [[path]] entries: parameter, values, kernel_names, weights,
-n_active, scores, score_name) and model (relative path or null).
+n_active, scores, score_name), convergence_warning (the estimator's ConvergenceWarning text:
+solver, class, gap and what to change; null when converged) and model (relative path or null).
+
+A solver that did not converge is flagged on its console line (``!! NOT CONVERGED (gap ...)``,
+followed by the warning's text) and in the report; the run goes on.
 """
 
 from __future__ import annotations
@@ -69,10 +73,13 @@ import json
 import os
 import shutil
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from sklearn.exceptions import ConvergenceWarning
 
 from mklscale import __version__
 from mklscale.config import Field, check_table, check_value, fraction, one_of, positive, read_toml
@@ -80,6 +87,10 @@ from mklscale.errors import ClusterUnavailableError, ConfigError, InvalidInputEr
 from mklscale.solvers.result import json_safe
 
 SCHEMA_VERSION = 1
+#: the flag the console line of an unconverged solver carries (the report shows its own)
+NOT_CONVERGED = "!! NOT CONVERGED"
+#: the estimators' ConvergenceWarning, which the run prints and records instead of warning
+_CONVERGENCE_WARNING = r"MKL(Classifier|Regressor): solver .* did not converge"
 
 _TOP = {
     "name": Field((str,)),
@@ -366,7 +377,9 @@ def _run_solver(entry: dict, bank, data: _Data, run_dir: Path, client, quiet: bo
                           checkpoint_every_s=every_s)
     t0 = time.perf_counter()
     try:
-        estimator.fit_bank(bank, data.y_train, resume=resume)
+        with warnings.catch_warnings():  # the run prints and records it (convergence_warning) instead
+            warnings.filterwarnings("ignore", message=_CONVERGENCE_WARNING, category=ConvergenceWarning)
+            estimator.fit_bank(bank, data.y_train, resume=resume)
     except (Preempted, ClusterUnavailableError):
         raise   # the run stops: resumable from its checkpoints, not a failure of this solver
     except MKLScaleError as exc:
@@ -374,6 +387,7 @@ def _run_solver(entry: dict, bank, data: _Data, run_dir: Path, client, quiet: bo
         say(f"[{name}] FAILED: {record['error']}")
         return record
     record["seconds"] = time.perf_counter() - t0
+    record["convergence_warning"] = estimator.fit_stats_.get("convergence_warning")
     record["metrics"] = _metrics(estimator, data)
     record.update(_result_summary(estimator, bank))
     model_dir = run_dir / "models" / name
@@ -423,8 +437,13 @@ def _kernel_entry(bank, m: int, weight: float, head) -> dict:
 def _say_solver(say, record: dict, M: int) -> None:
     """Print a solver's test metric, its kept kernels (top 5 by weight) and its cost."""
     metric = next((k for k in ("test_accuracy", "test_r2") if k in record["metrics"]), None)
+    gap = record["gap"]  # json_safe: a float, or "inf"/"nan"
+    flag = "" if record["converged"] else f"  {NOT_CONVERGED} (gap {gap:.3g})" if isinstance(gap, float) \
+        else f"  {NOT_CONVERGED} (gap {gap})"
     say(f"[{record['name']}] {metric} {record['metrics'][metric]:.4f}  kept {record['n_active']}/{M} kernels  "
-        f"passes {record['passes']}  {record['seconds']:.1f} s  converged {record['converged']}")
+        f"passes {record['passes']}  {record['seconds']:.1f} s  converged {record['converged']}{flag}")
+    if record.get("convergence_warning"):
+        say(f"    {record['convergence_warning']}")
     for k in sorted(record["kernels"], key=lambda k: -k["weight"])[:5]:
         say(f"    {k['weight']:.4f}  {k['name']}" + (f"  (class {k['head']})" if k["head"] is not None else ""))
 

@@ -12,7 +12,10 @@ results.json (schema_version 1) holds: pipeline {name, path, config}, started, f
 machine, cluster, dataset {name, task, n_train, n_test, n_features, classes}, bank {path, M, n,
 dtype, normalize, build_seconds, kernels_computed, families}, and solvers: a list of {name, solver,
 params, status, error, metrics, seconds, passes, bytes_read, converged, objective, gap, n_active,
-kernels (the kept ones), history, path, model}. Only ``schema_version`` and ``solvers`` are
+kernels (the kept ones), history, path, convergence_warning, model}. A solver with converged false
+is flagged "NOT CONVERGED" (class ``not-converged``) in the converged column of the solver table and
+next to its name in the kept-kernels section, with the estimator's warning text (what to change)
+below the table. Only ``schema_version`` and ``solvers`` are
 required; every other field may be missing. Non-finite floats may be the strings "inf"/"-inf"/"nan".
 """
 
@@ -186,6 +189,7 @@ table { border-collapse: collapse; margin: .6em 0 1.2em; font-size: .9em; }
 th, td { border: 1px solid #ddd; padding: .25em .6em; text-align: left; vertical-align: top; }
 th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 tr.failed td { background: #fdecea; } .error { color: #a00; white-space: pre-wrap; }
+.not-converged { color: #a00; font-weight: bold; }
 .meta, .note, figcaption { color: #555; font-size: .9em; } .note { background: #fff8e1; padding: .6em; }
 figure { margin: 1em 0; } img { max-width: 100%; height: auto; border: 1px solid #eee; }
 pre { background: #f7f7f7; padding: .6em; overflow-x: auto; font-size: .85em; }
@@ -329,11 +333,38 @@ def _metrics_table(solvers: Sequence[Mapping]) -> str:
             *(_td(metrics.get(k), numeric=True) for k in metric_keys),
             _td(s.get("n_active"), numeric=True), _td(s.get("passes"), numeric=True),
             _td(None, numeric=True, text=fmt_bytes(s.get("bytes_read"))), _td(s.get("seconds"), numeric=True),
-            _td(s.get("converged")), _td(s.get("gap"), numeric=True),
+            _converged_cell(s), _td(s.get("gap"), numeric=True),
             f'<td class="error">{_e(status)}</td>' if failed else _td(status),
         ])
         classes.append("failed" if failed else "")
-    return _table(header, rows, classes)
+    return _table(header, rows, classes) + _convergence_warnings(solvers)
+
+
+#: the flag of a solver entry with converged false
+NOT_CONVERGED = "NOT CONVERGED"
+
+
+def _not_converged(solver: Mapping) -> bool:
+    """Whether a solver entry that ran to the end says it did not converge (converged is false)."""
+    return _ok(solver) and solver.get("converged") is False
+
+
+def _converged_cell(solver: Mapping) -> str:
+    """The converged column: "yes", or the flag (with the warning text as tooltip) when it did not."""
+    if not _not_converged(solver):
+        return _td(solver.get("converged"))
+    tip = solver.get("convergence_warning")
+    title = f' title="{_e(tip)}"' if tip else ""
+    return f'<td class="not-converged"{title}>no: {NOT_CONVERGED}</td>'
+
+
+def _convergence_warnings(solvers: Sequence[Mapping]) -> str:
+    """A list under the solver table: each unconverged solver's name, flag and what to change."""
+    items = [f"<li><b>{_e(s.get('name'))}</b>: {NOT_CONVERGED}"
+             + (f" &mdash; {_e(s['convergence_warning'])}" if s.get("convergence_warning") else
+                f" (gap {_e(fmt(s.get('gap')))})") + "</li>"
+             for s in solvers if _not_converged(s)]
+    return f'<ul class="not-converged">{"".join(items)}</ul>' if items else ""
 
 
 def _figures_html(figures: Mapping | None, section: str) -> str:
@@ -349,7 +380,8 @@ def _convergence_section(figures: Mapping | None) -> str:
 
 def _solver_kernels(i: int, solver: Mapping, figures: Mapping | None) -> str:
     """The weights figure and the kept-kernel table (heaviest first) of solver ``i``."""
-    title = f"<h3>{_e(solver.get('name'))} <small>({_e(fmt(solver.get('solver')))})</small></h3>"
+    flag = f' <span class="not-converged">{NOT_CONVERGED}</span>' if _not_converged(solver) else ""
+    title = f"<h3>{_e(solver.get('name'))} <small>({_e(fmt(solver.get('solver')))})</small>{flag}</h3>"
     if not _ok(solver):
         return f'{title}<p class="error">failed: {_e(fmt(solver.get("error")))}</p>'
     kernels = [k for k in solver.get("kernels") or [] if isinstance(k, Mapping)]

@@ -4,10 +4,12 @@ results.json, model files and a report that agree with each other."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
+from sklearn.exceptions import ConvergenceWarning
 
 import mklscale
 from mklscale.cli import main as cli
@@ -134,6 +136,26 @@ def test_kept_kernels_and_weights_match_the_model(tiny_run):
     weights = model.kernel_weights_
     for name, w in recorded.items():
         assert weights[name] == pytest.approx(w, rel=1e-12)
+
+
+def test_unconverged_solver_is_flagged_in_console_results_and_report(tmp_path, cluster_client, capsys):
+    """smo stopped by max_steps: its console line carries the flag and the warning's remedy follows;
+    results.json keeps the text; the report shows the flag next to the solver."""
+    spec = _with(TINY, report__enabled=True,
+                 solver=[{"name": "stuck", "solver": "smo", "C": 100.0, "max_steps": 5}])
+    address = {"kind": "address", "address": cluster_client.scheduler.address}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)  # printed and recorded, not warned
+        results = run_pipeline(spec, out=tmp_path / "run", cluster=address)
+    out = capsys.readouterr().out
+    entry = results["solvers"][0]
+    line = next(line for line in out.splitlines() if line.startswith("[stuck] test_accuracy"))
+    assert line.endswith(f"converged False  !! NOT CONVERGED (gap {entry['gap']:.3g})")
+    assert entry["converged"] is False and "raise max_steps (now 5)" in entry["convergence_warning"]
+    assert f"    {entry['convergence_warning']}" in out
+    page = (tmp_path / "run" / "report" / "index.html").read_text()
+    assert '<span class="not-converged">NOT CONVERGED</span></h3>' in page
+    assert "raise max_steps (now 5)" in page
 
 
 def test_cli_run_exit_codes(tmp_path, capsys):

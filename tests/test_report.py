@@ -279,6 +279,28 @@ def test_missing_optional_fields_still_give_a_report(tmp_path):
     assert _pngs(tmp_path / "report") == ["active.png", "weights-01-no_gap.png"]
 
 
+def test_unconverged_solver_is_flagged_next_to_its_name(tmp_path):
+    """converged false: the flag in the converged column (warning text as tooltip), next to the solver's
+    name in the kept-kernels section and, with what to change, in a list under the solver table."""
+    from mklscale.report import render_html
+
+    advice = "MKLClassifier: solver 'smo' did not converge: ... raise max_steps (now 5) <b>"
+    results = {"schema_version": 1, "solvers": [
+        {"name": "stuck", "solver": "smo", "status": "ok", "converged": False, "gap": 0.4,
+         "convergence_warning": advice, "kernels": [{"name": "k1", "weight": 1.0}]},
+        {"name": "fine", "solver": "uniform", "status": "ok", "converged": True, "gap": 0.0,
+         "kernels": [{"name": "k1", "weight": 1.0}]},
+        {"name": "broken", "solver": "spicy", "status": "failed", "converged": False, "error": "x"},
+    ]}
+    page = render_html(results, None)
+    escaped = "MKLClassifier: solver &#x27;smo&#x27; did not converge: ... raise max_steps (now 5) &lt;b&gt;"
+    assert f'<td class="not-converged" title="{escaped}">no: NOT CONVERGED</td>' in page
+    assert '<h3>stuck <small>(smo)</small> <span class="not-converged">NOT CONVERGED</span></h3>' in page
+    assert f"<li><b>stuck</b>: NOT CONVERGED &mdash; {escaped}</li>" in page
+    assert page.count("NOT CONVERGED") == 3  # not for the converged solver nor the failed one
+    assert "<h3>fine <small>(uniform)</small></h3>" in page
+
+
 def test_without_matplotlib_the_tables_are_written_with_a_note(small_results, tmp_path, monkeypatch):
     results = small_results
     for module in ("matplotlib", "matplotlib.figure", "matplotlib.pyplot"):
