@@ -38,7 +38,7 @@ from machine import describe_machine  # noqa: E402
 
 from mklscale.bank import build_bank, families  # noqa: E402
 from mklscale.datasets import load  # noqa: E402
-from mklscale.solvers import elasticnet, smo  # noqa: E402
+from mklscale.solvers import citi, smo  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FULL_M = (3, 6, 12, 24, 48, 96, 192)
@@ -119,7 +119,7 @@ def run_point(name, X, y, m, C, args, cvxpy_points, engine_kind, axis: str = "m"
     if not args.no_citi:
         engine, _ = engine_for(path)
         t0 = time.perf_counter()
-        cres = elasticnet.fit(engine, y, C, 1.0, tol=args.citi_tol, max_iter=args.citi_max_iter,
+        cres = citi.fit(engine, y, C, 1.0, tol=args.citi_tol, max_iter=args.citi_max_iter,
                               max_seconds=args.citi_max_seconds)
         record["citi"] = {
             "seconds": time.perf_counter() - t0, "objective": cres.objective, "gap": cres.gap,

@@ -27,7 +27,7 @@ Labels: binary classification maps ``classes_[1]`` to +1 (``decision_function > 
 are always labels seen at fit.
 
 ``C`` is the solver's main regularisation, with the meaning and default the registry table states
-(e.g. spicy: penalty weight, larger = sparser; smo/elasticnet: SVM C, larger = less regularised;
+(e.g. spicy: penalty weight, larger = sparser; smo/citi: SVM C, larger = less regularised;
 pfbs: tau; sgd/gcd: ridge lam). ``predict_proba`` exists only for ``solver="spicy"`` with the logistic
 loss (its default for classification): P(classes_[1] | x) = sigmoid(f(x)) for binary, and
 sigmoid(f_k(x)) / sum_j sigmoid(f_j(x)) for one-vs-rest.

@@ -216,7 +216,7 @@ def _check_solver(table, where: str) -> dict:
     if not isinstance(table, dict):
         raise ConfigError(f"{where} must be a table")
     fixed = check_table({k: v for k, v in table.items() if k in _SOLVER_FIXED}, _SOLVER_FIXED, where)
-    if fixed["solver"] not in registry.names():
+    if fixed["solver"] not in registry.names() and fixed["solver"] not in registry.ALIASES:
         raise ConfigError(f"{where}.solver: unknown solver {fixed['solver']!r}; choose one of "
                           f"{', '.join(registry.names())}")
     accepted = registry.accepted_params(fixed["solver"])

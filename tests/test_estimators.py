@@ -159,7 +159,7 @@ def test_regressor_on_diabetes(diabetes, cache):
 
 
 # ---- every solver of the registry ----------------------------------------------------------------
-SOLVER_PARAMS = {"sgd": {"T": 200}, "elasticnet": {"eta": 1.0}}
+SOLVER_PARAMS = {"sgd": {"T": 200}, "citi": {"eta": 1.0}}
 
 
 @pytest.mark.parametrize("solver", registry.names())
@@ -202,7 +202,7 @@ def test_solver_errors(cancer, cache):
 
 
 def test_registry_table():
-    assert registry.names() == ["spicy", "elasticnet", "smo", "pfbs", "sgd", "gcd", "uniform", "alignment",
+    assert registry.names() == ["spicy", "citi", "smo", "pfbs", "sgd", "gcd", "uniform", "alignment",
                                 "fheuristic", "easymkl"]
     assert registry.supports("fheuristic", "regression") and not registry.supports("easymkl", "regression")
     assert registry.c_parameter("easymkl", "classification") == "lam"

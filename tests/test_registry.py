@@ -43,3 +43,16 @@ def test_estimators_declare_and_enforce_parameter_types():
         mklscale.MKLClassifier(normalize="max").fit(X, y)
     with pytest.raises(InvalidInputError, match="unknown solver 'newton'"):
         mklscale.MKLClassifier(solver="newton").fit(X, y)
+
+
+def test_citi_has_its_own_name_and_the_old_one_still_works():
+    assert "citi" in registry.names() and "elasticnet" not in registry.names()
+    assert registry.canonical("elasticnet") == "citi" == registry.canonical("citi")
+    assert registry.accepted_params("elasticnet") == registry.accepted_params("citi")
+    assert registry.supports("elasticnet", "classification") and not registry.supports("citi", "regression")
+    from mklscale.pipeline import _check_solver
+
+    assert _check_solver({"name": "old", "solver": "elasticnet", "eta": 0.5}, "solver[0]")["solver"] == "elasticnet"
+    X, y = np.random.default_rng(1).normal(size=(30, 2)), np.array([0, 1] * 15)
+    old = mklscale.MKLClassifier(kernels="linear", solver="elasticnet", cache_dir=None)
+    assert old._check_solver() == {}

@@ -11,7 +11,7 @@ How the estimators' single ``C`` maps onto each solver (defaults assume unit-tra
 solver        tasks                  ``C`` sets                      direction, default
 ============  =====================  ==============================  =======================================
 spicy         classif., regression   spicy ``C`` (penalty weight)    larger = sparser / smoother, 0.1
-elasticnet    classification         Citi SVM ``C`` (loss weight)    larger = less regularised, 100
+citi          classification         Citi SVM ``C`` (loss weight)    larger = less regularised, 100
 smo           classification         SMO-MKL SVM ``C`` (loss wt.)    larger = less regularised, 100
 pfbs          classif., regression   PFBS ``tau`` (group-L1 weight)  larger = sparser, 1e-3
 sgd           classif., regression   SGD-1s ridge ``lam``            larger = more regularised, 0.01
@@ -46,7 +46,7 @@ This module imports no estimator code, so the pipeline runner can use it directl
 Checkpoints: ``fit_solver(..., checkpoint=Checkpoint(path, fingerprint, ...))``
 (:mod:`mklscale.runtime.checkpoint`) is passed to the solvers whose row has ``checkpoints=True``
 (spicy, pfbs, smo, sgd, gcd): they resume from a saved state, save as they go and raise ``Preempted``
-on SIGTERM/SIGINT inside ``stop_on_signals()``. The others (elasticnet, uniform, alignment, fheuristic,
+on SIGTERM/SIGINT inside ``stop_on_signals()``. The others (citi, uniform, alignment, fheuristic,
 easymkl: one-shot or short) ignore it and run from the start. The caller chooses the fingerprint: it must
 identify the problem (solver name, task, the mapped C value and every parameter including the seed, the
 bank and the targets), so that a checkpoint of another problem is refused; and the caller clears the
@@ -137,12 +137,12 @@ def _check_spicy(task: str, params: dict) -> None:
     make_penalty(params.get("penalty", "l1"), params.get("lam", 0.5), params.get("q", 1.5))
 
 
-def _run_elasticnet(engine, y, task, C, params):
-    from mklscale.solvers import elasticnet
+def _run_citi(engine, y, task, C, params):
+    from mklscale.solvers import citi
 
     params = dict(params)
     params.setdefault("eta", 0.5)
-    return elasticnet.fit(engine, y, C=C, **params)
+    return citi.fit(engine, y, C=C, **params)
 
 
 def _run_smo(engine, y, task, C, params, checkpoint=None):
@@ -232,8 +232,8 @@ _TABLE: dict[str, SolverInfo] = {
                         "SpicyMKL (block-1 / elastic-net / block-q penalty; logistic, hinge, square, "
                         "eps-insensitive loss; default loss logistic for classification, square for regression)",
                         checkpoints=True),
-    "elasticnet": SolverInfo("elasticnet", ("classification",), ("elasticnet:fit",), _fixed("C"), _const(100.0),
-                             _run_elasticnet, "seed",
+    "citi": SolverInfo("citi", ("classification",), ("citi:fit",), _fixed("C"), _const(100.0),
+                       _run_citi, "seed",
                              "Citi elastic-net constrained MKL, hinge loss (eta default 0.5; eta = 1 is L1 MKL)"),
     "smo": SolverInfo("smo", ("classification",), ("smo:fit",), _fixed("C"), _const(100.0), _run_smo, "seed",
                       "SMO-MKL support kernel machine (squared block-1 MKL, hinge loss)", checkpoints=True),
@@ -262,26 +262,37 @@ _TABLE: dict[str, SolverInfo] = {
 }
 
 
+#: old names still accepted: name -> registry name ("elasticnet" was Citi's module and registry name
+#: before it was told apart from the elastic-net penalty of spicy and pfbs)
+ALIASES = {"elasticnet": "citi"}
+
 #: checks of parameter combinations run before any work (check_params with a task)
 _PRECHECKS = {"spicy": _check_spicy, "gcd": _check_gcd}
 
 #: every solver parameter ``C`` can stand for, per solver (accepted in params when C is None)
-_C_NAMES = {"spicy": ("C",), "elasticnet": ("C",), "smo": ("C",), "pfbs": ("tau",), "sgd": ("lam",),
+_C_NAMES = {"spicy": ("C",), "citi": ("C",), "smo": ("C",), "pfbs": ("tau",), "sgd": ("lam",),
             "gcd": ("lam", "C"), "uniform": ("C", "lam"), "alignment": ("C", "lam"),
             "fheuristic": ("C", "lam"), "easymkl": ("lam",)}
 
 
 # ---- public API ----------------------------------------------------------------------------------
 def names() -> list[str]:
-    """Registered solver names, in table order."""
+    """Registered solver names, in table order (aliases not included)."""
     return list(_TABLE)
 
 
+def canonical(name: str) -> str:
+    """The registry name of ``name`` (an alias such as "elasticnet" gives "citi")."""
+    return info(name).name
+
+
 def info(name: str) -> SolverInfo:
-    """The table row of ``name``; unknown names raise InvalidInputError listing the known ones."""
-    if name not in _TABLE:
+    """The table row of ``name`` or of the solver it is an alias of (ALIASES); unknown names raise
+    InvalidInputError listing the known ones."""
+    row = _TABLE.get(ALIASES.get(name, name)) if isinstance(name, str) else None
+    if row is None:
         raise InvalidInputError(f"unknown solver {name!r}; choose one of {names()}")
-    return _TABLE[name]
+    return row
 
 
 def supports(name: str, task: str) -> bool:
@@ -298,7 +309,7 @@ def checkpoints(name: str) -> bool:
 def accepted_params(name: str) -> tuple[str, ...]:
     """Keyword parameters the solver takes in ``params``, including the one ``C`` sets (module table)."""
     entry = info(name)
-    return entry.params + tuple(c for c in _C_NAMES[name] if c not in entry.params)
+    return entry.params + tuple(c for c in _C_NAMES[entry.name] if c not in entry.params)
 
 
 def limit_params(name: str) -> tuple[str, ...]:
@@ -375,8 +386,8 @@ def check_params(name: str, params: dict | None, task: str | None = None) -> dic
     if unknown:
         raise InvalidInputError(f"solver {name!r} does not take parameter(s) {unknown}; remove it or use one of "
                                 f"{sorted(accepted)} (its main regularisation is best set by C)")
-    if task is not None and name in _PRECHECKS:
-        _PRECHECKS[name](task, params)
+    if task is not None and canonical(name) in _PRECHECKS:
+        _PRECHECKS[canonical(name)](task, params)
     return dict(params)
 
 

@@ -1,4 +1,8 @@
-"""Elastic-net constrained MKL (Citi), out of core over an engine.
+"""Citi: elastic-net *constrained* MKL with the hinge loss (Citi et al.), out of core over an engine.
+
+Not to be confused with the elastic-net *penalty* of SpicyMKL (penalties.ElasticNet) or PFBS's
+elastic-net regularised square-loss MKL: here the elastic net constrains the kernel weights theta.
+Registry name "citi" ("elasticnet" is kept as an alias for older pipelines and model files).
 
 Problem (1)-(2) of the paper, hinge loss, y in {-1, +1}:
 
@@ -52,7 +56,6 @@ above ``tol``, tighten ``svm_tol``. The returned theta is always the one the SVM
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 
@@ -61,6 +64,7 @@ from mklscale.solvers._threads import single_blas_thread_for_small_n
 from mklscale.solvers import _svm, duality
 from mklscale.solvers import _validation as check
 from mklscale.solvers.result import MKLResult
+from mklscale.solvers.toolkit import RunLog
 
 #: Below this eta, update (21) is alternated with (13a) (§3.5).
 ALTERNATE_BELOW_ETA = 0.25
@@ -201,13 +205,9 @@ def fit(engine, y, C, eta, tol: float = 1e-4, max_iter: int = 200, wsr_tol: floa
 
     theta = np.ones(M) / rescaling_norm(np.ones(M), eta)
     probes = _svm.probe_vectors(n, seed)
-    history: list[dict] = []
+    log = RunLog(engine, "citi", verbose)
     converged = False
-    t_start = time.perf_counter()
-    passes0, bytes0 = _stats(engine)
     for iteration in range(1, max_iter + 1):
-        t0 = time.perf_counter()
-        p0, b0 = _stats(engine)
         K = engine.combine(theta)
         alpha, v, intercept, svm_ok = _svm.fit_svc(K, y, C, svm_tol)
         f = K @ v + intercept
@@ -218,32 +218,28 @@ def fit(engine, y, C, eta, tol: float = 1e-4, max_iter: int = 200, wsr_tol: floa
         primal = primal_objective(theta, u, y, C, f)
         gap = duality.relative_gap(primal, lower)   # P(model) vs O_low: module docstring, "Gap"
         stop = gap < tol
-        last = iteration == max_iter or (max_seconds is not None and time.perf_counter() - t_start > max_seconds)
+        last = iteration == max_iter or (max_seconds is not None and log.totals()["seconds"] > max_seconds)
         wsr_iterations = 0
         if not stop and not last:
             new_theta, wsr_iterations = solve_wsr(theta * theta * u, theta, eta, wsr_tol, wsr_max_iter)
-        p1, b1 = _stats(engine)
-        history.append({
+        entry = log.record({
             "iteration": iteration, "primal": primal, "upper": upper, "dual": lower, "gap": gap,
             "n_active": int(np.count_nonzero(theta)),
             "n_selected": int(np.count_nonzero(theta > selection_threshold * np.max(theta))),
-            "passes": p1 - p0, "bytes_read": b1 - b0, "seconds": time.perf_counter() - t0,
             "wsr_iterations": wsr_iterations, "svm_converged": svm_ok,
         })
-        if verbose:
-            print(f"[citi] it {iteration:3d}  P {primal:.8g}  O_up {upper:.8g}  O_low {lower:.8g}  gap {gap:.3e}  "
-                  f"selected {history[-1]['n_selected']}/{M}")
+        log.say(f"it {iteration:3d}  P {primal:.8g}  O_up {upper:.8g}  O_low {lower:.8g}  gap {gap:.3e}  "
+                f"selected {entry['n_selected']}/{M}")
         if stop:
             converged = True
             break
         if last:
             break
         theta = new_theta
-    passes1, bytes1 = _stats(engine)
+    history = log.history
     status = "converged" if converged else ("max_iter" if len(history) == max_iter else "max_seconds")
     params.update({"status": status, "iterations": len(history), "n_selected": history[-1]["n_selected"],
-                   "passes": passes1 - passes0, "bytes_read": bytes1 - bytes0,
-                   "seconds": time.perf_counter() - t_start, "upper": upper, "lower": lower})
+                   **log.totals(), "upper": upper, "lower": lower})
     return MKLResult(weights=theta, dual_coef=v, bias=intercept, active=np.flatnonzero(theta),
                      objective=primal, gap=gap, history=history, converged=converged,
                      solver="citi_elasticnet", params=params)
@@ -266,8 +262,3 @@ def _all_quad_forms(engine, v: np.ndarray, probes, lambda_max: np.ndarray) -> np
     _svm.check_quad_forms(values, U, lambda_max)
     values = values.reshape(values.shape[0], -1)
     return np.maximum(values[:, 0], 0.0)
-
-
-def _stats(engine) -> tuple[int, int]:
-    s = engine.stats
-    return int(s.get("passes", 0)), int(s.get("bytes_read", 0))
