@@ -411,3 +411,25 @@ def test_working_set_holds_the_storage_dtype_without_copies(tmp_path):
     ws.alphas = np.random.default_rng(1).normal(size=(3, 30))
     ws.refresh()
     np.testing.assert_allclose(ws.K_alphas, np.einsum("kij,kj->ki", K, ws.alphas), rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("mu", (0.0, 1e-3))
+def test_pfbs_and_spicy_solve_the_same_problem(mu):
+    """PFBS's problem (1) is SpicyMKL's (42) with the square loss and the elastic-net penalty,
+    C = n (tau + mu), lam = mu / (tau + mu), no bias, objective scaled by 2/n (pfbs.plugins)."""
+    from mklscale.solvers import spicy
+
+    grams, y = small_problem(n=30, M=8, seed=2)
+    n = y.size
+    tau = 0.2 * pfbs.tau_max(DenseEngine(grams), y)
+    ours = pfbs.fit(DenseEngine(grams), y, tau, mu, tol=1e-8, center=False, accelerated=True)
+    _, penalty, C = pfbs.plugins(n, tau, mu)
+    other = spicy.fit(DenseEngine(grams), y, C, loss="square", penalty="elastic_net", lam=penalty.lam, bias=False,
+                      tol=1e-10)
+    assert ours.converged and other.converged
+    assert ours.objective == pytest.approx(2.0 / n * other.objective, rel=1e-6)
+    np.testing.assert_array_equal(ours.active, other.active)
+    alphas = lambda r: r.weights[:, None] * r.dual_coef[None, :]  # noqa: E731
+    F = lambda r: np.einsum("mij,mj->i", grams, alphas(r))  # noqa: E731
+    # F is unique (strictly convex loss); a relative gap g leaves ||F - F*||^2 <= n g P: ~1e-4 here
+    np.testing.assert_allclose(F(ours), F(other), atol=2e-4)

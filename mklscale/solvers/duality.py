@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from mklscale.solvers.losses import Loss
-from mklscale.solvers.penalties import Penalty
+from mklscale.solvers.losses import Loss, Square
+from mklscale.solvers.penalties import ElasticNet, Penalty
 
 
 def project_dual(loss: Loss, y: np.ndarray, rho: np.ndarray, bias: bool) -> np.ndarray:
@@ -78,6 +78,44 @@ def dual_value(loss: Loss, penalty: Penalty, y: np.ndarray, C: float, rho: np.nd
     else:
         penalty_part = float(np.sum(penalty.conjugate(norms, C)))
     return -loss.conjugate(y, scale * rho) - penalty_part, scale
+
+
+def scaled_dual(loss: Loss, penalty: Penalty, y: np.ndarray, C: float, rho: np.ndarray,
+                norms: np.ndarray) -> tuple[float, float]:
+    """(max_{s >= 0} D(s rho), the maximiser s) for the square loss and the elastic-net penalty.
+
+    The best dual point along the ray of rho: with a = y.rho, b = ||rho||^2, r_m = ||rho||_{K_m}
+    (``norms``; upper bounds in place of exact values give a smaller, still valid, dual value),
+    k = C (1 - lam) and c = C lam,
+
+        D(s rho) = s a - s^2 b / 2 - sum_m (s r_m - k)_+^2 / (2 c)          (c > 0)
+        D(s rho) = s a - s^2 b / 2,   s r_m <= k for all m                   (c = 0: block 1-norm)
+
+    a concave piecewise quadratic in s, maximised exactly: its derivative is decreasing and
+    piecewise linear with kinks at s = k / r_m, so the root lies on the piece found by counting the
+    kinks with a positive slope (PFBS's certificate, pfbs.py "Dual and duality gap").
+    """
+    if not isinstance(loss, Square) or not isinstance(penalty, ElasticNet):
+        raise TypeError(f"scaled_dual needs the square loss and the elastic-net penalty; got {loss.name}, {penalty.name}")
+    a, b = float(y @ rho), float(rho @ rho)
+    if a <= 0.0 or b <= 0.0:
+        return 0.0, 0.0
+    k, c = penalty.threshold(C), C * penalty.lam
+    r = norms[norms > 0.0]
+    if c == 0.0:
+        s = a / b
+        if r.size:
+            s = min(s, k / float(r.max()))
+        return s * a - 0.5 * b * s * s, s
+    r = np.sort(r)[::-1]                      # kinks k / r ascending
+    kinks = k / r
+    s1 = np.concatenate(([0.0], np.cumsum(r)))
+    s2 = np.concatenate(([0.0], np.cumsum(r * r)))
+    slope_at_kinks = a - b * kinks - (kinks * s2[:-1] - k * s1[:-1]) / c
+    j = int(np.count_nonzero(slope_at_kinks > 0.0))
+    s = (a + k * s1[j] / c) / (b + s2[j] / c)
+    excess = np.maximum(s * norms - k, 0.0)
+    return float(s * a - 0.5 * b * s * s - excess @ excess / (2.0 * c)), float(s)
 
 
 def primal_value(loss: Loss, penalty: Penalty, y: np.ndarray, C: float, f: np.ndarray,

@@ -33,6 +33,13 @@ similar kernels are active (tests/test_pfbs.py checks both numerically). So:
   step="paper": sigma = (1/2) max_j engine.lambda_max[j] + mu, raised to the Lipschitz value when
       it falls below it (``history[i]["sigma"]`` shows what was used).
 
+The same problem as SpicyMKL's (42), through the plug-ins (``plugins``)
+-----------------------------------------------------------------------
+P = (2/n) [ Square(y, F) + sum_j ElasticNet_C(||f_j||) ] with C = n (tau + mu), lam = mu / (tau + mu):
+the primal, the dual along the residual's ray and the relative gap come from ``duality``
+(``primal_value``, ``scaled_dual``, ``relative_gap``), and the step uses ``Square.grad`` and
+``L1.prox`` (tests/test_pfbs.py checks that PFBS and SpicyMKL reach the same optimum).
+
 Dual and duality gap (derived; used for stopping, not only max_iter)
 --------------------------------------------------------------------
 Fenchel dual of min L(Af) + G(f) with L(z) = (1/n)||z - y||^2, G(f) = sum_j h(||f_j||),
@@ -107,7 +114,10 @@ from scipy.sparse.linalg import eigsh
 from mklscale.errors import InvalidInputError
 from mklscale.solvers._threads import single_blas_thread_for_small_n
 from mklscale.solvers import _validation as check
+from mklscale.solvers import duality
 from mklscale.solvers.duality import relative_gap
+from mklscale.solvers.losses import Square
+from mklscale.solvers.penalties import L1, ElasticNet
 from mklscale.solvers.result import MKLResult
 from mklscale.solvers.toolkit import RunLog
 from mklscale.solvers.toolkit.screening import Screening
@@ -118,6 +128,8 @@ INITIAL_WORKING_SET = 16
 MIN_ADDITIONS = 8
 INNER_TOL_FACTOR = 0.5        # the working-set gap target, relative to tol, before a certification
 DENSE_EIG_MAX_N = 200
+#: The plug-ins of the forward-backward step (the solver needs Square.grad and L1.prox).
+_SQUARE, _BLOCK_L1 = Square(), L1()
 #: What to do when the working set does not fit in memory.
 _MEMORY_REMEDY = ("use a larger tau (fewer active kernels: a larger fraction of pfbs.tau_max), or SpicyMKL, "
                   "which streams the bank and holds only the kernels it can fit")
@@ -134,42 +146,39 @@ class PFBSCoefficients:
 
 # ---- values of problem (1) and its dual -------------------------------------------------------
 
+def plugins(n: int, tau: float, mu: float) -> tuple[Square, ElasticNet, float]:
+    """Problem (1) as problem (42) of SpicyMKL: (loss, penalty, C) with P_(1) = (2/n) P_(42).
+
+    (1/n)||F - y||^2 + mu sum ||f_j||^2 + 2 tau sum ||f_j||
+        = (2/n) [ (1/2)||y - F||^2 + sum_j C ((1 - lam) ||f_j|| + lam ||f_j||^2 / 2) ]
+    with C = n (tau + mu) and lam = mu / (tau + mu): the square loss and the elastic-net penalty, so
+    the primal, the dual and the gap come from the one duality module (``duality``).
+    """
+    total = tau + mu
+    return Square(), ElasticNet(mu / total if total > 0.0 else 0.0), n * total
+
+
 def primal_value(residual: np.ndarray, block_norms: np.ndarray, tau: float, mu: float) -> float:
-    """P = (1/n)||F - y||^2 + mu sum ||f_j||^2 + 2 tau sum ||f_j|| from the residual F - y."""
+    """P = (1/n)||F - y||^2 + mu sum ||f_j||^2 + 2 tau sum ||f_j|| from the residual F - y
+    (through :func:`plugins`: the square loss of the residual and the elastic-net penalty)."""
     n = residual.size
-    return float(residual @ residual / n + mu * block_norms @ block_norms + 2.0 * tau * block_norms.sum())
+    loss, penalty, C = plugins(n, tau, mu)
+    return 2.0 / n * duality.primal_value(loss, penalty, residual, C, np.zeros(n), block_norms)
 
 
 def dual_value(residual: np.ndarray, y: np.ndarray, kkt_norms: np.ndarray, tau: float,
                mu: float) -> tuple[float, float]:
-    """(D(theta), s) at theta = -s residual / n with s >= 0 maximising D (see module docstring).
+    """(D(theta), s) at theta = -s residual / n with s >= 0 maximising D (see module docstring):
+    ``duality.scaled_dual`` along rho = -residual, scaled by 2/n as the primal (:func:`plugins`).
 
     ``kkt_norms`` holds ||residual||_{K_j} / n for the kernels of the problem being certified (all
     M for the full problem, W for the restricted one); upper bounds in place of exact values give a
     smaller, still valid, dual value.
     """
     n = residual.size
-    a = -float(residual @ y) / n              # theta_1 . y
-    b = float(residual @ residual) / n**2      # ||theta_1||^2
-    r = kkt_norms[kkt_norms > 0.0]
-    if a <= 0.0 or b <= 0.0:
-        return 0.0, 0.0
-    if mu == 0.0:
-        s = a / (n * b)
-        if r.size:
-            s = min(s, tau / float(r.max()))
-        return 2.0 * s * a - n * b * s * s, s
-    # dD/ds / 2 = a - n b s - (1/mu) sum_j r_j (s r_j - tau)_+ is decreasing and piecewise linear
-    # with kinks at s = tau / r_j: find the piece holding its root.
-    r = np.sort(r)[::-1]                      # kinks tau/r ascending
-    kinks = tau / r
-    s1 = np.concatenate(([0.0], np.cumsum(r)))
-    s2 = np.concatenate(([0.0], np.cumsum(r * r)))
-    slope_at_kinks = a - n * b * kinks - (kinks * s2[:-1] - tau * s1[:-1]) / mu
-    k = int(np.count_nonzero(slope_at_kinks > 0.0))
-    s = (a + tau * s1[k] / mu) / (n * b + s2[k] / mu)
-    excess = np.maximum(s * kkt_norms - tau, 0.0)
-    return float(2.0 * s * a - n * b * s * s - excess @ excess / mu), float(s)
+    loss, penalty, C = plugins(n, tau, mu)
+    value, s = duality.scaled_dual(loss, penalty, y, C, -residual, n * kkt_norms)
+    return 2.0 / n * value, s
 
 
 def tau_max(engine, y, center: bool = False) -> float:
@@ -230,9 +239,14 @@ class _WorkingSet:
 
 
 def _forward_backward(ws: _WorkingSet, z, Kz, y, tau, mu, sigma):
-    """One PFBS step from z (with Kz = K_j z_j cached): returns (x, Kx, eps_z, ||eps_z||_{K_j}/n)."""
+    """One PFBS step from z (with Kz = K_j z_j cached): returns (x, Kx, eps_z, ||eps_z||_{K_j}/n).
+
+    Forward: the gradient of the smooth part, the square loss (eps = F - y, ``Square.grad``) and the
+    ridge part mu of the elastic net; backward: the prox of the block 1-norm part 2 tau sum ||f_j||,
+    a block soft threshold at tau / sigma (``L1.prox``).
+    """
     n = y.size
-    eps = Kz.sum(axis=0) - y
+    eps = _SQUARE.grad(y, Kz.sum(axis=0))
     K_eps = ws.matvecs(eps)                                     # the one matvec per kernel
     shrink, scale = 1.0 - mu / sigma, 1.0 / (n * sigma)
     a0 = shrink * z - scale * eps
@@ -240,7 +254,7 @@ def _forward_backward(ws: _WorkingSet, z, Kz, y, tau, mu, sigma):
     norm0 = np.sqrt(np.maximum(np.einsum("ki,ki->k", a0, Ka0), 0.0))
     factor = np.zeros_like(norm0)
     keep = norm0 > tau / sigma
-    factor[keep] = (norm0[keep] - tau / sigma) / norm0[keep]
+    factor[keep] = _BLOCK_L1.prox(norm0[keep], tau / sigma) / norm0[keep]
     kkt = np.sqrt(np.maximum(K_eps @ eps, 0.0)) / n
     return factor[:, None] * a0, factor[:, None] * Ka0, eps, kkt
 
