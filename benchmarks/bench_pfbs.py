@@ -37,7 +37,6 @@ from machine import describe_machine  # noqa: E402
 
 from mklscale.bank import build_bank, families  # noqa: E402
 from mklscale.datasets import load  # noqa: E402
-from mklscale.solvers import pfbs  # noqa: E402
 from mklscale.engine import RowSubsetEngine  # noqa: E402
 from mklscale.solvers import paths  # noqa: E402
 from mklscale.solvers.paths import predict_rows  # noqa: E402

@@ -28,3 +28,15 @@ def widths_and_linear_bank(n: int = 30, seed: int = 0):
     grams += [np.outer(X[:, j], X[:, j]) for j in range(3)]
     y = np.sin(X[:, 0]) + 0.5 * X[:, 1] ** 2 + 0.05 * rng.standard_normal(n)
     return np.stack(grams), X, y
+
+
+def centred_alignment_terms(grams, y):
+    """(y_c, b, F) of the alignment oracles: b_i = y_c^T K_{i,c} y_c and F with F^T F = M,
+    M_ij = <K_{i,c}, K_{j,c}>_F (centred kernels K_c = H K H)."""
+    from mklscale.solvers._final_fit import centre
+
+    yc = y - y.mean()
+    Kc = np.stack([centre(K) for K in grams])
+    b = np.einsum("i,mij,j->m", yc, Kc, yc)
+    w, V = np.linalg.eigh(np.einsum("aij,bij->ab", Kc, Kc))
+    return yc, b, np.sqrt(np.maximum(w, 0))[:, None] * V.T

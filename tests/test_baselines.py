@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _banks import widths_and_linear_bank
+from _banks import centred_alignment_terms, widths_and_linear_bank
 
 from mklscale.errors import InvalidInputError
 from mklscale.solvers import baselines
-from mklscale.solvers._final_fit import centre, centred_alignment, kernel_ridge
+from mklscale.solvers._final_fit import centred_alignment, kernel_ridge
 
 from mklscale.bank import KernelBank
 from mklscale.engine import Engine
@@ -47,12 +47,7 @@ def one_stage_optimum(grams, t, lam, nu):
 def cvxpy_alignment(grams, y):
     """(2.11) on centred kernels: min -b^T theta s.t. theta^T M theta <= 1, theta >= 0 (Clarabel)."""
     cp = pytest.importorskip("cvxpy")
-    yc = y - y.mean()
-    Kc = np.stack([centre(K) for K in grams])
-    b = np.einsum("i,mij,j->m", yc, Kc, yc)
-    M = np.einsum("aij,bij->ab", Kc, Kc)
-    w, V = np.linalg.eigh(M)
-    F = np.sqrt(np.maximum(w, 0))[:, None] * V.T          # M = F^T F
+    yc, b, F = centred_alignment_terms(grams, y)
     theta = cp.Variable(len(grams), nonneg=True)
     prob = cp.Problem(cp.Minimize(-b @ theta), [cp.sum_squares(F @ theta) <= 1])
     prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)

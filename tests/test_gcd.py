@@ -179,14 +179,9 @@ def _cone_alignment_optimum(grams, y):
     tolerances): min_{mu >= 0} ||sum_i mu_i K_{i,c} - y_c y_c^T||_F^2 = mu^T M mu - 2 b^T mu + const
     (M_ij = <K_{i,c}, K_{j,c}>, b_i = y_c^T K_i y_c); returns mu* / sum(mu*) (the solver's normalisation)."""
     cp = pytest.importorskip("cvxpy")
-    from mklscale.solvers._final_fit import centre
+    from _banks import centred_alignment_terms
 
-    yc = y - y.mean()
-    Kc = np.stack([centre(K) for K in grams])
-    b = np.einsum("i,mij,j->m", yc, Kc, yc)
-    M = np.einsum("aij,bij->ab", Kc, Kc)
-    w, V = np.linalg.eigh(M)
-    F = np.sqrt(np.maximum(w, 0))[:, None] * V.T          # M = F^T F
+    _, b, F = centred_alignment_terms(grams, y)
     mu = cp.Variable(len(grams), nonneg=True)
     prob = cp.Problem(cp.Minimize(cp.sum_squares(F @ mu) - 2 * b @ mu))
     prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-12, tol_gap_rel=1e-12, tol_feas=1e-12)

@@ -53,6 +53,5 @@ def test_citi_has_its_own_name_and_the_old_one_still_works():
     from mklscale.pipeline import _check_solver
 
     assert _check_solver({"name": "old", "solver": "elasticnet", "eta": 0.5}, "solver[0]")["solver"] == "elasticnet"
-    X, y = np.random.default_rng(1).normal(size=(30, 2)), np.array([0, 1] * 15)
     old = mklscale.MKLClassifier(kernels="linear", solver="elasticnet", cache_dir=None)
     assert old._check_solver() == {}

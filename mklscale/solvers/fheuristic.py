@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from mklscale.solvers import _final_fit
 from mklscale.solvers._threads import single_blas_thread_for_small_n
 from mklscale.solvers._validation import check_positive
 from mklscale.solvers.baselines import _finish, _prepare

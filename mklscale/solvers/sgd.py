@@ -74,7 +74,6 @@ other parameter.
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 from numba import njit
@@ -85,7 +84,7 @@ from mklscale.solvers import _final_fit
 from mklscale.solvers._validation import check_count, check_positive, check_targets
 from mklscale.solvers.result import MKLResult
 from mklscale.solvers.toolkit import RunLog
-from mklscale.solvers.sources import FiniteBank, PolynomialFamily, as_source
+from mklscale.solvers.sources import PolynomialFamily, as_source
 
 
 #: continuous families: C of the step is an exponentially weighted mean of the previous estimates
