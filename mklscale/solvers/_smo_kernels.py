@@ -235,7 +235,8 @@ def smo_solve(K, y, alpha, Z, q, d, a, C, eps, max_steps):
         t_max = min(t_i, t_j)
         for l in range(p):
             delta[l] = Z[l, j] - Z[l, i]
-            curv[l] = K[l, i, i] + K[l, j, j] - 2.0 * K[l, i, j]
+            # entries widened to float64 before any arithmetic (float32 banks give the float64 result)
+            curv[l] = np.float64(K[l, i, i]) + np.float64(K[l, j, j]) - 2.0 * np.float64(K[l, i, j])
         t = line_search(q, delta, curv, d, a, y[i] - y[j], t_max)
         steps += 1
         if t <= 0.0:
@@ -260,7 +261,7 @@ def smo_solve(K, y, alpha, Z, q, d, a, C, eps, max_steps):
             Kj = K[l, j]
             Zl = Z[l]
             for k in range(n):
-                Zl[k] += t * (Kj[k] - Ki[k])
+                Zl[k] += t * (np.float64(Kj[k]) - np.float64(Ki[k]))
                 g[k] += e * Zl[k]
         if steps % REFRESH_EVERY == 0:
             _exact_forms(Z, y, alpha, q)
@@ -277,7 +278,7 @@ def refresh_cache(K, y, alpha, Z, q):
         for i in range(n):
             s = 0.0
             for k in range(n):
-                s += K[l, i, k] * v[k]
+                s += np.float64(K[l, i, k]) * v[k]
             Z[l, i] = s
             acc += v[i] * s
         q[l] = acc

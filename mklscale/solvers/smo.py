@@ -84,6 +84,10 @@ from mklscale.solvers import _validation as check
 from mklscale.solvers.duality import relative_gap
 from mklscale.solvers.result import MKLResult
 from mklscale.solvers.toolkit import RunLog
+from mklscale.solvers.toolkit.working_set import HeldKernels
+
+#: What to do when the working set does not fit in memory.
+_REMEDY = "lower max_working_set, or use SpicyMKL, which streams the bank and holds only the kernels it can fit"
 
 #: eps1 / n of the paper's experiments (§4.4).
 EPS1_PER_SAMPLE = 5e-4
@@ -215,6 +219,7 @@ class _SMO:
         self.drop_after, self.seed = drop_after, seed
         self.n, self.M = y.size, d.size
         self.log = RunLog(engine, "smo", verbose)
+        self.held = HeldKernels(engine, name="SMO-MKL")   # W's kernels, kept sorted by kernel id
 
     # ---- engine access --------------------------------------------------------------------------
     def _full_pass(self, alpha: np.ndarray, with_probes: bool) -> np.ndarray:
@@ -226,13 +231,13 @@ class _SMO:
         return np.maximum(values.reshape(self.M, -1)[:, 0], 0.0)
 
     def _load(self, kernels: np.ndarray, alpha: np.ndarray):
-        """Blocks of ``kernels`` and their caches z_l = K_l D(y) alpha, q_l."""
-        K = np.ascontiguousarray(self.engine.blocks(kernels), dtype=np.float64)
+        """Hold ``kernels`` (none held yet) and return their caches z_l = K_l D(y) alpha, q_l."""
+        self.held.fetch(kernels, _REMEDY)
         Z = np.empty((kernels.size, self.n))
         q = np.empty(kernels.size)
-        kern.refresh_cache(K, self.y, alpha, Z, q)
+        kern.refresh_cache(self.held.chunks[-1], self.y, alpha, Z, q)
         _svm.check_quad_forms(q, self.y * alpha, self.lambda_max, kernels)
-        return K, Z, q
+        return Z, q
 
     # ---- checks ---------------------------------------------------------------------------------
     def _stage_test(self, alpha, Z, q, d, w):
@@ -268,7 +273,7 @@ class _SMO:
 
             # the working set: the kernels with the largest q_j / d_j^2, all of them when they fit
             W = np.sort(np.argsort(-(q_all / (d * d)), kind="stable")[: self.max_working_set])
-            K, Z, q = self._load(W, alpha)
+            Z, q = self._load(W, alpha)
             zero_streak = np.zeros(W.size, dtype=np.int64)
             kappa = self.mu
             smo_eps = 0.5 * self.eps2
@@ -277,7 +282,7 @@ class _SMO:
             first = 0
         else:
             first, alpha, W, Z, q, zero_streak, kappa, smo_eps, early_checked, final = self._restore(state)
-            K = np.ascontiguousarray(self.engine.blocks(W), dtype=np.float64)
+            self.held.fetch(W, _REMEDY)
         status = "max_stages"
         for stage in range(first, self.max_stages):
             if checkpoint is not None:
@@ -288,8 +293,10 @@ class _SMO:
                 break
             dW = d[W]
             dk, ak, _ = stage_parameters(dW, kappa, self.continuation)
+            K = self.held.stack()
             steps, violation, code = kern.smo_solve(K, y, alpha, Z, q, dk, ak, C, smo_eps, self.max_steps)
             kern.refresh_cache(K, y, alpha, Z, q)
+            del K
             smo_ok = code == kern.SMO_CONVERGED
             eta, w, _ = skm_weights(q, dW, kappa, self.continuation)
             opt4, excess, f0 = self._stage_test(alpha, Z, q, dW, w)
@@ -316,11 +323,11 @@ class _SMO:
                 break
             if violators.size:
                 # restart the continuation: at small kappa SMO moves a newcomer's gamma_j very slowly
-                K, Z, q, W, zero_streak = self._add(K, Z, q, W, zero_streak, violators, alpha)
+                Z, q, W, zero_streak = self._add(Z, q, W, zero_streak, violators, alpha)
                 kappa, smo_eps = self.mu, 0.5 * self.eps2
                 continue
             zero_streak = np.where(eta > 0.0, 0, zero_streak + 1)
-            K, Z, q, W, zero_streak = self._drop(K, Z, q, W, zero_streak)
+            Z, q, W, zero_streak = self._drop(Z, q, W, zero_streak)
             kappa *= self.mu
             if certified:  # only the gap is missing: it is limited by the SMO precision as well
                 smo_eps *= self.mu
@@ -377,26 +384,26 @@ class _SMO:
         bad = outside[g_out > gamma]
         return bad[np.argsort(-g_out[g_out > gamma], kind="stable")]
 
-    def _add(self, K, Z, q, W, zero_streak, new, alpha):
+    def _add(self, Z, q, W, zero_streak, new, alpha):
         room = max(self.max_working_set - W.size, 1)
         new = new[:room]
-        K_new, Z_new, q_new = self._load(new, alpha)
+        Z_new, q_new = self._load(new, alpha)
         W = np.concatenate([W, new])
         order = np.argsort(W, kind="stable")
-        K = np.ascontiguousarray(np.concatenate([K, K_new])[order])
+        self.held.reorder(order)
         Z = np.ascontiguousarray(np.concatenate([Z, Z_new])[order])
         q = np.concatenate([q, q_new])[order]
         zero_streak = np.concatenate([zero_streak, np.zeros(new.size, dtype=np.int64)])[order]
-        return K, Z, q, W[order], zero_streak
+        return Z, q, W[order], zero_streak
 
-    def _drop(self, K, Z, q, W, zero_streak):
+    def _drop(self, Z, q, W, zero_streak):
         keep = zero_streak < self.drop_after
         if not np.any(keep):
             keep[int(np.argmax(q / self.d[W] ** 2))] = True
         if np.all(keep):
-            return K, Z, q, W, zero_streak
-        return (np.ascontiguousarray(K[keep]), np.ascontiguousarray(Z[keep]), q[keep], W[keep],
-                zero_streak[keep])
+            return Z, q, W, zero_streak
+        self.held.keep(keep)
+        return np.ascontiguousarray(Z[keep]), q[keep], W[keep], zero_streak[keep]
 
     # ---- history --------------------------------------------------------------------------------
     def _record(self, kappa, alpha, q, d, w, tests, n_working, steps, violation, smo_ok, n_violators=0,

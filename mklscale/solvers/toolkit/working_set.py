@@ -117,6 +117,19 @@ class HeldKernels:
         self.chunks = chunks
         self.index = self.index[mask]
 
+    def reorder(self, order: np.ndarray) -> None:
+        """Hold the kernels in the order ``order`` (positions), e.g. sorted by kernel id."""
+        self.chunks = [np.ascontiguousarray(self.stack()[order])] if self.size else []
+        self.index = self.index[order]
+
+    def stack(self) -> np.ndarray:
+        """The held kernels as one (size, n, n) array in held order, for inner loops that index
+        kernel entries themselves (SMO-MKL's numba SMO steps, which widen each entry to float64).
+        The chunks are merged once (one transient copy, as a concatenation), then this is free."""
+        if len(self.chunks) > 1:
+            self.chunks = [np.concatenate(self.chunks)]
+        return self.chunks[0] if self.chunks else np.empty((0, self.n, self.n))
+
     # ---- operations -----------------------------------------------------------------------------
     def _stacks(self):
         """(first position, chunk) for every chunk, in held order."""
