@@ -11,7 +11,8 @@ over Delta_1 = {theta >= 0, sum theta <= 1} (vertices 0 and e_i), squared loss, 
 
 Certificate: the Frank-Wolfe gap <grad J, theta - e_I> = (1/2)(max_i q_i - alpha*^T K_theta alpha*)
 >= J(theta) - J* (exact for a finite bank; for a continuous family it uses the maximum found).
-Stops when gap <= tol * J, i.e. tol bounds the RELATIVE suboptimality (J - J*)/J. The model:
+Stops when the relative gap (J - max(J - gap, 0)) / J <= tol (``duality.relative_gap``), i.e. tol bounds the
+RELATIVE suboptimality (J - J*)/J. The model:
 f = K_theta alpha* + b, i.e. weights theta, dual_coef alpha*.
 
 variant="fw" (default) is Algorithm 6 as printed. Its rate is sublinear (J - J* <= 2 C_J/(k + 2)):
@@ -52,9 +53,9 @@ GCD-2s, criterion="euclidean" (Algorithm 8, Section 5.3.2): min_{theta in Delta_
 ||beta sum theta_i K_{i,c} - K*_c||_F^2 by Frank-Wolfe; I = argmax <K_i, K*_c - K>. The printed rule stops
 when max_i <K_i, K*_c - K> <= 0, but the Frank-Wolfe vertex of Delta_1 is then theta = 0 (not optimality):
 the gap <grad, theta - s> = (<K, K - K*_c> + beta max(0, max_i <K_i, K*_c - K>)) / n^2 >= J - J* (s = e_I,
-or 0 when no <K_i, K*_c - K> > 0) can still be large (measured 2e-3..3e-2 of J0 on small banks). Here that
+or 0 when no <K_i, K*_c - K> > 0) can still be large (measured 2e-3..3e-2 of the initial objective on small banks). Here that
 step shrinks K towards 0 (same exact line search, direction -K); the loop stops, converged, only when
-gap <= tol * J0 (J0 = ||K*_c||^2 / (2 n^2); ``gap`` of the result is gap / J0), else after max_iter with
+the relative gap (J - max(J - gap, 0)) / J <= tol (``duality.relative_gap``, as every solver), else after max_iter with
 converged=False (Frank-Wolfe is sublinear: e.g. 677 iterations for tol = 1e-6 on a 6-kernel bank).
 step="thesis" keeps the printed stop (converged only if the gap is within tol there).
 A constant kernel (C_n K C_n = 0) selected first raises InvalidInputError naming the constant kernels
@@ -98,6 +99,7 @@ from mklscale.solvers import _final_fit
 from mklscale.solvers._final_fit import centre
 from mklscale.solvers._validation import check_choice, check_count, check_positive, check_targets
 from mklscale.solvers.baselines import resolve_task
+from mklscale.solvers import duality
 from mklscale.solvers.result import MKLResult
 from mklscale.solvers.toolkit import RunLog
 from mklscale.solvers.sources import as_source
@@ -215,7 +217,7 @@ def fit_one_stage(source, y, lam: float = 1.0, max_iter: int = 100, tol: float =
             src.argmax_frobenius(None, alpha=alpha, reg=reg)
         aKa = float(alpha @ K_theta @ alpha)
         gap = max(0.5 * (q_max - aKa), 0.0)
-        if gap <= tol * abs(J):
+        if duality.relative_gap(J, J - gap) <= tol:
             converged = True
             run.append(_entry(it, J, gap, 0.0, key, src))
             break
@@ -248,7 +250,7 @@ def fit_one_stage(source, y, lam: float = 1.0, max_iter: int = 100, tol: float =
                    f"it {it:4d} J={J:.10g} gap={gap:.3e} {kind} eta={eta:.4f} key={src.describe(key)}")
     w, extra = weights.as_result_arrays(src)
     return MKLResult(weights=w, dual_coef=alpha, bias=bias, active=np.flatnonzero(w), objective=J,
-                     gap=gap / max(abs(J), np.finfo(float).tiny), history=run.history, converged=converged,
+                     gap=duality.relative_gap(J, J - gap), history=run.history, converged=converged,
                      solver="gcd-1s", params={"lam": lam, "max_iter": max_iter, "tol": tol,
                                               "fit_intercept": fit_intercept, "reg": reg, "simplex": "Delta_1",
                                               "variant": variant,
@@ -435,7 +437,6 @@ def _euclidean(src, yc, T, beta, step, tol, reg, run: _Run):
     """Algorithm 8 (Frank-Wolfe on (5.9)) with the exact convex-combination step (erratum above)."""
     n = src.n
     Kstar = np.outer(yc, yc)
-    J0 = 0.5 * float(np.sum(Kstar * Kstar)) / n**2
     auto_beta = beta is None
     converged = False
     saved = run.load()
@@ -454,7 +455,7 @@ def _euclidean(src, yc, T, beta, step, tol, reg, run: _Run):
         if val <= 0 and not np.any(K):
             _centred_block(src, key, "euclidean", first=True)     # theta = 0 is optimal: say so if constant kernels
         # the gap is a certificate once beta is set; at K = 0 with val <= 0 it is exactly 0 (theta = 0 optimal)
-        if (beta is not None or val <= 0) and gap <= tol * J0:
+        if (beta is not None or val <= 0) and duality.relative_gap(J, J - gap) <= tol:
             converged = True
             run.append({"iteration": it, "objective": J, "gap": gap, "eta": 0.0, "kernel": src.describe(key)})
             break
@@ -489,4 +490,5 @@ def _euclidean(src, yc, T, beta, step, tol, reg, run: _Run):
                    f"it {it:3d} J={J:.8g} eta={eta:.4f} beta={beta:.4g} key={src.describe(key)}")
     # the returned weights are beta * theta (normalised to sum one by the caller)
     weights.scale(beta if beta else 1.0)
-    return weights, converged, {"beta": beta, "step": step, "tol": tol, "gap": gap / J0 if J0 else np.nan}
+    return weights, converged, {"beta": beta, "step": step, "tol": tol,
+                                "gap": duality.relative_gap(J, J - gap) if np.isfinite(gap) else np.nan}
