@@ -776,9 +776,55 @@ def render_checkpoint() -> str:
     )
 
 
+def render_compare_versions() -> str:
+    r = _load("compare_versions.json")
+    head = "## Before and after a change: same-run ratios (`python benchmarks/compare_versions.py`)\n\n"
+    if r is None:
+        return head + "Not recorded yet.\n"
+    loads = [run["load_1min"] for run in r["runs"]]
+    rows = [[row["benchmark"], row["solver"], row["fits"], f"{row['median_ratio']:.2f}",
+             f"{row['min_ratio']:.2f}-{row['max_ratio']:.2f}", row["seconds_before"], row["seconds_after"],
+             "yes" if row["passes_equal"] else "NO"] for row in r["solvers"]]
+    return head + (
+        f"Commit {r['commits']['before']} (before) against {r['commits']['after']} (after), "
+        f"`{r['command']}`: `bench_scaling.py --quick` and `bench_peers.py --quick --skip-mklpy` run alternately "
+        f"in both versions, {r['rounds']} rounds ({r['total_seconds'] / 60:.0f} min); per fit the median seconds "
+        f"of each version, then per solver the after/before ratios of those medians. Load average (1 min) at "
+        f"the runs: median {statistics.median(loads):.2f}, range {min(loads):.2f}-{max(loads):.2f}. "
+        f"Machine: {_machine(r['machine'])}.\n\n"
+        + _table(["benchmark", "solver", "fits", "median after/before", "range", "summed s before",
+                  "summed s after", "same passes"], rows)
+        + "\n\nThe --quick fits take 0.05-2 s each and this shared VM's speed drifts by tens of per cent from one "
+        "minute to the next, so these ratios move from run to run of the same command (a whole round of one version "
+        "runs before the other's); the interleaved in-process fits of the next section are the measurement to "
+        "read. The passes column is exact: a solver whose passes changed has changed behaviour.\n"
+    )
+
+
+def render_ab_fits() -> str:
+    r = _load("ab_fits.json")
+    head = "## Before and after a change: interleaved fits (`python benchmarks/ab_fits.py`)\n\n"
+    if r is None:
+        return head + "Not recorded yet.\n"
+    loads = [e[k] for e in r["rounds"] for k in ("load_before", "load_after")]
+    rows = [[row["solver"], f"{row['median_ratio']:.2f}", f"{row['min_ratio']:.2f}-{row['max_ratio']:.2f}",
+             row["before_s"], row["after_s"]] for row in r["solvers"]]
+    return head + (
+        f"Commit {r['commits']['before']} (before) against {r['commits']['after']} (after), `{r['command']}`: "
+        f"{len(r['rounds'])} rounds, each one process per version back to back timing six fits of every solver "
+        "(median of the last five) on ringnorm n = 200, M = 100 with the real engine on one thread. Per solver: "
+        f"the median over rounds of the after/before ratio of a pair. Load average (1 min) at the runs: median "
+        f"{statistics.median(loads):.2f}, range {min(loads):.2f}-{max(loads):.2f}. Machine: {_machine(r['machine'])}.\n\n"
+        + _table(["solver", "median after/before", "range over rounds", "median s before", "median s after"], rows)
+        + "\n\nThe range shows the machine: the same fit varies by tens of per cent between rounds minutes apart, "
+        "so a median within that range is no measurable change.\n"
+    )
+
+
 RENDERERS: list[Callable[[], str]] = [render_build, render_pass, render_pass_big, render_spicy, render_spicy_uci,
                                       render_spicy_ooc, render_smo_citi, render_pfbs, render_sgd_gcd,
-                                      render_peers, render_scaling, render_checkpoint]
+                                      render_peers, render_scaling, render_checkpoint, render_compare_versions,
+                                      render_ab_fits]
 
 HEADER = """# Benchmarks
 
