@@ -80,6 +80,7 @@ def main(argv=None) -> int:
         print(json.dumps(time_fits(args.worker)))
         return 0
     sys.path.insert(0, str(HERE))
+    from compare_versions import git_commit
     from machine import describe_machine
 
     trees = {"before": args.before, "after": args.after}
@@ -96,8 +97,7 @@ def main(argv=None) -> int:
             entry[f"load_{version}"] = round(load, 2)
         rounds.append(entry)
         print(f"round {r}: " + ", ".join(f"{s} {entry['after'][s] / entry['before'][s]:.2f}" for s in CASES), flush=True)
-    commits = {v: subprocess.run(["git", "-C", t, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                 check=True).stdout.strip() for v, t in trees.items()}
+    commits = {v: git_commit(t) for v, t in trees.items()}
     solvers = []
     for s in CASES:
         ratios = [e["after"][s] / e["before"][s] for e in rounds]
