@@ -35,7 +35,7 @@ def engine_of(grams, tmp_path, name="b"):
 def one_stage_optimum(grams, t, lam, nu):
     """min over Delta_nu of (1/2) t^T (sum theta_i K_i + lam I)^{-1} t with cvxpy (matrix_frac, Clarabel).
     Shared with test_gcd.py and test_sgd.py."""
-    cp = pytest.importorskip("cvxpy")
+    import cvxpy as cp
     th = cp.Variable(len(grams), nonneg=True)
     Kt = sum(th[i] * grams[i] for i in range(len(grams))) + lam * np.eye(len(t))
     cons = [cp.sum(th) <= 1] if nu == 1 else [cp.norm(th, 2) <= 1]
@@ -46,7 +46,7 @@ def one_stage_optimum(grams, t, lam, nu):
 
 def cvxpy_alignment(grams, y):
     """(2.11) on centred kernels: min -b^T theta s.t. theta^T M theta <= 1, theta >= 0 (Clarabel)."""
-    cp = pytest.importorskip("cvxpy")
+    import cvxpy as cp
     yc, b, F = centred_alignment_terms(grams, y)
     theta = cp.Variable(len(grams), nonneg=True)
     prob = cp.Problem(cp.Minimize(-b @ theta), [cp.sum_squares(F @ theta) <= 1])

@@ -178,7 +178,7 @@ def _cone_alignment_optimum(grams, y):
     """The stated problem of Algorithm 8 with beta=None, solved independently (cvxpy, Clarabel, tight
     tolerances): min_{mu >= 0} ||sum_i mu_i K_{i,c} - y_c y_c^T||_F^2 = mu^T M mu - 2 b^T mu + const
     (M_ij = <K_{i,c}, K_{j,c}>, b_i = y_c^T K_i y_c); returns mu* / sum(mu*) (the solver's normalisation)."""
-    cp = pytest.importorskip("cvxpy")
+    import cvxpy as cp
     from _banks import centred_alignment_terms
 
     _, b, F = centred_alignment_terms(grams, y)

@@ -8,6 +8,7 @@ f_j(X) = K_j alpha_j = L_j beta_j and ||f_j||_H = ||beta_j||.
 
 from __future__ import annotations
 
+import cvxpy as cp
 import numpy as np
 import pytest
 
@@ -18,8 +19,6 @@ from mklscale.engine import RowSubsetEngine
 from mklscale.solvers import paths
 from mklscale.solvers.paths import path, tau_grid
 from mklscale.solvers.result import MKLResult
-
-cp = pytest.importorskip("cvxpy")
 
 
 # ---- problems ---------------------------------------------------------------------------------

@@ -4,8 +4,8 @@ The main test is the real thing: a child process (``_resume_child.py``) fits thr
 ``registry.fit_solver`` with a checkpoint on a bank on disk, gets SIGTERM mid-solve, must exit with
 EXIT_PREEMPTED (75) leaving a checkpoint, and the fit resumed here from that file must return the
 weights, dual coefficients and bias of an uninterrupted run bit for bit. A child costs 2-4 s of CPU,
-mostly imports (sklearn for SMO), so the default run starts one (PFBS) and the other solvers' child
-runs are marked slow (``-m slow``). The in-process tests, in the default run, stop every solver at
+mostly imports (sklearn for SMO), so the default run starts one per solver and only GCD's second
+variant (two stage) is marked slow (``-m slow``). The in-process tests, in the default run, stop every solver at
 chosen iterations (SIGTERM to this process from inside ``Checkpoint.step``, caught by
 ``stop_on_signals`` exactly as in the child) to cover more resume points cheaply: FISTA momentum,
 working-set rounds, SMO's re-added kernels, SGD refreshes and the random generator, kernel families.
@@ -162,7 +162,7 @@ def interrupt_and_resume(fit, path, stop_at: int, fp=None):
 
 # ---- the subprocess test ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", [n if n == "pfbs" else pytest.param(n, marks=pytest.mark.slow) for n in CASES])
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "gcd-two" else n for n in CASES])
 def test_sigterm_in_a_child_then_resume_equals_uninterrupted(banks, tmp_path, name):
     rc, err, spec = run_child(name, banks, tmp_path)
     assert rc == EXIT_PREEMPTED, f"child exited with {rc}, expected {EXIT_PREEMPTED}; stderr:\n{err[-3000:]}"
