@@ -162,6 +162,25 @@ def test_regressor_on_diabetes(diabetes, cache):
 SOLVER_PARAMS = {"sgd": {"T": 200}, "citi": {"eta": 1.0}}
 
 
+def _same_as_the_solver_on_the_bank(est, y01, task):
+    """The estimator returns the solver's own solution: the registry's fit on the estimator's bank, with
+    the estimator's parameters and targets, gives the same weights, coefficients and objective (a score
+    threshold alone would pass a solver that returns the uniform baseline)."""
+    import warnings
+
+    from mklscale.bank import KernelBank
+    from mklscale.engine import Engine
+
+    y = np.where(y01 == est.classes_[1], 1.0, -1.0) if task == "classification" else np.asarray(y01, float)
+    params = dict(est.fit_stats_.get("solver_params", est.model_.info["solver_params"]))
+    with Engine(KernelBank.open(est.fit_stats_["bank"]), threads=1) as engine, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        direct = registry.fit_solver(est.solver, engine, y, task, C=est.C, params=params)
+    np.testing.assert_allclose(est.result_.weights, direct.weights, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(est.result_.dual_coef, direct.dual_coef, rtol=1e-9, atol=1e-12)
+    assert est.result_.objective == pytest.approx(direct.objective, rel=1e-9, abs=1e-12)
+
+
 @pytest.mark.parametrize("solver", registry.names())
 def test_every_registry_solver_classifies(solver, cancer, cache):
     X, y, Xt, yt = cancer
@@ -169,6 +188,7 @@ def test_every_registry_solver_classifies(solver, cancer, cache):
                         cache_dir=cache, random_state=0).fit(X, y)
     assert est.score(Xt, yt) > 0.85
     assert est.model_.heads[0]["solver"] == est.result_.solver
+    _same_as_the_solver_on_the_bank(est, y, "classification")
 
 
 @pytest.mark.parametrize("solver", [n for n in registry.names() if registry.supports(n, "regression")])
@@ -177,6 +197,7 @@ def test_every_regression_solver_regresses(solver, diabetes, cache):
     est = MKLRegressor(kernels=families.linear() + families.gaussian([2, 8]), solver=solver,
                        solver_params=SOLVER_PARAMS.get(solver), cache_dir=cache, random_state=0).fit(X, y)
     assert est.score(Xt, yt) > 0.3
+    _same_as_the_solver_on_the_bank(est, y, "regression")
 
 
 def test_gcd_two_stage(cancer, cache):
