@@ -1,5 +1,6 @@
-"""MKL solvers: plug-in losses and penalties (SpicyMKL §4 interface) and one module per algorithm.
+"""MKL solvers: one module per algorithm, the shared toolkit (``toolkit``: run log, screening, held
+kernels), the plug-in losses and penalties (SpicyMKL §4 interface) and their duality (``duality``).
 
-Every solver takes an engine (``n``, ``M``, ``lambda_max``, ``quad_forms``, ``matvecs``, ``blocks``,
-``stats``), the targets and its parameters, and returns a :class:`~mklscale.solvers.result.MKLResult`.
+Every solver takes an engine (a :class:`~mklscale.engine.contract.KernelEngine`; SGD and GCD also a
+kernel family), the targets and its parameters, and returns a :class:`~mklscale.solvers.result.MKLResult`.
 """
