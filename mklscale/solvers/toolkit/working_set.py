@@ -67,8 +67,9 @@ class HeldKernels:
 
     # ---- what is held ---------------------------------------------------------------------------
     def fetch(self, idx, remedy: str) -> np.ndarray:
-        """Read and hold the kernels ``idx`` not held yet (one ``engine.blocks`` call); returns
-        them (the ids actually added). ``remedy`` ends the message of a set too large for memory."""
+        """Read and hold the kernels ``idx`` not held yet (one ``engine.blocks`` call), as the last
+        of ``chunks`` (so a caller may compute on just the new ones); returns the ids actually added.
+        ``remedy`` ends the message of a set too large for memory."""
         idx = np.asarray(idx, dtype=np.int64).reshape(-1)
         idx = idx[~np.isin(idx, self.index)]
         if idx.size:
