@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from mklscale.bank import KernelBank
-from mklscale.engine import Engine, InMemoryEngine, KernelEngine, KernelSubsetEngine, RowSubsetEngine
+from mklscale.engine import (Engine, InMemoryEngine, InMemoryFactorEngine, KernelEngine, KernelSubsetEngine,
+                             RowSubsetEngine)
 from mklscale.errors import InvalidInputError
 
 N, M = 24, 7
@@ -27,11 +28,35 @@ def _grams() -> np.ndarray:
     return np.stack(grams)
 
 
-@pytest.fixture(scope="module", params=["memory", "zarr64", "zarr32", "rows-memory", "rows-zarr", "kernels-memory"])
+def _factors() -> np.ndarray:
+    """(M, N, 5) factors, one of rank 2 (zero columns, as a factor bank pads lower ranks)."""
+    L = np.random.default_rng(12).standard_normal((M, N, 5))
+    L[3, :, 2:] = 0.0
+    return L
+
+
+def _materialise(L: np.ndarray) -> np.ndarray:
+    return np.einsum("mir,mjr->mij", L, L)
+
+
+FACTOR_CASES = ["factor-memory", "rows-factor-memory", "kernels-factor-memory"]
+
+
+@pytest.fixture(scope="module", params=["memory", "zarr64", "zarr32", "rows-memory", "rows-zarr", "kernels-memory",
+                                        *FACTOR_CASES])
 def case(request, tmp_path_factory):
     """(engine, the float64 Gram matrices it represents, whether a kernels=None call is a pass)."""
     grams = _grams()
     kind = request.param
+    if kind in FACTOR_CASES:
+        L = _factors()
+        engine, grams = InMemoryFactorEngine(L), _materialise(L)
+        if kind == "rows-factor-memory":
+            engine, grams = RowSubsetEngine(engine, ROWS), grams[:, ROWS][:, :, ROWS]
+        elif kind == "kernels-factor-memory":
+            engine, grams = KernelSubsetEngine(engine, KERNELS), grams[KERNELS]
+        yield engine, grams
+        return
     if kind == "memory":
         yield InMemoryEngine(grams), grams
         return
@@ -103,10 +128,28 @@ def test_frobenius_combine_and_gram_of_kernels(case):
 def test_blocks_are_the_callers_own_copies(case, keep):
     engine, grams = case
     B = engine.blocks([1, 0], keep=keep)
-    assert B.shape == (2, engine.n, engine.n) and B[0].nbytes == engine.block_nbytes
-    _close(B, grams[[1, 0]])
+    cols = engine.n if engine.representation == "dense" else engine.rank
+    assert B.shape == (2, engine.n, cols) and B[0].nbytes == engine.block_nbytes
+    stored = lambda b: b if engine.representation == "dense" else _materialise(np.asarray(b, dtype=np.float64))
+    _close(stored(B), grams[[1, 0]])
     B[:] = 0.0
-    _close(engine.blocks([1], keep=keep), grams[[1]])
+    _close(stored(engine.blocks([1], keep=keep)), grams[[1]])
+
+
+def test_combine_factors_is_a_factor_of_the_combination(case):
+    engine, grams = case
+    w = np.zeros(engine.M)
+    w[[0, engine.M - 1]] = (0.3, 1.7)
+    if engine.representation == "dense":
+        assert engine.rank is None
+        with pytest.raises(InvalidInputError, match="combine"):
+            engine.combine_factors(w)
+        return
+    F = engine.combine_factors(w)
+    assert F.dtype == np.float64 and F.shape == (engine.n, 2 * engine.rank)
+    _close(F @ F.T, np.einsum("m,mij->ij", w, grams))
+    with pytest.raises(InvalidInputError, match="non-negative"):
+        engine.combine_factors(-w)
 
 
 def test_counters_count_passes_and_bytes(case):

@@ -1,7 +1,7 @@
 """Passes over a kernel bank and the driver-side cache of active kernel blocks.
 
 ``KernelEngine`` (contract.py) is everything a solver may use; its implementations: ``Engine``
-(core.py, streaming passes over a zarr bank), ``InMemoryEngine`` (memory.py, an (M, n, n) array)
+(core.py, streaming passes over a zarr bank), ``InMemoryEngine`` / ``InMemoryFactorEngine`` (memory.py, an (M, n, n) or (M, n, r) array)
 and the views ``RowSubsetEngine`` / ``KernelSubsetEngine`` (views.py). The layers under ``Engine``,
 one job each:
 plan.py (kernels -> tasks), runner.py (threaded or distributed Dask execution), tasks.py (what a
@@ -12,7 +12,7 @@ block cache), validate.py (input checks).
 
 from mklscale.engine.contract import Counters, KernelEngine
 from mklscale.engine.core import Engine
-from mklscale.engine.memory import InMemoryEngine
+from mklscale.engine.memory import InMemoryEngine, InMemoryFactorEngine
 from mklscale.engine.views import KernelSubsetEngine, RowSubsetEngine
 
-__all__ = ["Counters", "Engine", "InMemoryEngine", "KernelEngine", "KernelSubsetEngine", "RowSubsetEngine"]
+__all__ = ["Counters", "Engine", "InMemoryEngine", "InMemoryFactorEngine", "KernelEngine", "KernelSubsetEngine", "RowSubsetEngine"]

@@ -4,7 +4,14 @@ A solver sees the bank only through a :class:`KernelEngine`. Every implementatio
 :class:`~mklscale.engine.core.Engine` over a zarr bank, the :class:`~mklscale.engine.memory.InMemoryEngine`
 over arrays, and the views of :mod:`mklscale.engine.views`) subclasses it and passes the same
 conformance suite (``tests/test_engine_contract.py``), so a solver never probes for a method or a
-keyword. The operations, with K_m the m-th kernel (n x n, PSD) of M:
+keyword. A bank stores its kernels in one of two representations (``representation``):
+
+    "dense"    K_m stored as an (n, n) PSD matrix
+    "factor"   K_m = L_m L_m^T stored as its factor L_m (n, r) (a low-rank bank, n in the tens of
+               thousands); every operation below means the same on K_m = L_m L_m^T, and costs
+               O(n r) per kernel and vector instead of O(n^2)
+
+The operations, with K_m the m-th kernel (n x n, PSD) of M:
 
     n, M                                    sizes
     lambda_max                              (M,) largest eigenvalue of each K_m (NaN: kernel unavailable)
@@ -17,9 +24,13 @@ keyword. The operations, with K_m the m-th kernel (n x n, PSD) of M:
     frobenius(T, kernels=None)              (M,) <K_m, T>_F for a dense symmetric (n, n) T
     combine(weights)                        (n, n) float64 sum_m w_m K_m, reading only w_m != 0
     gram_of_kernels(kernels=None)           (p, p) <K_i, K_j>_F
-    blocks(kernels, keep=True)              (p, n, n) the kernels in their storage dtype, owned by the
-                                            caller; keep=False: the engine keeps no copy of its own
+    combine_factors(weights)                factor engines: (n, R) float64 F = [sqrt(w_m) L_m]_{w_m > 0}
+                                            with F F^T = sum_m w_m K_m (weights >= 0), kernels in index order
+    blocks(kernels, keep=True)              the kernels as stored, in their storage dtype, owned by the
+                                            caller: (p, n, n) K_m, or (p, n, r) L_m for a factor engine;
+                                            keep=False: the engine keeps no copy of its own
     block_nbytes                            bytes of one kernel as ``blocks`` returns it
+    representation, rank                    "dense" (rank None) or "factor" (rank r: columns of L_m)
     working_set_budget                      bytes of kernels a solver may hold by default (None: no cap)
     counters()                              Counters(passes, bytes_read) so far: passes are calls that
                                             read every kernel; bytes are kernel bytes read from storage
@@ -35,6 +46,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from mklscale.errors import InvalidInputError
+
 
 class Counters(NamedTuple):
     """Running counters of an engine: full passes over the bank and kernel bytes read."""
@@ -48,6 +61,13 @@ class KernelEngine(ABC):
 
     n: int
     M: int
+    #: "dense" or "factor" (module docstring).
+    representation: str = "dense"
+
+    @property
+    def rank(self) -> int | None:
+        """Columns r of every stored factor L_m; None for a dense engine."""
+        return None
 
     @property
     @abstractmethod
@@ -89,6 +109,12 @@ class KernelEngine(ABC):
     @abstractmethod
     def combine(self, weights) -> np.ndarray:
         """(n, n) float64 sum_m weights[m] K_m over the non-zero weights."""
+
+    def combine_factors(self, weights) -> np.ndarray:
+        """(n, R) float64 F with F F^T = sum_m weights[m] K_m: the factors sqrt(w_m) L_m of the
+        kernels with w_m > 0, side by side in index order (factor engines only)."""
+        raise InvalidInputError(f"{type(self).__name__} stores dense kernels, which have no factors; "
+                                "use combine(weights) for the (n, n) combination")
 
     @abstractmethod
     def gram_of_kernels(self, kernels=None) -> np.ndarray:

@@ -1,7 +1,8 @@
 """Views of an engine: the same contract over a subset of its training rows or of its kernels.
 
 - :class:`RowSubsetEngine` restricts every kernel to the principal submatrix K[rows][:, rows]
-  (cross-validation folds train on one without rebuilding the bank). u^T K[r, r] u = pad(u)^T K pad(u),
+  (cross-validation folds train on one without rebuilding the bank); of a factor engine, to the
+  factor rows L[rows] (K[rows][:, rows] = L[rows] L[rows]^T). u^T K[r, r] u = pad(u)^T K pad(u),
   with pad placing u at ``rows`` and zeros elsewhere, so an all-kernel quad_forms is still one pass
   of the underlying bank. ``lambda_max`` stays the full kernels': by Cauchy interlacing it bounds
   every principal submatrix's, which is all solvers use it for (step sizes, inactivity bounds).
@@ -39,6 +40,11 @@ class RowSubsetEngine(KernelEngine):
                                     f"{rows.size} indices")
         self.rows, self.full_n = rows, full_n
         self.n, self.M = int(rows.size), int(engine.M)
+        self.representation = engine.representation
+
+    @property
+    def rank(self) -> int | None:
+        return self.engine.rank
 
     @property
     def lambda_max(self) -> np.ndarray:
@@ -46,11 +52,14 @@ class RowSubsetEngine(KernelEngine):
 
     @property
     def traces(self) -> np.ndarray:
+        if self.representation == "factor":
+            return self._per_kernel(lambda L: np.einsum("mir,mir->m", L, L))
         return self._per_kernel(lambda sub: np.trace(sub, axis1=1, axis2=2))
 
     @property
     def frobenius_norms(self) -> np.ndarray:
-        return self._per_kernel(lambda sub: np.sqrt(np.einsum("mij,mij->m", sub, sub)))
+        return np.sqrt(np.diag(self.gram_of_kernels())) if self.representation == "factor" else \
+            self._per_kernel(lambda sub: np.sqrt(np.einsum("mij,mij->m", sub, sub)))
 
     def _per_kernel(self, stat, chunk: int = 8) -> np.ndarray:
         """stat of every kernel's principal submatrix, ``chunk`` kernels read at a time."""
@@ -62,8 +71,9 @@ class RowSubsetEngine(KernelEngine):
 
     @property
     def block_nbytes(self) -> int:
-        itemsize = self.engine.block_nbytes // (self.full_n * self.full_n)
-        return self.n * self.n * itemsize
+        cols = self.n if self.rank is None else self.rank
+        full_cols = self.full_n if self.rank is None else self.rank
+        return self.n * cols * (self.engine.block_nbytes // (self.full_n * full_cols))
 
     @property
     def working_set_budget(self) -> int | None:
@@ -102,15 +112,26 @@ class RowSubsetEngine(KernelEngine):
         return self.engine.frobenius(padded, kernels=kernels)
 
     def combine(self, weights) -> np.ndarray:
+        if self.representation == "factor":
+            w = validate.weights(weights, self.M)
+            pos, neg = self.combine_factors(np.maximum(w, 0)), self.combine_factors(np.maximum(-w, 0))
+            return pos @ pos.T - neg @ neg.T
         return self._sub(self.engine.combine(weights))
+
+    def combine_factors(self, weights) -> np.ndarray:
+        return self.engine.combine_factors(weights)[self.rows]
 
     def gram_of_kernels(self, kernels=None) -> np.ndarray:
         idx = np.arange(self.M) if kernels is None else validate.kernel_indices(kernels, self.M)
         sub = np.asarray(self.blocks(idx, keep=False), dtype=np.float64)
+        if self.representation == "factor":
+            cross = np.einsum("air,bis->abrs", sub, sub)
+            return np.einsum("abrs,abrs->ab", cross, cross)
         return np.einsum("aij,bij->ab", sub, sub)
 
     def blocks(self, kernels, keep: bool = True) -> np.ndarray:
-        return self._sub(np.asarray(self.engine.blocks(kernels, keep=keep)))
+        stored = np.asarray(self.engine.blocks(kernels, keep=keep))
+        return stored[:, self.rows] if self.representation == "factor" else self._sub(stored)
 
 
 class KernelSubsetEngine(KernelEngine):
@@ -128,7 +149,12 @@ class KernelSubsetEngine(KernelEngine):
                                     f"got {idx.size} indices")
         self.kernels = idx
         self.n, self.M = int(engine.n), int(idx.size)
+        self.representation = engine.representation
         self._passes = 0
+
+    @property
+    def rank(self) -> int | None:
+        return self.engine.rank
 
     @property
     def lambda_max(self) -> np.ndarray:
@@ -168,11 +194,17 @@ class KernelSubsetEngine(KernelEngine):
     def frobenius(self, T, kernels=None) -> np.ndarray:
         return self.engine.frobenius(T, kernels=self._map(kernels))
 
-    def combine(self, weights) -> np.ndarray:
-        w = validate.weights(weights, self.M)
+    def _full_weights(self, weights) -> np.ndarray:
         full = np.zeros(self.engine.M)
-        full[self.kernels] = w
-        return self.engine.combine(full)
+        full[self.kernels] = validate.weights(weights, self.M)
+        return full
+
+    def combine(self, weights) -> np.ndarray:
+        return self.engine.combine(self._full_weights(weights))
+
+    def combine_factors(self, weights) -> np.ndarray:
+        """Factors in the underlying engine's index order (F F^T does not depend on the order)."""
+        return self.engine.combine_factors(self._full_weights(weights))
 
     def gram_of_kernels(self, kernels=None) -> np.ndarray:
         idx = self.kernels if kernels is None else self.kernels[validate.kernel_indices(kernels, self.M)]
