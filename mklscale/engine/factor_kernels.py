@@ -1,7 +1,8 @@
 """Numba kernels of passes over factor banks: K_m = L_m L_m^T with L_m (n, r) stored (float32 or float64).
 
 Every quantity has one fixed summation order, independent of the task, thread or worker that runs
-it and of whether L_m comes from disk (float32, widened exactly) or from the driver's cache, so
+it and of whether L_m comes from disk (float32, widened exactly: every product is taken in float64,
+never float32 x float32) or from the driver's cache, so
 factor passes are bit-identical under any scheduling, as dense ones are (``kernels``):
 
 - projection, k vectors U (k, n):   P = U L,  P[j, c] = ((0 + U[j,0] L[0,c]) + U[j,1] L[1,c]) + ...
@@ -18,6 +19,7 @@ for the Gram of kernels; only ``frobenius`` and ``combine`` produce or read n x 
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 _opts = dict(nogil=True, cache=True, error_model="numpy")
@@ -65,9 +67,9 @@ def cross_products(A, B, C, upper):
         for b in range(a if upper else 0, B.shape[0]):
             for i in range(rows):
                 for c in range(r):
-                    x = A[a, i, c]
+                    x = np.float64(A[a, i, c])
                     for e in range(r):
-                        C[a, b, c, e] += x * B[b, i, e]
+                        C[a, b, c, e] += x * np.float64(B[b, i, e])
 
 
 @njit(**_opts)
@@ -104,5 +106,5 @@ def add_outer(L, w, out):
         for l in range(n):
             s = 0.0
             for c in range(r):
-                s += L[i, c] * L[l, c]
+                s += np.float64(L[i, c]) * np.float64(L[l, c])
             out[i, l] += w * s
