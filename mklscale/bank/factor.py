@@ -21,9 +21,11 @@ Normalisation applies to K~: "trace" scales T by 1 / ||L||_F (unit trace, norm_f
 None leaves it. ``approx_error`` = (tr K - tr K~) / tr K before normalisation: the exact trace
 norm of K - K~ >= 0, in O(n r) from diag K (the family) and the row norms of L.
 
-Every loop here has a fixed summation order (numba, no BLAS in anything stored), so a kernel's
+Every loop that produces stored values has a fixed summation order (numba, no BLAS), so a kernel's
 factor bytes are the same in any process or thread: resumed and distributed builds reproduce the
-checksums. Eigen- and triangular solves are r x r LAPACK calls, deterministic on a machine.
+checksums. Eigen- and triangular solves are r x r LAPACK calls, deterministic on a machine; the
+statistics use BLAS for L^T L. Cost per kernel: O(n r d_m) for the kernel values and k-means++,
+O(n r^2) for L = C T (twice with "trace", to fold the scale into T exactly); never n x n.
 """
 
 from __future__ import annotations
@@ -105,38 +107,40 @@ def _columns(spec: KernelSpec, Xs: np.ndarray) -> np.ndarray:
 
 # ---- numba kernels --------------------------------------------------------------------------------
 @numba.njit(cache=True, nogil=True)
-def _cross_rows(Xt, Zt, kind, fam, a, p, out):
-    """out[i, j] = k(x_i, z_j) (unnormalised, float64) with the build's arithmetic (``base_row``,
-    ``_kernel_row`` with ``exp_f64``)."""
-    n, m = Xt.shape[1], Zt.shape[1]
-    ones = np.ones(m)
-    buf = np.empty(m)
-    for i in range(n):
-        _compute.base_row(Xt, i, Zt, 0, m, kind, buf)
-        _compute._kernel_row(buf, fam, a, p, 1.0, ones, out[i], False)
+def _cross_cols(Xt, Zt, kind, fam, a, p, Ct):
+    """Ct[j, i] = k(x_i, z_j) (unnormalised, float64) with the build's arithmetic (``base_row``,
+    ``_kernel_row`` with ``exp_f64``), one landmark at a time over all points (long inner loops);
+    base(z, x) = base(x, z) bit for bit, so this is k(X, Z) transposed."""
+    m, n = Zt.shape[1], Xt.shape[1]
+    ones = np.ones(n)
+    buf = np.empty(n)
+    for j in range(m):
+        _compute.base_row(Zt, j, Xt, 0, n, kind, buf)
+        _compute._kernel_row(buf, fam, a, p, 1.0, ones, Ct[j], False)
 
 
 @numba.njit(cache=True, nogil=True)
-def _apply(C, T, row_normalise, out):
-    """out[i, :] = C[i, :] T summed over k in order (then scaled to unit norm if row_normalise;
-    zero rows stay zero)."""
-    n, k = C.shape
+def _apply(Ct, T, row_normalise, out):
+    """out[i, :] = sum_q Ct[q, i] T[q, :], q in order (then scaled to unit norm if row_normalise;
+    zero rows stay zero). Accumulated in a local row, which vectorises."""
+    k, n = Ct.shape
     r = T.shape[1]
+    acc = np.empty(r)
     for i in range(n):
-        row = out[i]
-        row[:] = 0.0
+        acc[:] = 0.0
         for q in range(k):
-            c = C[i, q]
+            c = Ct[q, i]
             for j in range(r):
-                row[j] += c * T[q, j]
+                acc[j] += c * T[q, j]
         if row_normalise:
             s = 0.0
             for j in range(r):
-                s += row[j] * row[j]
+                s += acc[j] * acc[j]
             if s > 1e-300:
                 inv = 1.0 / np.sqrt(s)
                 for j in range(r):
-                    row[j] *= inv
+                    acc[j] *= inv
+        out[i, :] = acc
 
 
 @numba.njit(cache=True, nogil=True)
@@ -147,26 +151,6 @@ def _row_sq_sum(L):
         for j in range(L.shape[1]):
             s += L[i, j] * L[i, j]
     return s
-
-
-@numba.njit(cache=True, nogil=True)
-def factor_gram(L):
-    """G = L^T L (r x r, float64) of a stored float32/float64 factor, accumulated row by row."""
-    n, r = L.shape
-    G = np.zeros((r, r))
-    row = np.empty(r)
-    for i in range(n):
-        for j in range(r):
-            row[j] = np.float64(L[i, j])
-        for a in range(r):
-            v = row[a]
-            if v != 0.0:
-                for b in range(a, r):
-                    G[a, b] += v * row[b]
-    for a in range(r):
-        for b in range(a):
-            G[a, b] = G[b, a]
-    return G
 
 
 @numba.njit(cache=True, nogil=True)
@@ -292,20 +276,21 @@ def factor_rows(spec: KernelSpec, Xs_new: np.ndarray, Z: np.ndarray, transform: 
     """
     Xs_new = np.asarray(Xs_new, dtype=np.float64)
     Z = np.asarray(Z, dtype=np.float64)
-    C = _cross(spec, _columns(spec, Xs_new), _columns(spec, Z))
-    return _transformed(C, np.asarray(transform, dtype=np.float64)[: Z.shape[0]], row_normalise)
+    Ct = _cross(spec, _columns(spec, Xs_new), _columns(spec, Z))
+    return _transformed(Ct, np.asarray(transform, dtype=np.float64)[: Z.shape[0]], row_normalise)
 
 
 def _cross(spec: KernelSpec, Xt: np.ndarray, Zt: np.ndarray) -> np.ndarray:
+    """k(X, Z)^T: (k, n) float64 for feature-major Xt (d, n), Zt (d, k)."""
     fam, a, p = kernel_params(spec)
-    C = np.empty((Xt.shape[1], Zt.shape[1]))
-    _cross_rows(Xt, Zt, _kind(spec), fam, a, p, C)
-    return C
+    Ct = np.empty((Zt.shape[1], Xt.shape[1]))
+    _cross_cols(Xt, Zt, _kind(spec), fam, a, p, Ct)
+    return Ct
 
 
-def _transformed(C: np.ndarray, T: np.ndarray, row_normalise: bool) -> np.ndarray:
-    out = np.empty((C.shape[0], T.shape[1]))
-    _apply(C, np.ascontiguousarray(T), bool(row_normalise), out)
+def _transformed(Ct: np.ndarray, T: np.ndarray, row_normalise: bool) -> np.ndarray:
+    out = np.empty((Ct.shape[1], T.shape[1]))
+    _apply(Ct, np.ascontiguousarray(T), bool(row_normalise), out)
     return out
 
 
@@ -333,7 +318,7 @@ def build_factor(spec: KernelSpec, Xs: np.ndarray, m: int, st: FactorSettings, n
     if st.method == "nystrom":
         idx = _landmarks(Xt, m, st)
         C = _cross(spec, Xt, np.ascontiguousarray(Xt[:, idx]))
-        T, rank = _nystrom_transform(C[idx], st.eig_cutoff, r)
+        T, rank = _nystrom_transform(C[:, idx], st.eig_cutoff, r)  # W = k(Z, Z), exactly symmetric
     else:
         G, idx = _pivoted_cholesky(Xt, kind, fam, a, p, kdiag, r, st.tol * exact)
         rank = len(idx)
@@ -383,7 +368,8 @@ def factor_stats(L: np.ndarray) -> tuple[float, float, float]:
     """(trace, Frobenius norm, largest eigenvalue) of K~ = L L^T for the stored L, from the r x r
     G = L^T L: tr K~ = tr G, ||K~||_F = ||G||_F, lambda_max(K~) = lambda_max(G), raised by
     8 r eps ||G||_F so that it stays an upper bound (safe screening, step sizes)."""
-    G = factor_gram(np.ascontiguousarray(L))
+    L64 = np.asarray(L, dtype=np.float64)
+    G = L64.T @ L64  # BLAS: statistics only, the stored bytes never depend on it
     fro = float(np.sqrt(_row_sq_sum(G)))
     lam = float(np.linalg.eigvalsh(G)[-1]) if G.size else 0.0
     return float(np.trace(G)), fro, max(0.0, lam) + 8.0 * max(1, G.shape[0]) * 2.220446049250313e-16 * fro
