@@ -305,3 +305,43 @@ def test_cli_build_and_info(tmp_path):
                  "--out", str(tmp_path / "bad.zarr"), "--quiet", *bad)
         assert r.returncode == 2 and match in r.stderr and "Traceback" not in r.stderr, r.stderr
         assert not (tmp_path / "bad.zarr").exists()
+
+
+# ---- pipeline TOML ---------------------------------------------------------------------------------
+PIPE = {"name": "t", "dataset": {"name": "breast_cancer", "max_train": 60},
+        "bank": {"family": "gaussian", "widths": [1.0, 2.0]},
+        "solver": [{"name": "uni", "solver": "uniform", "C": 1.0}]}
+
+
+def test_pipeline_bank_table_takes_the_factor_keys():
+    from mklscale.pipeline import load_pipeline
+
+    pipe = load_pipeline({**PIPE, "bank": {**PIPE["bank"], "rank": 16, "method": "cholesky", "tol": 1e-4}})
+    assert pipe.bank["factor"] == {"rank": 16, "method": "cholesky", "landmarks": "kmeans++", "tol": 1e-4,
+                                   "max_error": 0.05}
+    assert load_pipeline(PIPE).bank["factor"] == {}
+
+
+@pytest.mark.parametrize("keys,fragment", [
+    ({"rank": 0}, "must be > 0"), ({"rank": 2.5}, "must be int"), ({"rank": "64"}, "must be int"),
+    ({"rank": 8, "method": "svd"}, "must be one of"), ({"rank": 8, "landmarks": "grid"}, "must be one of"),
+    ({"rank": 8, "tol": -1.0}, "must be > 0"), ({"method": "cholesky"}, "factor banks only"),
+])
+def test_pipeline_bad_factor_keys_are_config_errors(keys, fragment):
+    from mklscale.errors import ConfigError
+    from mklscale.pipeline import load_pipeline
+
+    with pytest.raises(ConfigError, match=fragment):
+        load_pipeline({**PIPE, "bank": {**PIPE["bank"], **keys}})
+
+
+def test_pipeline_builds_a_factor_bank(tmp_path):
+    from mklscale.datasets import load
+    from mklscale.pipeline import _build_bank, _Data, load_pipeline
+
+    pipe = load_pipeline({**PIPE, "bank": {**PIPE["bank"], "rank": 8, "max_error": 1.0}})
+    ds = load("breast_cancer")
+    data = _Data("breast_cancer", "classification", ds.X[:50], ds.y[:50], ds.X[50:60], ds.y[50:60], None)
+    said = []
+    bank, info = _build_bank(pipe, data, tmp_path, None, True, said.append)
+    assert (bank.representation, bank.rank, info["representation"], info["rank"]) == ("factor", 8, "factor", 8)
