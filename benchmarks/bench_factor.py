@@ -9,7 +9,7 @@
 
 Protocol (as bench_scaling.py): ringnorm (``load("ringnorm", n_samples=n, seed=0)``, test rows drawn
 with seed 1), Gaussian kernels on random feature subsets (``families.random_subsets(20, M, seed=0)``),
-unit trace, float32; factor banks by Nystrom on k-means++ landmarks shared by the bank. SpicyMKL
+unit trace, float32; factor banks by Nystrom on k-means++ landmarks drawn per kernel. SpicyMKL
 logistic, block-1 penalty, C = 0.05 (bench_spicy.py), tol 1e-3. Each item runs in its own process
 (``--item`` re-invokes this script), so the peak RSS recorded (``ru_maxrss`` of that process) is the
 item's own. Results: benchmarks/results/bench_factor_<item>.json; README via make_readme.py.

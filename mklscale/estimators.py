@@ -87,8 +87,8 @@ class _MKLBase(BaseEstimator):
     solver_params : dict of further solver parameters, or None (unknown names raise InvalidInputError).
     normalize : "trace" (unit trace, default), "diag" (unit diagonal) or None.
     rank : None (default: a dense bank, every K_m stored as n x n) or r >= 1: a factor bank, every
-        kernel stored as L_m (n x r) with K~_m = L_m L_m^T by Nystrom on k-means++ landmarks shared by
-        the bank (``build_bank(..., rank=r)``), for n in the tens of thousands; the solvers solve the
+        kernel stored as L_m (n x r) with K~_m = L_m L_m^T by Nystrom on r k-means++ landmarks drawn
+        per kernel on its own features (``build_bank(..., rank=r)``), for n in the tens of thousands; the solvers solve the
         same problem on the K~_m, and the model keeps only the landmarks of the kept kernels.
     cache_dir : where banks are kept (None: ``$MKLSCALE_CACHE`` or ``~/.cache/mklscale/banks``).
     client : a ``distributed.Client`` for the bank build and the engine's passes, a scheduler address
