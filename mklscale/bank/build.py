@@ -1,7 +1,8 @@
 """Build a kernel bank from features and specs as Dask tasks: resumable, normalised, safe to kill.
 
-One task computes the kernels of one shard (a whole file of the ``gram`` array), writes them in a
-single write, and returns their statistics. Only the driver writes per-kernel metadata, in
+One task computes the kernels of one shard (a whole file of the ``gram`` array; in a factor bank,
+of the ``factor`` array: the factors L_m of ``factor.build_factor``), writes them in a single write,
+and returns their statistics. Only the driver writes per-kernel metadata, in
 batches, and it marks a kernel complete only after the task that wrote its data has returned. A
 build killed at any moment therefore leaves complete kernels intact and, run again with the same
 arguments, recomputes exactly the unfinished shards. ``repair_bank`` (``KernelBank.repair``)
