@@ -97,6 +97,7 @@ from mklscale.errors import InvalidInputError
 from mklscale.solvers._threads import single_blas_thread_for_small_n
 from mklscale.solvers import _final_fit
 from mklscale.solvers._final_fit import centre
+from mklscale.solvers._lowrank import LowRank, weighted_factor
 from mklscale.solvers._validation import check_choice, check_count, check_positive, check_targets
 from mklscale.solvers.baselines import resolve_task
 from mklscale.solvers import duality
@@ -204,18 +205,22 @@ def fit_one_stage(source, y, lam: float = 1.0, max_iter: int = 100, tol: float =
     run = _Run(src, checkpoint, "gcd-1s", verbose)
     saved = run.load()
     converged = False
+    factors = _Factors(src) if getattr(src, "factored", False) else None
     if saved is None:
-        weights, K_theta, first = _Weights(), np.zeros((n, n)), 1
+        weights, first = _Weights(), 1
+        K_theta = np.zeros((n, n)) if factors is None else factors.combine({})
         alpha, J = _final_fit.ridge_dual(K_theta, t, lam)
         gap = np.inf
     else:
-        weights, K_theta, first = _Weights.from_state(saved, src), saved["K"], saved["iteration"] + 1
+        weights, first = _Weights.from_state(saved, src), saved["iteration"] + 1
+        K_theta = saved["K"] if factors is None else factors.combine(weights.values)
         alpha, J, gap = saved["alpha"], float(saved["J"]), float(saved["gap"])
     for it in range(first, max_iter + 1):
-        run.step(it - 1, weights, functools.partial(dict, K=K_theta, alpha=alpha, J=J, gap=gap))
+        run.step(it - 1, weights, functools.partial(dict, K=K_theta if factors is None else np.zeros((0, 0)),
+                                                    alpha=alpha, J=J, gap=gap))
         key, q_max, q_all = src.argmax_frobenius(None, alpha=alpha) if src.finite else \
             src.argmax_frobenius(None, alpha=alpha, reg=reg)
-        aKa = float(alpha @ K_theta @ alpha)
+        aKa = float(alpha @ K_theta @ alpha) if factors is None else K_theta.quad(alpha)
         gap = max(0.5 * (q_max - aKa), 0.0)
         if duality.relative_gap(J, J - gap) <= tol:
             converged = True
@@ -226,8 +231,11 @@ def fit_one_stage(source, y, lam: float = 1.0, max_iter: int = 100, tol: float =
             # away step: theta <- theta + gamma (theta - e_v), gamma in [0, theta_v / (1 - theta_v)]
             v, _, theta_v = away
             g_max = theta_v / (1.0 - theta_v)
-            K_v = src.block(v) if v is not None else np.zeros((n, n))
-            K_end = (1.0 + g_max) * K_theta - g_max * K_v        # theta_v = 0 there: a point of Delta_1
+            if factors is None:
+                K_v = src.block(v) if v is not None else np.zeros((n, n))
+                K_end = (1.0 + g_max) * K_theta - g_max * K_v        # theta_v = 0 there: a point of Delta_1
+            else:
+                K_end = factors.combine({k: 0.0 if k == v else (1.0 + g_max) * w for k, w in weights.values.items()})
             s, J = _final_fit.exact_segment_search(K_theta, K_end, t, lam)
             gamma = s * g_max
             weights.scale(1.0 + gamma)
@@ -236,14 +244,20 @@ def fit_one_stage(source, y, lam: float = 1.0, max_iter: int = 100, tol: float =
                 weights.add(v, -gamma)
                 if kind == "drop":
                     weights.values[v] = 0.0
-            K_theta = K_end if kind == "drop" else (1.0 + gamma) * K_theta - gamma * K_v
+            if factors is not None:
+                K_theta = factors.combine(weights.values)
+            else:
+                K_theta = K_end if kind == "drop" else (1.0 + gamma) * K_theta - gamma * K_v
             eta, key = -gamma, v
         else:
-            K_new = src.block(key)
+            K_new = src.block(key) if factors is None else factors.single(key)
             eta, J = _final_fit.exact_segment_search(K_theta, K_new, t, lam)
             weights.scale(1.0 - eta)
             weights.add(key, eta)
-            K_theta = (1.0 - eta) * K_theta + eta * K_new
+            if factors is None:
+                K_theta = (1.0 - eta) * K_theta + eta * K_new
+            else:
+                K_theta = factors.combine(weights.values)
             kind = "fw"
         alpha, J = _final_fit.ridge_dual(K_theta, t, lam)
         run.append({**_entry(it, J, gap, eta, key, src), "step": kind},
@@ -255,6 +269,29 @@ def fit_one_stage(source, y, lam: float = 1.0, max_iter: int = 100, tol: float =
                                               "fit_intercept": fit_intercept, "reg": reg, "simplex": "Delta_1",
                                               "variant": variant,
                                               "iterations": len(run.history), **extra})
+
+
+class _Factors:
+    """The factors L_k of the kernels a greedy loop selected, on a factor engine above the dense cap
+    (issue 17): combinations of them are ``LowRank`` factors, never (n, n) matrices."""
+
+    def __init__(self, src):
+        self.src = src
+        self.L: dict = {}
+
+    def get(self, key) -> np.ndarray:
+        if key not in self.L:
+            self.L[key] = self.src.factor(key)
+        return self.L[key]
+
+    def single(self, key) -> LowRank:
+        return LowRank(self.get(key))
+
+    def combine(self, values: dict) -> LowRank:
+        """sum_k values[k] K_k (values >= 0; non-positive ones are left out) as a LowRank."""
+        for k in values:
+            self.get(k)
+        return LowRank(weighted_factor(self.L, values) if values else np.zeros((self.src.n, 0)))
 
 
 def _entry(it, J, gap, eta, key, src) -> dict:
