@@ -127,7 +127,7 @@ def test_liblinear_on_features_is_within_the_stated_bound_of_libsvm(C):
         return 0.5 * c @ K @ c + C * _svm.hinge_sum(y, K @ c + bias)
 
     exact, approx = P(v0, b0), P(v, b)
-    assert exact * (1 - 1e-9) <= approx <= exact * (1 + 1e-4)
+    assert exact * (1 - 1e-6) <= approx <= exact * (1 + 1e-4)       # libsvm itself stops at tol 1e-6
     assert np.all((alpha >= 0) & (alpha <= C)) and abs(alpha @ y) <= 1e-9 * C * y.size
     dual = alpha.sum() - 0.5 * (alpha * y) @ K @ (alpha * y)
     assert dual <= exact * (1 + 1e-9) and dual >= exact * (1 - 1e-3)
@@ -197,11 +197,11 @@ def test_citi_reaches_the_oracle_and_its_gap_bounds_the_truth(bank, path, eta):
         assert res.objective == pytest.approx(dense.objective, rel=2 * tol)
         np.testing.assert_allclose(res.weights, dense.weights, atol=5e-3 * dense.weights.max())
     else:
-        # liblinear's regularised bias (b^2 / 2, _svm.fit_linear_svc) is not negligible against
-        # P ~ 180 at n = 50: measured primal 5e-4 above P*, gap stalling at 1.3e-3 (eta = 0.1)
-        assert res.gap < 5e-3
-        assert res.objective == pytest.approx(opt, rel=2e-3)
-        np.testing.assert_allclose(res.weights, dense.weights, atol=5e-2 * dense.weights.max())
+        # liblinear's regularised bias (b^2 / (2 s^2), _svm.fit_linear_svc) against P ~ 180 at n = 50:
+        # measured P 6e-5 above P* (s = 10 kept), converged at gap 7.7e-5 (eta = 0.1)
+        assert res.gap < 1e-3
+        assert res.objective == pytest.approx(opt, rel=5e-4)
+        np.testing.assert_allclose(res.weights, dense.weights, atol=2e-2 * dense.weights.max())
 
 
 @pytest.mark.parametrize("nu", [2, 1, 1.5])

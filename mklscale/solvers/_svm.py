@@ -56,15 +56,17 @@ def fit_linear_svc(F: np.ndarray, y: np.ndarray, C: float, tol: float, max_iter:
     """SVM on the features F (n, R), K = F F^T, through liblinear (scikit-learn ``LinearSVC``, dual
     coordinate descent, hinge loss): the problem of ``fit_svc`` on K, except for the bias.
 
-    Bias. liblinear appends a constant feature (``intercept_scaling`` s = 1) and so regularises the
+    Bias. liblinear appends a constant feature (``intercept_scaling`` s) and so regularises the
     bias: it solves min (1/2)||w||^2 + b^2 / (2 s^2) + C sum hinge. Evaluated in the exact objective
     P(w, b) = (1/2)||w||^2 + C sum hinge (unregularised bias), its solution is at most b*^2 / (2 s^2)
     (+ liblinear's own tolerance) above P*, b* the exact bias. The bias is then refitted exactly for the
     returned w (``optimal_bias``: argmin_b of the hinge sum), which can only lower P. Larger s makes the
-    penalty smaller but liblinear's dual badly conditioned: measured on n = 2000, R = 32 (random Fourier
-    factors, ``tests/test_factor_solvers.py``): P / P_SVC - 1 = 2e-6 with s = 1 and the refit for
-    C in {1, 10, 100}, against 4e-4 .. 1 with s = 100 (liblinear not converging in 1e5 epochs). The test
-    bounds it by 1e-4.
+    penalty smaller but liblinear's dual worse conditioned, so s = 1 and s = 10 are both solved and the
+    lower exact P kept (INTERCEPT_SCALINGS). Measured on n = 2000, R = 32 (random Fourier factors,
+    ``tests/test_factor_solvers.py``): P / P_SVC - 1 = 2e-6 with s = 1 and the refit for C in
+    {1, 10, 100}, against 4e-4 .. 1 with s = 100 (liblinear not converging in 1e5 epochs); the test bounds
+    it by 1e-4. On n = 50 (P ~ 180, b ~ 0.9) s = 1 leaves P 5e-4 above P* and s = 10 6e-5: the penalty
+    b*^2 / 2 matters only where P is small, i.e. at small n, where the solvers use libsvm anyway.
 
     Returns (alpha, v, intercept, converged) as ``fit_svc``: f = K v + intercept with v the
     minimum-norm solution of F^T v = w (so f = F w + intercept on the training points and on any point
@@ -72,17 +74,28 @@ def fit_linear_svc(F: np.ndarray, y: np.ndarray, C: float, tol: float, max_iter:
     y^T alpha = 0) recovered from the margins (``feasible_dual``), which certificates use: in general
     v != alpha o y.
     """
-    svc = LinearSVC(C=C, loss="hinge", dual=True, tol=tol, max_iter=max_iter)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ConvergenceWarning)
-        svc.fit(F, y)
-    converged = not any(issubclass(w.category, ConvergenceWarning) for w in caught)
-    w = svc.coef_[0].astype(np.float64)
+    best = None
+    for scaling in INTERCEPT_SCALINGS:
+        svc = LinearSVC(C=C, loss="hinge", dual=True, tol=tol, max_iter=max_iter, intercept_scaling=scaling,
+                        random_state=0)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ConvergenceWarning)
+            svc.fit(F, y)
+        w = svc.coef_[0].astype(np.float64)
+        f0 = F @ w
+        intercept = optimal_bias(f0, y)
+        primal = 0.5 * float(w @ w) + C * hinge_sum(y, f0 + intercept)
+        if best is None or primal < best[0]:
+            converged = not any(issubclass(x.category, ConvergenceWarning) for x in caught)
+            best = (primal, w, f0, intercept, converged)
+    _, w, f0, intercept, converged = best
     v = np.linalg.lstsq(F.T, w, rcond=None)[0]
-    f0 = F @ w
-    intercept = optimal_bias(f0, y)
     alpha = feasible_dual(F, y, w, f0 + intercept, C)
     return alpha, v, intercept, converged
+
+
+#: liblinear's bias feature values s tried by ``fit_linear_svc`` (the best exact primal is kept)
+INTERCEPT_SCALINGS = (1.0, 10.0)
 
 
 #: |y_i f_i - 1| <= MARGIN_TOL marks a point on the margin when a dual point is recovered from a primal one
