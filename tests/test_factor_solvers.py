@@ -158,6 +158,28 @@ def test_alignment_on_factors_matches_cvxpy(bank, path):
     np.testing.assert_allclose(res.weights, th / th.sum(), atol=1e-4)
 
 
+def test_full_rank_factors_equal_the_dense_bank(path):
+    """L_m = the full eigen-factor of K_m (r = n): the factor engine is the dense bank itself."""
+    grams, y = subset_gaussian_bank(30, 4, seed=5)
+    L = []
+    for K in grams:
+        w, V = np.linalg.eigh(K)
+        L.append(V * np.sqrt(np.maximum(w, 0.0)))
+    fact, dense = InMemoryFactorEngine(np.stack(L)), InMemoryEngine(grams)
+    y_reg = y + 0.2 * np.random.default_rng(0).standard_normal(y.size)
+    a = gcd.fit_one_stage(fact, y_reg, lam=0.1, variant="away", tol=1e-8, max_iter=200)
+    b = gcd.fit_one_stage(dense, y_reg, lam=0.1, variant="away", tol=1e-8, max_iter=200)
+    np.testing.assert_allclose(a.weights, b.weights, atol=1e-7)
+    assert a.objective == pytest.approx(b.objective, rel=1e-9)
+    a = baselines.alignment(fact, y_reg, task="regression", lam=0.1)
+    b = baselines.alignment(dense, y_reg, task="regression", lam=0.1)
+    np.testing.assert_allclose(a.weights, b.weights, atol=1e-9)
+    np.testing.assert_allclose(a.dual_coef, b.dual_coef, atol=1e-7)
+    a, b = citi.fit(fact, y, 10.0, 0.5), citi.fit(dense, y, 10.0, 0.5)
+    assert a.converged and b.converged
+    assert a.objective == pytest.approx(b.objective, rel=1e-3)
+
+
 @pytest.mark.parametrize("learner", ["komd", "svm"])
 @pytest.mark.parametrize("lam", [0.05, 0.5, 1.0])
 def test_easymkl(bank, path, learner, lam):

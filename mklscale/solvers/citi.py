@@ -33,7 +33,8 @@ Factor engines (issue 17): the combination comes from ``_final_fit.combined_kern
 (``_svm.fit_linear_svc``), whose model coefficients v (f = K v + b) differ from alpha o y: the primal
 P uses u_k = v^T K_k v of the model, O_up and O_low use u_k at alpha o y of the dual feasible alpha it
 recovers (a second vector in the same quad_forms pass), so the gap stays a bound on the relative
-suboptimality; it cannot fall below liblinear's accuracy (about 1e-6 relative, ``fit_linear_svc``).
+suboptimality; it cannot fall below liblinear's accuracy (``fit_linear_svc``: measured 2e-6 relative
+at n = 2000, 6e-5 at n = 50).
 
 Costs per outer iteration: one ``engine.combine(theta)`` (every kernel, since theta > 0), one SVM,
 one ``quad_forms(alpha o y)`` pass for all u_k; WSR and LP are O(M).
