@@ -117,14 +117,11 @@ class LowRank:
         return Kc.quad(yc) / denom if denom > 0 else 0.0
 
 
-def weighted_factor(factors: dict, weights: dict) -> np.ndarray:
+def weighted_factor(factors: dict, weights: dict, n: int) -> np.ndarray:
     """(n, R) [sqrt(w_k) L_k] over the keys with w_k > 0 (in the order of ``weights``); ``factors`` maps
-    key -> L_k (n, r). F F^T = sum_k w_k L_k L_k^T."""
+    key -> L_k (n, r). F F^T = sum_k w_k L_k L_k^T ((n, 0) when no weight is positive)."""
     cols = [np.sqrt(w) * factors[k] for k, w in weights.items() if w > 0.0]
-    if not cols:
-        n = next(iter(factors.values())).shape[0] if factors else 0
-        return np.zeros((n, 0))
-    return np.concatenate(cols, axis=1)
+    return np.concatenate(cols, axis=1) if cols else np.zeros((n, 0))
 
 
 def segment_search(FA: np.ndarray, FB: np.ndarray, t: np.ndarray, lam: float) -> tuple[float, float]:

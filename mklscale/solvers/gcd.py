@@ -291,7 +291,7 @@ class _Factors:
         """sum_k values[k] K_k (values >= 0; non-positive ones are left out) as a LowRank."""
         for k in values:
             self.get(k)
-        return LowRank(weighted_factor(self.L, values) if values else np.zeros((self.src.n, 0)))
+        return LowRank(weighted_factor(self.L, values, self.src.n))
 
 
 def _entry(it, J, gap, eta, key, src) -> dict:
@@ -588,7 +588,7 @@ def _fsam_factored(src, yc, T, delta, eps, eta_max, reg, run: _Run):
         if it == 1:     # K^0 = eps I: <K_i, C_n F'(K^0) C_n> ∝ y_c^T K_i y_c - <K_i, H> / n
             tr_c = np.asarray(src.engine.traces, dtype=np.float64) - src.quad_forms(np.ones(n)) / n
             values = src.quad_forms(yc) - (star_norm / n) * tr_c
-            a = c = d = 0.0
+            a = c = 0.0
         else:
             a, c = K.quad(yc), K.frobenius_norm() ** 2
             values = _scores(src, yc, K, a / c)
@@ -596,8 +596,7 @@ def _fsam_factored(src, yc, T, delta, eps, eta_max, reg, run: _Run):
         Kp = _centred_factor(src, factors, key, "alignment", first=it == 1)
         b = 0.0 if Kp is None else Kp.quad(yc)
         e = 0.0 if Kp is None else Kp.frobenius_norm() ** 2
-        if it > 1 and Kp is not None:
-            d = frob_inner(K.F, Kp.F)
+        d = frob_inner(K.F, Kp.F) if it > 1 and Kp is not None else 0.0
         denom = b * d - a * e
         eta_star = max(0.0, (a * d - b * c) / denom) if denom != 0 else 0.0
 

@@ -355,13 +355,14 @@ class _FactorIterate(_Iterate):
         self.count += 1
 
     def kernel(self) -> LowRank:
-        return LowRank(weighted_factor(self.factors, {k: self.scale * u * self.kw[k] for k, u in self.u.items()}))
+        return LowRank(weighted_factor(self.factors, {k: self.scale * u * self.kw[k] for k, u in self.u.items()},
+                                       self.src.n))
 
     def average_kernel(self) -> LowRank:
         if not self.count:
             return self.kernel()
         avg = self.averaged()
-        return LowRank(weighted_factor(self.factors, {k: v * self.kw[k] for k, v in avg.items()}))
+        return LowRank(weighted_factor(self.factors, {k: v * self.kw[k] for k, v in avg.items()}, self.src.n))
 
     def restore(self, state: dict, src) -> None:
         super().restore(state, src)
