@@ -10,6 +10,14 @@ Final fit (second stage of two-stage MKL, and of the baselines)
   ``mklscale.solvers._svm.fit_svc``: dual_coef = alpha o y on the support vectors, bias = intercept,
   so f = K c + b in both cases.
 
+Factor engines (issue 17). ``combined_kernel(engine, weights)`` is the one place that gives the
+combination sum_m w_m K_m: the (n, n) matrix (``engine.combine``) on a dense engine, or on a factor
+engine while ``_lowrank.dense_ok(n)`` (the same exact code as on the dense engine of the K~_m); above
+that cap a ``_lowrank.LowRank`` of ``engine.combine_factors(weights)``. Every function below takes
+either: on a LowRank, kernel ridge and the ridge solves use Woodbury (O(n R^2)), the SVM runs on
+the features F with liblinear (``_svm.fit_linear_svc``: its bias handling and measured objective
+difference are stated there), alignment and the segment search work on F.
+
 One-stage reduced objective (thesis (2.9), (4.7), Prop. 4.2, (4.12)), squared loss, rho_i = 1
 ------------------------------------------------------------------------------------------------
 The thesis leaves open how its "ridge parameter" maps onto the loss scale. Convention used here
@@ -30,13 +38,24 @@ import numpy as np
 import scipy.linalg
 
 from mklscale.errors import InvalidInputError
-from mklscale.solvers import _svm
+from mklscale.solvers import _lowrank, _svm
+from mklscale.solvers._lowrank import LowRank
 
 TASKS = ("regression", "classification")
 
 
-def kernel_ridge(K: np.ndarray, y: np.ndarray, lam: float) -> tuple[np.ndarray, float]:
+def combined_kernel(engine, weights) -> np.ndarray | LowRank:
+    """sum_m weights[m] K_m (weights >= 0): (n, n) float64, or a LowRank above the dense cap on a
+    factor engine (module docstring)."""
+    if engine.representation == "factor" and not _lowrank.dense_ok(engine.n):
+        return LowRank(engine.combine_factors(weights))
+    return engine.combine(weights)
+
+
+def kernel_ridge(K, y: np.ndarray, lam: float) -> tuple[np.ndarray, float]:
     """(c, b) minimising ||K c + b 1 - y||^2 + lam c^T K c (bordered system, see module docstring)."""
+    if isinstance(K, LowRank):
+        return K.kernel_ridge(y, lam)
     n = y.size
     A = np.zeros((n + 1, n + 1))
     A[:n, :n] = K + lam * np.eye(n)
@@ -46,10 +65,18 @@ def kernel_ridge(K: np.ndarray, y: np.ndarray, lam: float) -> tuple[np.ndarray, 
     return sol[:n], float(sol[n])
 
 
-def svm(K: np.ndarray, y: np.ndarray, C: float, tol: float = 1e-3) -> tuple[np.ndarray, float, bool]:
-    """(c, b, converged) of libsvm's soft-margin SVM on the precomputed Gram matrix K."""
-    _, v, intercept, converged = _svm.fit_svc(K, y, C, tol)
+def svm(K, y: np.ndarray, C: float, tol: float = 1e-3) -> tuple[np.ndarray, float, bool]:
+    """(c, b, converged) of libsvm's soft-margin SVM on the precomputed Gram matrix K (liblinear on
+    the features of a LowRank)."""
+    _, v, intercept, converged = svm_dual(K, y, C, tol)
     return v, intercept, converged
+
+
+def svm_dual(K, y: np.ndarray, C: float, tol: float) -> tuple[np.ndarray, np.ndarray, float, bool]:
+    """(alpha, v, intercept, converged) of ``_svm.fit_svc`` (dense K) or ``_svm.fit_linear_svc`` (LowRank)."""
+    if isinstance(K, LowRank):
+        return _svm.fit_linear_svc(K.F, y, C, tol)
+    return _svm.fit_svc(K, y, C, tol)
 
 
 def final_fit(K: np.ndarray, y: np.ndarray, task: str, lam: float, C: float) -> tuple[np.ndarray, float]:
@@ -73,8 +100,11 @@ def check_task(task: str, y: np.ndarray) -> str:
 
 
 # ---- one-stage reduced objective ------------------------------------------------------------
-def ridge_dual(K_theta: np.ndarray, t: np.ndarray, lam: float) -> tuple[np.ndarray, float]:
-    """(alpha*, J) with alpha* = (K_theta + lam I)^{-1} t and J = (1/2) t^T alpha* (Cholesky)."""
+def ridge_dual(K_theta, t: np.ndarray, lam: float) -> tuple[np.ndarray, float]:
+    """(alpha*, J) with alpha* = (K_theta + lam I)^{-1} t and J = (1/2) t^T alpha* (Cholesky; Woodbury
+    on a LowRank)."""
+    if isinstance(K_theta, LowRank):
+        return K_theta.ridge_dual(t, lam)
     A = K_theta + lam * np.eye(t.size)
     factor = scipy.linalg.cho_factor(A, lower=True, check_finite=False)
     alpha = scipy.linalg.cho_solve(factor, t, check_finite=False)
@@ -93,8 +123,10 @@ def exact_segment_search(A: np.ndarray, B: np.ndarray, t: np.ndarray, lam: float
     J(eta) = (1/2) sum_j z_j^2 / (1 + eta mu_j), convex in eta (1 + eta mu_j > 0 on [0, 1] because
     the matrix stays positive definite). J'(eta) = -(1/2) sum z_j^2 mu_j / (1 + eta mu_j)^2 is
     increasing; its root in [0, 1] (or the endpoint) is found by bisection to machine precision.
-    Returns (eta, J(eta)).
+    Returns (eta, J(eta)). Two LowRank ends: ``_lowrank.segment_search`` (the same search on factors).
     """
+    if isinstance(A, LowRank):
+        return _lowrank.segment_search(A.F, B.F, t, lam)
     L = np.linalg.cholesky(A + lam * np.eye(t.size))
     Linv_E = scipy.linalg.solve_triangular(L, B - A, lower=True)
     Mmat = scipy.linalg.solve_triangular(L, Linv_E.T, lower=True)
@@ -131,8 +163,10 @@ def centre(K: np.ndarray) -> np.ndarray:
     return K - row[None, :] - K.mean(axis=1)[:, None] + row.mean()
 
 
-def centred_alignment(K: np.ndarray, y: np.ndarray) -> float:
+def centred_alignment(K, y: np.ndarray) -> float:
     """A_c(K, y y^T) = <K_c, y_c y_c^T>_F / (||K_c||_F ||y_c||^2), y_c = y - mean(y) (thesis 2.2.2)."""
+    if isinstance(K, LowRank):
+        return K.centred_alignment(y)
     Kc = centre(K)
     yc = y - y.mean()
     denom = np.linalg.norm(Kc) * float(yc @ yc)

@@ -24,6 +24,11 @@ keeps the learned kernel on the scale of UNIFORM's). Final fit (``_final_fit``):
 unpenalised bias for regression (ridge ``lam``), libsvm SVC(kernel="precomputed", C) for
 classification. The achieved centred alignment of the learned kernel is stored in
 ``params["alignment"]`` and in the history.
+
+Factor engines (issue 17): every step above is an engine operation that a factor engine serves in
+O(n r^2) per kernel (b_i = ||L_i^T y_c||^2, <K_i, K_j>_F = ||L_i^T L_j||_F^2, row sums L_i (L_i^T 1));
+the learned kernel comes from ``_final_fit.combined_kernel`` (a factor above the dense cap), so no
+(n, n) matrix is formed there.
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ def _prepare(engine, y, task):
 
 
 def _finish(engine, weights, y, task, lam, C, solver, params, log: RunLog, history_extra, objective=None, gap=0.0):
-    K = engine.combine(weights)
+    K = _final_fit.combined_kernel(engine, weights)
     c, b = _final_fit.final_fit(K, y, task, lam, C)
     align = _final_fit.centred_alignment(K, y)
     log.record({"alignment": align, "n_active": int(np.count_nonzero(weights)), **history_extra})

@@ -97,6 +97,7 @@ from mklscale.errors import InvalidInputError
 from mklscale.solvers._threads import single_blas_thread_for_small_n
 from mklscale.solvers import _final_fit
 from mklscale.solvers._final_fit import centre
+from mklscale.solvers._lowrank import LowRank, frob_inner, weighted_factor
 from mklscale.solvers._validation import check_choice, check_count, check_positive, check_targets
 from mklscale.solvers.baselines import resolve_task
 from mklscale.solvers import duality
@@ -204,18 +205,22 @@ def fit_one_stage(source, y, lam: float = 1.0, max_iter: int = 100, tol: float =
     run = _Run(src, checkpoint, "gcd-1s", verbose)
     saved = run.load()
     converged = False
+    factors = _Factors(src) if getattr(src, "factored", False) else None
     if saved is None:
-        weights, K_theta, first = _Weights(), np.zeros((n, n)), 1
+        weights, first = _Weights(), 1
+        K_theta = np.zeros((n, n)) if factors is None else factors.combine({})
         alpha, J = _final_fit.ridge_dual(K_theta, t, lam)
         gap = np.inf
     else:
-        weights, K_theta, first = _Weights.from_state(saved, src), saved["K"], saved["iteration"] + 1
+        weights, first = _Weights.from_state(saved, src), saved["iteration"] + 1
+        K_theta = saved["K"] if factors is None else factors.combine(weights.values)
         alpha, J, gap = saved["alpha"], float(saved["J"]), float(saved["gap"])
     for it in range(first, max_iter + 1):
-        run.step(it - 1, weights, functools.partial(dict, K=K_theta, alpha=alpha, J=J, gap=gap))
+        run.step(it - 1, weights, functools.partial(dict, K=K_theta if factors is None else np.zeros((0, 0)),
+                                                    alpha=alpha, J=J, gap=gap))
         key, q_max, q_all = src.argmax_frobenius(None, alpha=alpha) if src.finite else \
             src.argmax_frobenius(None, alpha=alpha, reg=reg)
-        aKa = float(alpha @ K_theta @ alpha)
+        aKa = float(alpha @ K_theta @ alpha) if factors is None else K_theta.quad(alpha)
         gap = max(0.5 * (q_max - aKa), 0.0)
         if duality.relative_gap(J, J - gap) <= tol:
             converged = True
@@ -226,8 +231,11 @@ def fit_one_stage(source, y, lam: float = 1.0, max_iter: int = 100, tol: float =
             # away step: theta <- theta + gamma (theta - e_v), gamma in [0, theta_v / (1 - theta_v)]
             v, _, theta_v = away
             g_max = theta_v / (1.0 - theta_v)
-            K_v = src.block(v) if v is not None else np.zeros((n, n))
-            K_end = (1.0 + g_max) * K_theta - g_max * K_v        # theta_v = 0 there: a point of Delta_1
+            if factors is None:
+                K_v = src.block(v) if v is not None else np.zeros((n, n))
+                K_end = (1.0 + g_max) * K_theta - g_max * K_v        # theta_v = 0 there: a point of Delta_1
+            else:
+                K_end = factors.combine({k: 0.0 if k == v else (1.0 + g_max) * w for k, w in weights.values.items()})
             s, J = _final_fit.exact_segment_search(K_theta, K_end, t, lam)
             gamma = s * g_max
             weights.scale(1.0 + gamma)
@@ -236,14 +244,20 @@ def fit_one_stage(source, y, lam: float = 1.0, max_iter: int = 100, tol: float =
                 weights.add(v, -gamma)
                 if kind == "drop":
                     weights.values[v] = 0.0
-            K_theta = K_end if kind == "drop" else (1.0 + gamma) * K_theta - gamma * K_v
+            if factors is not None:
+                K_theta = factors.combine(weights.values)
+            else:
+                K_theta = K_end if kind == "drop" else (1.0 + gamma) * K_theta - gamma * K_v
             eta, key = -gamma, v
         else:
-            K_new = src.block(key)
+            K_new = src.block(key) if factors is None else factors.single(key)
             eta, J = _final_fit.exact_segment_search(K_theta, K_new, t, lam)
             weights.scale(1.0 - eta)
             weights.add(key, eta)
-            K_theta = (1.0 - eta) * K_theta + eta * K_new
+            if factors is None:
+                K_theta = (1.0 - eta) * K_theta + eta * K_new
+            else:
+                K_theta = factors.combine(weights.values)
             kind = "fw"
         alpha, J = _final_fit.ridge_dual(K_theta, t, lam)
         run.append({**_entry(it, J, gap, eta, key, src), "step": kind},
@@ -255,6 +269,29 @@ def fit_one_stage(source, y, lam: float = 1.0, max_iter: int = 100, tol: float =
                                               "fit_intercept": fit_intercept, "reg": reg, "simplex": "Delta_1",
                                               "variant": variant,
                                               "iterations": len(run.history), **extra})
+
+
+class _Factors:
+    """The factors L_k of the kernels a greedy loop selected, on a factor engine above the dense cap
+    (issue 17): combinations of them are ``LowRank`` factors, never (n, n) matrices."""
+
+    def __init__(self, src):
+        self.src = src
+        self.L: dict = {}
+
+    def get(self, key) -> np.ndarray:
+        if key not in self.L:
+            self.L[key] = self.src.factor(key)
+        return self.L[key]
+
+    def single(self, key) -> LowRank:
+        return LowRank(self.get(key))
+
+    def combine(self, values: dict) -> LowRank:
+        """sum_k values[k] K_k (values >= 0; non-positive ones are left out) as a LowRank."""
+        for k in values:
+            self.get(k)
+        return LowRank(weighted_factor(self.L, values, self.src.n))
 
 
 def _entry(it, J, gap, eta, key, src) -> dict:
@@ -305,12 +342,13 @@ def fit_two_stage(source, y, criterion: str = "alignment", task: str = "auto", l
     if not np.any(yc):
         raise InvalidInputError("y is constant: the centred ideal kernel is zero and alignment is undefined")
     run = _Run(src, checkpoint, f"gcd-2s/{criterion}", verbose)
+    factored = getattr(src, "factored", False)
     if criterion == "alignment":
-        weights, converged, extra = _fsam(src, yc, max_iter, check_positive("delta", delta, allow_zero=True),
+        weights, converged, extra = (_fsam_factored if factored else _fsam)(src, yc, max_iter, check_positive("delta", delta, allow_zero=True),
                                           check_positive("eps", eps), check_positive("eta_max", eta_max),
                                           reg, run)
     else:
-        weights, converged, extra = _euclidean(src, yc, max_iter, beta, step, check_positive("tol", tol), reg,
+        weights, converged, extra = (_euclidean_factored if factored else _euclidean)(src, yc, max_iter, beta, step, check_positive("tol", tol), reg,
                                                run)
     history = run.history
     w, fam = weights.as_result_arrays(src)
@@ -326,9 +364,9 @@ def fit_two_stage(source, y, criterion: str = "alignment", task: str = "auto", l
                              "alignment": align, "iterations": len(history), **extra, **fam})
 
 
-def _combine(src, weights: _Weights, w: np.ndarray) -> np.ndarray:
+def _combine(src, weights: _Weights, w: np.ndarray):
     if src.finite:
-        return src.engine.combine(w)
+        return _final_fit.combined_kernel(src.engine, w)
     kept = [k for k in weights.keys if weights.values[k] != 0.0]
     return sum(wi * src.block(k) for wi, k in zip(w, kept)) if kept else np.zeros((src.n, src.n))
 
@@ -489,6 +527,166 @@ def _euclidean(src, yc, T, beta, step, tol, reg, run: _Run):
                     "kernel": src.describe(key) if val > 0 else None},
                    f"it {it:3d} J={J:.8g} eta={eta:.4f} beta={beta:.4g} key={src.describe(key)}")
     # the returned weights are beta * theta (normalised to sum one by the caller)
+    weights.scale(beta if beta else 1.0)
+    return weights, converged, {"beta": beta, "step": step, "tol": tol,
+                                "gap": duality.relative_gap(J, J - gap) if np.isfinite(gap) else np.nan}
+
+
+# ---- GCD-2s on factor engines (issue 17) ----------------------------------------------------------------
+# Algorithms 7 and 8 with every (n, n) matrix replaced by its factor: the learned (centred) kernel is
+# K = H (sum_k w_k K_k) H = F_c F_c^T (``_Factors.combine(...).centred()``), the selected block
+# K'_c = L_c L_c^T, and the scalars of the loops are Frobenius products of factors,
+# <F F^T, G G^T> = ||F^T G||_F^2, and quadratic forms y_c^T K y_c = ||F^T y_c||^2. The greedy scores
+# <K_i, A> for A = a y_c y_c^T - c F_c F_c^T are ONE quad_forms pass over the rows [y_c; F_c^T]:
+# <K_i, F_c F_c^T> = sum_j F_c[:, j]^T K_i F_c[:, j]. Same steps, same stopping rules; O(n R^2) per step.
+
+
+def _scores(src, yc, Kc: LowRank | None, coef: float) -> np.ndarray:
+    """(M,) <K_i, y_c y_c^T - coef K> for K = Kc (centred factor) over all kernels: one pass."""
+    if Kc is None or Kc.rank == 0:
+        return src.quad_forms(yc)
+    q = np.asarray(src.engine.quad_forms(np.vstack([yc, Kc.F.T])), dtype=np.float64)
+    return q[:, 0] - coef * q[:, 1:].sum(axis=1)
+
+
+def _centred_factor(src, factors: _Factors, key, criterion: str, first: bool) -> LowRank | None:
+    """``_centred_block`` on factors: H L_key centred, None for a constant kernel (InvalidInputError
+    at the first step, naming the constant kernels: tr(H K_m H) = tr(K_m) - 1^T K_m 1 / n, one pass)."""
+    K = factors.single(key)
+    Kc = K.centred()
+    norm, norm_c = K.frobenius_norm(), Kc.frobenius_norm()
+    if norm_c > CONSTANT_RTOL * norm:
+        return Kc
+    if not first:
+        return None
+    tr = np.asarray(src.engine.traces, dtype=np.float64)
+    tr_c = tr - src.quad_forms(np.ones(src.n)) / src.n
+    const = np.flatnonzero(np.abs(tr_c) <= CONSTANT_RTOL * np.abs(tr))
+    listed = ", ".join(str(int(m)) for m in const[:20]) + (", ..." if const.size > 20 else "")
+    raise InvalidInputError(
+        f"gcd.fit_two_stage(criterion={criterion!r}): the greedy step selected a kernel that is constant over "
+        f"the training points (kernel {src.describe(key)}; {const.size} of the {src.M} kernels are constant, "
+        f"indices {listed}): its centred Gram matrix is zero, so its centred alignment with y is undefined. "
+        "Remove the constant kernels from the bank, or fit the one-stage solver (stage='one').")
+
+
+def _fsam_factored(src, yc, T, delta, eps, eta_max, reg, run: _Run):
+    """Algorithm 7 (``_fsam``) on factors."""
+    n = src.n
+    star_norm = float(yc @ yc)
+    factors = _Factors(src)
+    saved = run.load()
+    if saved is None:
+        weights, first = _Weights(), 1
+        F_old = 1.0 / np.sqrt(n)                    # F(eps I) = eps ||y_c||^2 / (eps sqrt(n) ||y_c||^2)
+    else:
+        weights, F_old, first = _Weights.from_state(saved, src), float(saved["F_old"]), saved["iteration"] + 1
+    K = factors.combine(weights.values).centred()
+    converged = False
+    for it in range(first, T + 1):
+        run.step(it - 1, weights, functools.partial(dict, K=np.zeros((0, 0)), F_old=F_old))
+        if it == 1:     # K^0 = eps I: <K_i, C_n F'(K^0) C_n> ∝ y_c^T K_i y_c - <K_i, H> / n
+            tr_c = np.asarray(src.engine.traces, dtype=np.float64) - src.quad_forms(np.ones(n)) / n
+            values = src.quad_forms(yc) - (star_norm / n) * tr_c
+            a = c = 0.0
+        else:
+            a, c = K.quad(yc), K.frobenius_norm() ** 2
+            values = _scores(src, yc, K, a / c)
+        key = int(np.argmax(values))
+        Kp = _centred_factor(src, factors, key, "alignment", first=it == 1)
+        b = 0.0 if Kp is None else Kp.quad(yc)
+        e = 0.0 if Kp is None else Kp.frobenius_norm() ** 2
+        d = frob_inner(K.F, Kp.F) if it > 1 and Kp is not None else 0.0
+        denom = b * d - a * e
+        eta_star = max(0.0, (a * d - b * c) / denom) if denom != 0 else 0.0
+
+        def F(h):
+            sq = c + 2.0 * h * d + h * h * e
+            return (a + h * b) / (np.sqrt(sq) * star_norm) if sq > 0 else 0.0
+
+        if it == 1:
+            eta_star, candidates = eta_max, [eta_max]
+        else:
+            candidates = [0.0, min(eta_star, eta_max), eta_max]
+        values_h = [F(h) for h in candidates]
+        eta = candidates[int(np.argmax(values_h))]
+        weights.add(key, eta)
+        K = factors.combine(weights.values).centred()
+        F_new = max(values_h)
+        run.append({"iteration": it, "alignment": F_new, "objective": F_new, "eta": eta, "eta_star": eta_star,
+                    "kernel": src.describe(key)}, f"it {it:3d} F={F_new:.6f} eta={eta:.4f} key={src.describe(key)}")
+        if it > 1 and F_new <= F_old + delta:
+            converged = True
+            break
+        F_old = F_new
+    return weights, converged, {"delta": delta, "eps": eps, "eta_max": eta_max, "gap": np.nan}
+
+
+def _euclidean_factored(src, yc, T, beta, step, tol, reg, run: _Run):
+    """Algorithm 8 (``_euclidean``) on factors: K = beta H (sum theta_i K_i) H."""
+    n = src.n
+    ss = float(yc @ yc) ** 2                         # ||K*_c||_F^2
+    auto_beta = beta is None
+    converged = False
+    factors = _Factors(src)
+    saved = run.load()
+    if saved is None:
+        weights, gap, first = _Weights(), np.nan, 1
+    else:
+        weights = _Weights.from_state(saved, src)
+        beta, gap, first = saved["beta"], float(saved["gap"]), saved["iteration"] + 1
+
+    def learned():
+        Kf = factors.combine(weights.values).centred()
+        return LowRank(np.sqrt(beta) * Kf.F) if beta else LowRank(np.zeros((n, 0)))
+
+    K = learned()
+    J = 0.5 * ss / n**2
+    for it in range(first, T + 1):
+        run.step(it - 1, weights, functools.partial(dict, K=np.zeros((0, 0)), beta=beta, gap=gap))
+        values = _scores(src, yc, K, 1.0)           # <K_i, R>, R = K*_c - K
+        key = int(np.argmax(values))
+        val = float(values[key])
+        yKy, KK = K.quad(yc), K.frobenius_norm() ** 2
+        J = 0.5 * (ss - 2.0 * yKy + KK) / n**2
+        gap = (KK - yKy + max(val, 0.0) * (beta or 0.0)) / n**2
+        if val <= 0 and K.rank == 0:
+            _centred_factor(src, factors, key, "euclidean", first=True)
+        if (beta is not None or val <= 0) and duality.relative_gap(J, J - gap) <= tol:
+            converged = True
+            run.append({"iteration": it, "objective": J, "gap": gap, "eta": 0.0, "kernel": src.describe(key)})
+            break
+        Kc = _centred_factor(src, factors, key, "euclidean", first=K.rank == 0) if val > 0 else None
+        if Kc is None:
+            val = 0.0
+        if val <= 0 and step == "thesis":
+            run.append({"iteration": it, "objective": J, "gap": gap, "eta": 0.0, "kernel": src.describe(key)})
+            break
+        if val > 0:
+            cc, yKcy = Kc.frobenius_norm() ** 2, Kc.quad(yc)
+            if beta is None:
+                beta = 2.0 * val / cc
+            dK = frob_inner(Kc.F, K.F) if K.rank else 0.0
+            # <R, beta Kc - K> and ||beta Kc - K||^2 expanded in Frobenius products
+            num = beta * yKcy - beta * dK - yKy + KK
+            den = beta * beta * cc - 2.0 * beta * dK + KK
+        else:
+            num, den = KK - yKy, KK                  # direction -K (shrink towards theta = 0)
+        if step == "exact":
+            eta = min(1.0, max(0.0, num / den))
+        else:
+            eta = min(1.0, val / (beta * Kc.frobenius_norm() ** 2))
+        weights.scale(1.0 - eta)
+        if val > 0:
+            weights.add(key, eta)
+        if auto_beta and sum(weights.values.values()) > 0.5:
+            beta *= 2.0
+            weights.scale(0.5)
+        K = learned()
+        J = 0.5 * (ss - 2.0 * K.quad(yc) + K.frobenius_norm() ** 2) / n**2
+        run.append({"iteration": it, "objective": J, "gap": gap, "eta": eta, "beta": beta,
+                    "kernel": src.describe(key) if val > 0 else None},
+                   f"it {it:3d} J={J:.8g} eta={eta:.4f} beta={beta:.4g} key={src.describe(key)}")
     weights.scale(beta if beta else 1.0)
     return weights, converged, {"beta": beta, "step": step, "tol": tol,
                                 "gap": duality.relative_gap(J, J - gap) if np.isfinite(gap) else np.nan}

@@ -59,6 +59,11 @@ relative gap) instead of sampling from an all-zero distribution. f = K_theta alp
 families, weights index the selected kernels in ``params["kernels"]`` (see ``sources``); polynomial
 multi-indices that are permutations of each other (the same kernel) are merged there.
 
+Factor engines (issue 17): below the dense cap of ``_lowrank`` the kernels are squared factors and
+everything above holds. Above it K_theta is a factor (``_FactorIterate``: [sqrt(theta_i / rho_i^2) L_i]
+over the sampled kernels, formed from theta each iteration), alpha* comes from a Woodbury solve
+(O(n R^2), R = r x the number of sampled kernels), q_I = ||L_I^T alpha*||^2; same draws, same problem.
+
 Checkpoints (``fit(..., checkpoint=Checkpoint(...))``, mklscale.runtime.checkpoint): ``checkpoint.step``
 runs before every iteration (cheap; it writes only when due or on SIGTERM/SIGINT). The state
 (``_Loop.state``) is: the iterate theta (keys as ``source.describe`` dicts in selection order, u, the
@@ -81,6 +86,7 @@ from numba import njit
 from mklscale.errors import InvalidInputError
 from mklscale.solvers._threads import single_blas_thread_for_small_n
 from mklscale.solvers import _final_fit
+from mklscale.solvers._lowrank import LowRank, weighted_factor
 from mklscale.solvers._validation import check_count, check_positive, check_targets
 from mklscale.solvers.result import MKLResult
 from mklscale.solvers.toolkit import RunLog
@@ -257,7 +263,18 @@ class _Iterate:
         self.u[key] = new
         self.kw[key] = weight
         self.sumsq_u += new * new - old * old
-        self.K += (amount * weight) * K_key
+        self._add(key, amount * weight, K_key)
+
+    def _add(self, key, coefficient: float, K_key: np.ndarray) -> None:
+        self.K += coefficient * K_key
+
+    def kernel(self):
+        """K_theta of the current iterate."""
+        return self.K
+
+    def average_kernel(self):
+        """K_theta of the averaged iterate (the current one when nothing was averaged)."""
+        return self.K_sum / self.count if self.count else self.K
 
     def project_nu2(self) -> None:
         norm = self.scale * math.sqrt(max(self.sumsq_u, 0.0))
@@ -318,6 +335,40 @@ class _Iterate:
         self.count, self.K, self.K_sum = int(state["count"]), state["K"], state["K_sum"]
 
 
+class _FactorIterate(_Iterate):
+    """The iterate on a factor engine above the dense cap (issue 17): theta as in ``_Iterate``, K_theta
+    never stored but formed from theta as a ``LowRank`` of [sqrt(theta_i / rho_i^2) L_i] over the sampled
+    kernels (their factors are kept, n x r each); the averaged K_theta is that of the averaged weights
+    (K_sum / count = sum_i theta_bar_i K_i / rho_i^2 exactly in exact arithmetic). A checkpoint holds
+    theta only (K and K_sum are empty) and the factors are read again on resume."""
+
+    def __init__(self, src):
+        super().__init__(0)
+        self.src = src
+        self.factors: dict = {}
+
+    def _add(self, key, coefficient: float, K_key: np.ndarray) -> None:
+        self.factors[key] = K_key
+
+    def accumulate(self) -> None:
+        self.G += self.scale
+        self.count += 1
+
+    def kernel(self) -> LowRank:
+        return LowRank(weighted_factor(self.factors, {k: self.scale * u * self.kw[k] for k, u in self.u.items()},
+                                       self.src.n))
+
+    def average_kernel(self) -> LowRank:
+        if not self.count:
+            return self.kernel()
+        avg = self.averaged()
+        return LowRank(weighted_factor(self.factors, {k: v * self.kw[k] for k, v in avg.items()}, self.src.n))
+
+    def restore(self, state: dict, src) -> None:
+        super().restore(state, src)
+        self.factors = {k: src.factor(k) for k in self.u}
+
+
 class _Loop:
     """Everything Algorithm 2's loop carries besides theta: the iterate, the sampling reference,
     counters and the history (what a checkpoint holds, with the generator's state)."""
@@ -325,7 +376,7 @@ class _Loop:
     def __init__(self, src, verbose: bool):
         self.src = src
         self.log = RunLog(src.engine, "sgd-1s", verbose)
-        self.it = _Iterate(src.n)
+        self.it = _FactorIterate(src) if getattr(src, "factored", False) else _Iterate(src.n)
         self.blocks_read = 0
         self.s_ref = self.C_ref = None
         self.C_est_sum, self.C_est_count = 0.0, 0
@@ -404,6 +455,7 @@ def fit(source, y, lam: float = 1.0, nu: float = 2, T: int = 1000, step="auto", 
 
     loop = _Loop(src, verbose)
     state = loop.it
+    factored = getattr(src, "factored", False)
     saved = checkpoint.load() if checkpoint is not None else None
     first = 1 if saved is None else loop.restore(saved, rng)
     J = 0.5 * float(t @ t) / lam
@@ -411,7 +463,7 @@ def fit(source, y, lam: float = 1.0, nu: float = 2, T: int = 1000, step="auto", 
     for k in range(first, T + 1):
         if checkpoint is not None:
             checkpoint.step(k - 1, lambda: loop.state(rng))
-        alpha, J = _final_fit.ridge_dual(state.K, t, lam)
+        alpha, J = _final_fit.ridge_dual(state.kernel(), t, lam)
         if k > burn_in:
             state.accumulate()
         if src.finite:
@@ -425,9 +477,14 @@ def fit(source, y, lam: float = 1.0, nu: float = 2, T: int = 1000, step="auto", 
             if stationary is not None:
                 break
             key = int(rng.choice(src.M, p=loop.s_ref))
-            K_key = src.block(key)
+            if factored:            # K_key is the factor L_key: q = ||L_key^T alpha||^2
+                K_key = src.factor(key)
+                q = float(np.sum((K_key.T @ alpha) ** 2))
+            else:
+                K_key = src.block(key)
+                q = float(alpha @ K_key @ alpha)
             loop.blocks_read += 1
-            q, prob, weight = float(alpha @ K_key @ alpha), float(loop.s_ref[key]), 1.0
+            prob, weight = float(loop.s_ref[key]), 1.0
             C_step = loop.C_ref
         elif k == 1 and not np.any(alpha):     # t = 0: every q_i = 0 and J = 0 on all of Delta_nu
             stationary = 0.0
@@ -453,7 +510,7 @@ def fit(source, y, lam: float = 1.0, nu: float = 2, T: int = 1000, step="auto", 
             proj = project_nonneg_nu_ball([state.theta(kk) for kk in keys], nu)
             w_full = np.zeros(src.M)
             w_full[keys] = proj
-            state.set_theta(keys, proj, src.engine.combine(w_full))
+            state.set_theta(keys, proj, None if factored else src.engine.combine(w_full))
         if k % record_every == 0 or k == T:
             loop.record({"iteration": k, "objective": J, "eta": eta, "C": C_step, "kernel": src.describe(key),
                          "n_active": len(state.u), "blocks_read": loop.blocks_read},
@@ -464,10 +521,10 @@ def fit(source, y, lam: float = 1.0, nu: float = 2, T: int = 1000, step="auto", 
         loop.record({"iteration": 1, "objective": J, "eta": 0.0, "C": 0.0, "kernel": None, "n_active": 0,
                      "blocks_read": 0, "stationary": True},
                     f"it      1 J={J:.8g}: zero gradient at theta = 0 (relative gap {stationary:.3g}), stopped")
-    K_avg = state.K_sum / state.count if state.count else state.K
+    K_avg = state.average_kernel()
     avg, last = (state.averaged(), state.last()) if state.count else ({}, {})
     alpha_avg, J_avg = _final_fit.ridge_dual(K_avg, t, lam)
-    alpha_last, J_last = _final_fit.ridge_dual(state.K, t, lam)
+    alpha_last, J_last = _final_fit.ridge_dual(state.kernel(), t, lam)
     chosen, alpha_out, J_out = (avg, alpha_avg, J_avg) if iterate == "average" else (last, alpha_last, J_last)
     weights, extra = _result_weights(src, chosen, state.kw)
     params = {"lam": lam, "nu": nu, "T": T, "step": step, "eta0": eta0, "seed": seed, "refresh": refresh, "mix": mix,

@@ -13,7 +13,9 @@ tuple for a family):
     cross(X_new, keys)        (len(keys), n_new, n) cross kernels K_key(X_new, X_train)
 
 ``FiniteBank(engine)`` answers through the engine only (a full pass for argmax: ``quad_forms`` when
-A = alpha alpha^T, ``frobenius`` otherwise; ``blocks`` for single kernels). The families never
+A = alpha alpha^T, ``frobenius`` otherwise; ``blocks`` for single kernels). On a factor engine
+``block`` squares the stored factor (below the dense cap of ``_lowrank``) and ``factor`` returns it;
+``factored`` says the solvers must use factors (issue 17). The families never
 materialise their index set:
 
 - ``PolynomialFamily`` (thesis 4.2.1): all ordered multi-indices (r_1..r_d), 0 <= d <= D, over r
@@ -43,6 +45,7 @@ import scipy.stats
 
 from mklscale.engine.contract import KernelEngine
 from mklscale.errors import InvalidInputError
+from mklscale.solvers._lowrank import dense_ok
 from mklscale.solvers._validation import check_engine
 
 #: restarts of the 1-D width search (thesis 6.1.5 / 6.2: 10^{-3..5}), clipped to the interval
@@ -58,8 +61,17 @@ class FiniteBank:
     def __init__(self, engine):
         self.n, self.M, _ = check_engine(engine)
         self.engine = engine
+        #: True on a factor engine above the dense cap: the solvers then work on ``factor(key)`` and
+        #: never form an (n, n) matrix (``_lowrank``); below it ``block`` squares the factor
+        self.factored = engine.representation == "factor" and not dense_ok(self.n)
 
     def block(self, key) -> np.ndarray:
+        """(n, n) float64 K_key (L L^T on a factor engine)."""
+        stored = np.asarray(self.engine.blocks([int(key)])[0], dtype=np.float64)
+        return stored @ stored.T if self.engine.representation == "factor" else stored
+
+    def factor(self, key) -> np.ndarray:
+        """(n, r) float64 L_key with K~_key = L_key L_key^T (factor engines only)."""
         return np.asarray(self.engine.blocks([int(key)])[0], dtype=np.float64)
 
     def quad_forms(self, alpha) -> np.ndarray:
