@@ -6,6 +6,8 @@
     mklscale report runs/quickstart
     mklscale bank build --dataset breast_cancer --family simplemkl --out bank.zarr
     mklscale bank build --features X.npy --family gaussian --widths 0.5 1 2 --out bank.zarr
+    mklscale bank build --features X.npy --family random_subsets --rank 64 [--method nystrom|cholesky]
+                        [--landmarks kmeans++|uniform] [--tol 1e-6] [--max-error 0.05] --out bank.zarr
     mklscale bank info PATH
     mklscale bank verify PATH
     mklscale bank repair PATH [--quiet]
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -95,6 +98,13 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--rows", type=int, default=None, help="use only the first ROWS rows (default: all)")
     b.add_argument("--normalize", choices=("trace", "diag", "none"), default="trace")
     b.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    b.add_argument("--rank", type=int, default=None, help="a factor bank: every kernel stored as L (n x RANK), "
+                   "K~ = L L^T (default: dense, n x n)")
+    b.add_argument("--method", default="nystrom", help="factor banks: nystrom (default) or cholesky (pivoted, to --tol)")
+    b.add_argument("--landmarks", default="kmeans++", help="factor banks, nystrom: kmeans++ (default) or uniform")
+    b.add_argument("--tol", type=float, default=1e-6, help="factor banks, cholesky: relative residual trace to stop at")
+    b.add_argument("--max-error", type=float, default=0.05, help="factor banks: warn when a kernel's relative trace "
+                   "error (tr K - tr K~) / tr K exceeds this")
     b.add_argument("--cluster", type=Path, default=None, help="a cluster TOML file (see cluster/); default: Dask "
                    "threads in this process")
     b.add_argument("--overwrite", action="store_true", help="replace an existing bank built from other data or specs")
@@ -263,16 +273,25 @@ def _cmd_build(args) -> int:
     X = _load_features(args)
     specs = families.resolve(_kernels(args), X.shape[1])
     normalize = None if args.normalize == "none" else args.normalize
-    if args.cluster is None:
-        bank = build_bank(X, specs, args.out, normalize=normalize, dtype=args.dtype, overwrite=args.overwrite,
-                          progress=not args.quiet)
-    else:
-        from mklscale.runtime.cluster import load_cluster_config, open_client
+    kw = dict(normalize=normalize, dtype=args.dtype, overwrite=args.overwrite, progress=not args.quiet)
+    if args.rank is not None:
+        kw.update(rank=args.rank, method=args.method, landmarks=args.landmarks, tol=args.tol, max_error=args.max_error)
+    elif (args.method, args.landmarks) != ("nystrom", "kmeans++"):
+        raise InvalidInputError("--method and --landmarks apply to factor banks only; add --rank R")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        if args.cluster is None:
+            bank = build_bank(X, specs, args.out, **kw)
+        else:
+            from mklscale.runtime.cluster import load_cluster_config, open_client
 
-        with open_client(load_cluster_config(args.cluster), quiet=args.quiet) as client:
-            bank = build_bank(X, specs, args.out, normalize=normalize, dtype=args.dtype, client=client,
-                              overwrite=args.overwrite, progress=not args.quiet)
-    print(f"bank: {bank.path}  M={len(bank)} kernels  n={bank.n}  {bank.nbytes / 1e9:.3f} GB  "
+            with open_client(load_cluster_config(args.cluster), quiet=args.quiet) as client:
+                bank = build_bank(X, specs, args.out, client=client, **kw)
+    for w in caught:
+        if issubclass(w.category, UserWarning):
+            print(f"mklscale: warning: {w.message}", file=sys.stderr)
+    factor = "" if bank.rank is None else f"  factor rank {bank.rank}"
+    print(f"bank: {bank.path}  M={len(bank)} kernels  n={bank.n}{factor}  {bank.nbytes / 1e9:.3f} GB  "
           f"({bank.last_build_computed} computed now)")
     return 0
 
@@ -297,7 +316,15 @@ def _cmd_info(args) -> int:
         "layout": bank.attrs["layout"], "n_shards": bank.n_shards,
         "families": {f: sum(s.family == f for s in bank.specs) for f in sorted({s.family for s in bank.specs})},
         "created": bank.attrs.get("created"),
+        "representation": bank.representation, "rank": bank.rank,
     }
+    if bank.rank is not None:
+        from mklscale.bank.build import approximation_summary
+
+        summary = approximation_summary(bank)
+        info["factor"] = bank.factor_settings
+        info["approx_error"] = {**summary, "worst": [{"kernel": m, "name": name, "error": e}
+                                                     for m, name, e in summary["worst"]]}
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -305,6 +332,16 @@ def _cmd_info(args) -> int:
           f"  normalize: {info['normalize']}\n  size: {info['bytes'] / 1e9:.3f} GB in {info['n_shards']} shard(s), "
           f"{info['layout']['kernels_per_chunk']} kernel(s) per chunk, {info['layout']['kernels_per_shard']} per shard")
     print("  families: " + ", ".join(f"{k}={v}" for k, v in info["families"].items()))
+    if bank.rank is not None:
+        err, st = info["approx_error"], info["factor"]
+        print(f"  representation: factor, rank {bank.rank} ({st.get('method')}, landmarks {st.get('landmarks')}, "
+              f"tol {st.get('tol')}, seed {st.get('seed')}); kernel ranks {int(bank.ranks.min())}..{int(bank.ranks.max())}")
+        if err["max"] is not None:
+            print(f"  approximation error (tr K - tr K~) / tr K: min {err['min']:.3g}  median {err['median']:.3g}  "
+                  f"max {err['max']:.3g}")
+            print("  worst: " + ", ".join(f"[{w['kernel']}] {w['name']} {w['error']:.3g}" for w in err["worst"]))
+    else:
+        print("  representation: dense")
     lam = bank.lambda_max
     for m in range(min(len(bank), 5)):
         print(f"  [{m}] {bank.specs[m].name}  lambda_max={lam[m]:.4g}")

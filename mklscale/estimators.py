@@ -43,7 +43,7 @@ import os
 import sys
 import time
 import warnings
-from numbers import Real
+from numbers import Integral, Real
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +86,10 @@ class _MKLBase(BaseEstimator):
     C : the solver's main regularisation (None: the registry's default for the solver and task).
     solver_params : dict of further solver parameters, or None (unknown names raise InvalidInputError).
     normalize : "trace" (unit trace, default), "diag" (unit diagonal) or None.
+    rank : None (default: a dense bank, every K_m stored as n x n) or r >= 1: a factor bank, every
+        kernel stored as L_m (n x r) with K~_m = L_m L_m^T by Nystrom on r k-means++ landmarks drawn
+        per kernel on its own features (``build_bank(..., rank=r)``), for n in the tens of thousands; the solvers solve the
+        same problem on the K~_m, and the model keeps only the landmarks of the kept kernels.
     cache_dir : where banks are kept (None: ``$MKLSCALE_CACHE`` or ``~/.cache/mklscale/banks``).
     client : a ``distributed.Client`` for the bank build and the engine's passes, a scheduler address
         (str; a client is opened for each fit and closed after), or None (Dask's threaded scheduler).
@@ -113,6 +117,7 @@ class _MKLBase(BaseEstimator):
         "C": [Real, None],
         "solver_params": [dict, None],
         "normalize": [StrOptions({"trace", "diag"}), None],
+        "rank": [Interval(Integral, 1, None, closed="left"), None],
         "cache_dir": [str, os.PathLike, None],
         "client": "no_validation",
         "progress": ["boolean"],
@@ -123,13 +128,14 @@ class _MKLBase(BaseEstimator):
     }
 
     def __init__(self, kernels="simplemkl", solver="spicy", C=None, solver_params=None, normalize="trace",
-                 cache_dir=None, client=None, progress=False, verbose=False, random_state=None, checkpoint_dir=None,
-                 checkpoint_every_s=60.0):
+                 rank=None, cache_dir=None, client=None, progress=False, verbose=False, random_state=None,
+                 checkpoint_dir=None, checkpoint_every_s=60.0):
         self.kernels = kernels
         self.solver = solver
         self.C = C
         self.solver_params = solver_params
         self.normalize = normalize
+        self.rank = rank
         self.cache_dir = cache_dir
         self.client = client
         self.progress = progress
@@ -189,11 +195,12 @@ class _MKLBase(BaseEstimator):
 
         cache = Path(self.cache_dir) if self.cache_dir is not None else default_cache_dir()
         cache.mkdir(parents=True, exist_ok=True)
-        key = bank_key(X, specs, self.normalize, BANK_DTYPE)
+        factor = {} if self.rank is None else {"rank": int(self.rank), "seed": self._seed() or 0}
+        key = bank_key(X, specs, self.normalize, BANK_DTYPE, factor)
         t0 = time.perf_counter()
         with _file_lock(cache / f".bank-{key[:24]}.lock"):
             bank = build_bank(X, specs, cache / f"bank-{key[:24]}", normalize=self.normalize, dtype=BANK_DTYPE,
-                              client=client, progress=bool(self.progress))
+                              client=client, progress=bool(self.progress), **factor)
         return bank, time.perf_counter() - t0
 
     def _solve(self, bank, y_targets: list[np.ndarray], params: dict, t0: float, client, build_seconds: float = 0.0,
@@ -511,16 +518,19 @@ def _validated(est, X, y="no_validation", **kwargs):
 
 
 # ---- kernels ---------------------------------------------------------------------------------------
-def bank_key(X: np.ndarray, specs, normalize, dtype: str) -> str:
+def bank_key(X: np.ndarray, specs, normalize, dtype: str, factor: dict | None = None) -> str:
     """sha256 of (data shape and float64 bytes, specs JSON, normalize, dtype, standardisation on,
-    kernel arithmetic version): a cached bank is reused only where this mklscale would compute the
-    same bytes (an unfinished one of another version could not be resumed)."""
+    kernel arithmetic version, and a factor bank's settings ``factor``): a cached bank is reused only
+    where this mklscale would compute the same bytes (an unfinished one of another version could
+    not be resumed)."""
     h = hashlib.sha256()
     X = np.ascontiguousarray(X, dtype=np.float64)
     h.update(repr(X.shape).encode())
     h.update(X.tobytes())
     h.update(specs_to_json(specs).encode())
     h.update(repr((normalize, str(dtype), True, _compute.ARITHMETIC)).encode())
+    if factor:
+        h.update(repr(sorted(factor.items())).encode())
     return h.hexdigest()
 
 

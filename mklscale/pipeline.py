@@ -17,6 +17,11 @@ A pipeline is a TOML file (see ``pipelines/``)::
     normalize = "trace"                 # "trace" | "diag" | "none"
     dtype = "float32"
     path = "bank.zarr"                  # relative to the run directory, or absolute (shared banks)
+    rank = 64                           # optional: a factor bank, K~_m = L_m L_m^T with L_m n x rank
+    method = "nystrom"                  # factor banks: "nystrom" | "cholesky"
+    landmarks = "kmeans++"              # factor banks, nystrom: "kmeans++" | "uniform"
+    tol = 1e-6                          # factor banks, cholesky: relative residual trace
+    max_error = 0.05                    # factor banks: warn above this relative trace error
 
     [[solver]]                          # any number; each becomes one fitted model
     name = "spicy_l1"                   # unique label
@@ -82,6 +87,7 @@ import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 
 from mklscale import __version__
+from mklscale.bank.factor import LANDMARK_RULES, METHODS
 from mklscale.config import Field, check_table, check_value, fraction, one_of, positive, read_toml
 from mklscale.errors import ClusterUnavailableError, ConfigError, InvalidInputError, MKLScaleError
 from mklscale.solvers.result import json_safe
@@ -115,7 +121,13 @@ _BANK = {
     "normalize": Field((str,), "trace", one_of("trace", "diag", "none")),
     "dtype": Field((str,), "float32", one_of("float32", "float64")),
     "path": Field((str,), "bank.zarr"),
+    "rank": Field((int,), None, positive),
+    "method": Field((str,), "nystrom", one_of(*METHODS)),
+    "landmarks": Field((str,), "kmeans++", one_of(*LANDMARK_RULES)),
+    "tol": Field((float,), 1e-6, positive),
+    "max_error": Field((float,), 0.05, positive),
 }
+_FACTOR_KEYS = ("method", "landmarks", "tol", "max_error")
 _SOLVER_FIXED = {"name": Field((str,)), "solver": Field((str,)), "C": Field((float,), None, positive)}
 _PATH = {
     "name": Field((str,)),
@@ -206,7 +218,12 @@ def _check_bank(table, where: str) -> dict:
                 raise ConfigError(f"{where}.families[{i}]: unknown key(s) {', '.join(unknown)} for family "
                                   f"{entry['family']!r}; remove or rename them (allowed: "
                                   f"{', '.join(FAMILY_PARAMS[entry['family']]) or 'none'})")
-    return {"kernels": kernels, "normalize": fixed["normalize"], "dtype": fixed["dtype"], "path": fixed["path"]}
+    if fixed["rank"] is None and any(k in table for k in _FACTOR_KEYS):
+        raise ConfigError(f"{where}: {', '.join(k for k in _FACTOR_KEYS if k in table)} apply to factor banks only; "
+                          "add rank = R (e.g. rank = 64) or remove them")
+    factor = {} if fixed["rank"] is None else {k: fixed[k] for k in ("rank", *_FACTOR_KEYS)}
+    return {"kernels": kernels, "normalize": fixed["normalize"], "dtype": fixed["dtype"], "path": fixed["path"],
+            "factor": factor}
 
 
 def _check_solver(table, where: str) -> dict:
@@ -342,9 +359,16 @@ def _build_bank(pipe: Pipeline, data: _Data, run_dir: Path, client, quiet: bool,
     normalize = None if cfg["normalize"] == "none" else cfg["normalize"]
     say(f"[{pipe.name}] bank: {len(specs)} kernels, n = {len(data.y_train)} -> {path}")
     t0 = time.perf_counter()
-    bank = build_bank(data.X_train, specs, path, normalize=normalize, dtype=cfg["dtype"], client=client,
-                      progress=not quiet)
+    factor = cfg.get("factor") or {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        bank = build_bank(data.X_train, specs, path, normalize=normalize, dtype=cfg["dtype"], client=client,
+                          progress=not quiet, **factor)
+    for w in caught:
+        say(f"[{pipe.name}] bank: warning: {w.message}")
     info = {"path": str(path), "M": len(bank), "n": bank.n, "dtype": cfg["dtype"], "normalize": cfg["normalize"],
+            **({} if not factor else {"representation": "factor", **factor,
+                                      "approx_error_max": float(np.nanmax(bank.approx_error))}),
             "build_seconds": time.perf_counter() - t0, "kernels_computed": getattr(bank, "last_build_computed", None),
             "families": dict(collections.Counter(s.family for s in specs))}
     return bank, info

@@ -40,10 +40,20 @@ def _materialise(L: np.ndarray) -> np.ndarray:
 
 
 FACTOR_CASES = ["factor-memory", "rows-factor-memory", "kernels-factor-memory"]
+ZARR_FACTOR_CASES = ["factor-zarr32", "rows-factor-zarr"]
+
+
+def _factor_bank(path):
+    """A float32 factor bank (rank 5, Nystrom) of Gaussian and linear kernels, in tiny shards."""
+    from mklscale.bank import KernelSpec, build_bank
+
+    X = np.random.default_rng(11).standard_normal((N, 3))
+    specs = [KernelSpec.gaussian(w) for w in (0.7, 1, 2, 4)] + [KernelSpec.linear([j]) for j in range(3)]
+    return build_bank(X, specs, path, rank=5, chunk_mb=0.001, shard_mb=0.002, progress=False, max_error=1.0)
 
 
 @pytest.fixture(scope="module", params=["memory", "zarr64", "zarr32", "rows-memory", "rows-zarr", "kernels-memory",
-                                        *FACTOR_CASES])
+                                        *FACTOR_CASES, *ZARR_FACTOR_CASES])
 def case(request, tmp_path_factory):
     """(engine, the float64 Gram matrices it represents, whether a kernels=None call is a pass)."""
     grams = _grams()
@@ -56,6 +66,13 @@ def case(request, tmp_path_factory):
         elif kind == "kernels-factor-memory":
             engine, grams = KernelSubsetEngine(engine, KERNELS), grams[KERNELS]
         yield engine, grams
+        return
+    if kind in ZARR_FACTOR_CASES:
+        bank = _factor_bank(tmp_path_factory.mktemp(kind) / "bank")
+        grams = _materialise(np.asarray(bank.factors(np.arange(M)), dtype=np.float64))
+        with Engine(bank, threads=1, cache_bytes="1KB") as engine:
+            yield (RowSubsetEngine(engine, ROWS), grams[:, ROWS][:, :, ROWS]) if kind == "rows-factor-zarr" \
+                else (engine, grams)
         return
     if kind == "memory":
         yield InMemoryEngine(grams), grams

@@ -1,8 +1,8 @@
 """Kernel banks: specs that compute Gram matrices, the zarr store that holds them, and the build.
 
 Modules, each importing only those listed before it (``tests/test_layering.py`` checks there is no
-import cycle): ``_compute`` (numba kernels), ``spec`` and ``families`` (KernelSpec), ``inputs``
-(checks of user input), ``normalize`` (normalisation rules), ``stats`` (per-kernel statistics,
+import cycle): ``_compute`` (numba kernels), ``spec`` and ``families`` (KernelSpec), ``factor`` (factor
+banks' math: Nystrom, pivoted Cholesky, ``factor_rows``), ``inputs`` (checks of user input), ``normalize`` (normalisation rules), ``stats`` (per-kernel statistics,
 crc32c), ``direct_io`` (O_DIRECT writes), ``shard_format`` (the shard files' bytes), ``fs_errors``
 (disk full, read-only store), ``group`` (the zarr group: layout, creation), ``store`` (KernelBank),
 ``build`` (build_bank, repair_bank).

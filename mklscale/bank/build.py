@@ -15,6 +15,7 @@ import hashlib
 import os
 import threading
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,13 +25,21 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from mklscale.bank import _compute
+from mklscale.bank import factor as factor_math
 from mklscale.bank.spec import KernelSpec, specs_from_json, specs_to_json
 from mklscale.bank.direct_io import aligned_empty
 from mklscale.bank.fs_errors import raise_store_error
-from mklscale.bank.group import PER_KERNEL_FLOATS, create_bank_group, creation_info, json_attr
+from mklscale.bank.group import (
+    FACTOR_META,
+    PER_KERNEL_FLOATS,
+    create_bank_group,
+    creation_info,
+    data_array_name,
+    json_attr,
+)
 from mklscale.bank.inputs import NORMALIZATIONS, validate_dtype, validate_features
 from mklscale.bank.shard_format import write_shard_file
-from mklscale.bank.stats import kernel_stats
+from mklscale.bank.stats import checksum, kernel_stats
 from mklscale.bank.store import KernelBank, VerifyReport, prepare_path
 from mklscale.errors import (
     BankCorruptError,
@@ -56,8 +65,22 @@ def build_bank(
     shard_mb: float = 64,
     progress: bool = True,
     flush_every_s: float = 2.0,
+    rank: int | None = None,
+    method: str = "nystrom",
+    landmarks: str = "kmeans++",
+    tol: float = 1e-6,
+    seed: int = 0,
+    max_error: float = 0.05,
 ) -> KernelBank:
     """Compute K_m(X, X) for every spec and store them as a bank at ``path``.
+
+    ``rank=None``: a dense bank, every K_m stored n x n. ``rank=r``: a factor bank, every kernel
+    stored as L_m (n x r) with K~_m = L_m L_m^T, by ``method`` "nystrom" (r landmarks chosen by
+    ``landmarks`` "kmeans++" or "uniform", from ``seed`` and the kernel's index) or "cholesky"
+    (pivoted incomplete Cholesky to relative residual trace ``tol`` or rank r); formulas in
+    ``mklscale.bank.factor``. Normalisation applies to K~_m. A factor bank whose largest relative
+    trace error (tr K - tr K~) / tr K exceeds ``max_error`` warns (UserWarning) naming the worst
+    kernels.
 
     X is raw (n x d); with ``standardize`` every column is centred and scaled to unit variance
     (constant columns are only centred) and the transform is recorded so cross kernels on new data
@@ -78,6 +101,7 @@ def build_bank(
     """
     X = validate_features(X, "X")
     specs = _validate_specs(specs, X.shape[1])
+    factor = None if rank is None else factor_math.settings(rank, method, landmarks, tol, seed, X.shape[0])
     if normalize not in NORMALIZATIONS:
         raise InvalidInputError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
     dt = validate_dtype(dtype)
@@ -88,7 +112,7 @@ def build_bank(
 
     mean, scale = _standardisation(X) if standardize else (None, None)
     Xs = X if mean is None else (X - mean) / scale
-    fingerprint = _fingerprint(X, specs, normalize, dt.name, standardize, rows)
+    fingerprint = _fingerprint(X, specs, normalize, dt.name, standardize, rows, factor)
     path = Path(path)
     if not prepare_path(path, overwrite=overwrite, fingerprint=fingerprint):
         attrs = {
@@ -100,8 +124,10 @@ def build_bank(
             "arithmetic": _compute.ARITHMETIC,
             "created": creation_info(),
         }
+        if factor is not None:
+            attrs["factor"] = json_attr(factor.to_attrs())
         create_bank_group(path, specs=specs, n=X.shape[0], dtype=dt, attrs=attrs, X=Xs,
-                          chunk_mb=chunk_mb, shard_mb=shard_mb)
+                          chunk_mb=chunk_mb, shard_mb=shard_mb, rank=None if factor is None else factor.rank)
 
     bank = KernelBank.open(path)
     done = bank.complete
@@ -111,7 +137,38 @@ def build_bank(
         bank.last_build_computed = _compute_shards(bank, specs, Xs, _unfinished_shards(done, bank.kernels_per_shard),
                                                    keep=done, client=client, progress=progress,
                                                    flush_every_s=flush_every_s)
+    if factor is not None:
+        _warn_approximation(bank, max_error)
     return bank
+
+
+def approximation_summary(bank: KernelBank, worst: int = 5) -> dict:
+    """min / median / max of a factor bank's relative trace errors over its complete kernels, and
+    the ``worst`` kernels as (index, name, error), largest first."""
+    err = np.where(bank.complete, bank.approx_error, np.nan)
+    ok = np.flatnonzero(np.isfinite(err))
+    if not ok.size:
+        return {"min": None, "median": None, "max": None, "worst": []}
+    order = ok[np.argsort(-err[ok], kind="stable")][:worst]
+    return {"min": float(err[ok].min()), "median": float(np.median(err[ok])), "max": float(err[ok].max()),
+            "worst": [(int(m), bank.specs[m].name, float(err[m])) for m in order]}
+
+
+def approximation_warning(bank: KernelBank, max_error: float) -> str | None:
+    """The message of a factor bank whose largest relative trace error exceeds max_error, else None."""
+    summary = approximation_summary(bank)
+    if summary["max"] is None or summary["max"] <= max_error:
+        return None
+    worst = ", ".join(f"{m} {name} ({e:.3g})" for m, name, e in summary["worst"] if e > max_error)
+    return (f"factor bank {bank.path}: relative trace error (tr K - tr K~) / tr K up to {summary['max']:.3g} > "
+            f"max_error={max_error:g} (median {summary['median']:.3g}); worst kernels: {worst}; raise the rank, "
+            "or use method='cholesky' with a tolerance (tol) so each kernel gets the rank it needs")
+
+
+def _warn_approximation(bank: KernelBank, max_error: float) -> None:
+    message = approximation_warning(bank, max_error)
+    if message:
+        warnings.warn(message, UserWarning, stacklevel=3)
 
 
 def _unfinished_shards(done: np.ndarray, per_shard: int) -> list[int]:
@@ -142,7 +199,7 @@ def _compute_shards(bank: KernelBank, specs: Sequence[KernelSpec], Xs: np.ndarra
     with _progress(len(specs), len(specs) - todo, progress) as bar:
         try:
             with contextlib.closing(runner(client, str(bank.path), specs, Xs, bank.normalize, bank.dtype.name,
-                                           layout, shards, expected)) as results:
+                                           layout, shards, expected, _factor_of(bank))) as results:
                 for first, stats in results:
                     writer.record(first, stats)
                     bar.update(len(stats["checksum"]))
@@ -157,6 +214,11 @@ def _compute_shards(bank: KernelBank, specs: Sequence[KernelSpec], Xs: np.ndarra
         finally:
             _BLOCKS.clear()
     return computed
+
+
+def _factor_of(bank: KernelBank) -> dict | None:
+    """The factor settings the shard tasks need ({"rank", method, ...}); None for a dense bank."""
+    return None if bank.rank is None else {"rank": bank.rank, **bank.factor_settings}
 
 
 def _check_arithmetic(bank: KernelBank) -> None:
@@ -231,8 +293,13 @@ def repair_bank(bank: KernelBank, kernels: Sequence[int] | None = None, client=N
 
 # ---- the task --------------------------------------------------------------------------------------
 def build_shard(path: str, specs_json: str, Xs: np.ndarray, normalize, dtype: str, s: int,
-                layout: tuple[int, int], expected: np.ndarray | None = None) -> tuple[int, dict]:
+                layout: tuple[int, int], expected: np.ndarray | None = None,
+                factor: dict | None = None) -> tuple[int, dict]:
     """Compute, normalise and write the kernels of shard s; return (first kernel, statistics).
+
+    ``factor``: a factor bank's settings (``FactorSettings`` fields): the shard's factors L_m are
+    computed instead (``factor.build_factor``, seeded by the global kernel index) and the
+    statistics carry their ranks, landmarks, transforms and approximation errors too.
 
     ``expected``: per kernel of the shard, the crc32c its recomputed bytes must have (-1: not
     checked). Kernels kept through a resume or repair are checked so; a mismatch raises
@@ -246,7 +313,11 @@ def build_shard(path: str, specs_json: str, Xs: np.ndarray, normalize, dtype: st
     specs = specs_from_json(specs_json)
     stats = {k: np.empty(len(specs)) for k in PER_KERNEL_FLOATS}
     stats["checksum"] = np.empty(len(specs), dtype=np.uint32)
-    with _BLOCKS.block(len(specs), Xs.shape[0], np.dtype(dtype)) as block:
+    per_chunk, per_shard = layout
+    if factor is not None:
+        return _build_factor_shard(path, specs, Xs, normalize, np.dtype(dtype), s, layout, expected,
+                                   factor_math.FactorSettings(**factor), stats)
+    with _BLOCKS.block(len(specs), Xs.shape[0], Xs.shape[0], np.dtype(dtype)) as block:
         for first, stop in _base_groups(specs):
             group = specs[first:stop]
             cols = slice(None) if group[0].features is None else list(group[0].features)
@@ -256,11 +327,34 @@ def build_shard(path: str, specs_json: str, Xs: np.ndarray, normalize, dtype: st
                 block[first:stop])
         for k in range(len(specs)):
             stats["trace"][k], stats["fro"][k], stats["lambda_max"][k], stats["checksum"][k] = kernel_stats(block[k])
-        per_chunk, per_shard = layout
         _check_reproduced(s, s * per_shard, stats["checksum"], expected)
         with _off_the_worker_pool():
             write_shard_file(Path(path), s, block, per_chunk, per_shard)
     return s * per_shard, stats
+
+
+def _build_factor_shard(path: str, specs: list[KernelSpec], Xs: np.ndarray, normalize, dtype: np.dtype, s: int,
+                        layout: tuple[int, int], expected: np.ndarray | None, st: factor_math.FactorSettings,
+                        stats: dict) -> tuple[int, dict]:
+    """``build_shard`` for a factor bank: each kernel's factor (``factor.build_factor``), cast to
+    the bank's dtype, its statistics from the stored bytes (``factor.factor_stats``), one write."""
+    per_chunk, per_shard = layout
+    first, k, r = s * per_shard, len(specs), st.rank
+    stats.update({"rank": np.empty(k, dtype=np.int32), "landmarks": np.empty((k, r), dtype=np.int64),
+                  "transform": np.empty((k, r, r)), "approx_error": np.empty(k), "exact_trace": np.empty(k)})
+    with _BLOCKS.block(k, Xs.shape[0], r, dtype) as block:
+        for q, spec in enumerate(specs):
+            f = factor_math.build_factor(spec, Xs, first + q, st, normalize)
+            block[q] = f.L
+            stats["trace"][q], stats["fro"][q], stats["lambda_max"][q] = factor_math.factor_stats(block[q])
+            stats["checksum"][q] = checksum(block[q])
+            stats["norm_factor"][q] = f.norm_factor
+            stats["rank"][q], stats["landmarks"][q], stats["transform"][q] = f.rank, f.landmarks, f.transform
+            stats["approx_error"][q], stats["exact_trace"][q] = f.approx_error, f.exact_trace
+        _check_reproduced(s, first, stats["checksum"], expected)
+        with _off_the_worker_pool():
+            write_shard_file(Path(path), s, block, per_chunk, per_shard, data_array_name("factor"))
+    return first, stats
 
 
 @contextmanager
@@ -309,10 +403,12 @@ class _BlockPool:
         self._lock = threading.Lock()
 
     @contextmanager
-    def block(self, k: int, n: int, dtype: np.dtype) -> Iterator[np.ndarray]:
+    def block(self, k: int, n: int, width: int, dtype: np.dtype) -> Iterator[np.ndarray]:
+        """A (k, n, width) array: k kernels of n x n, or k factors of n x r."""
         with self._lock:
-            fits = [i for i, b in enumerate(self._free) if b.shape[0] >= k and b.shape[1] == n and b.dtype == dtype]
-            buf = self._free.pop(fits[0]) if fits else aligned_empty((k, n, n), dtype)
+            fits = [i for i, b in enumerate(self._free)
+                    if b.shape[0] >= k and b.shape[1:] == (n, width) and b.dtype == dtype]
+            buf = self._free.pop(fits[0]) if fits else aligned_empty((k, n, width), dtype)
         try:
             yield buf[:k]
         finally:
@@ -342,18 +438,11 @@ def _base_groups(specs: Sequence[KernelSpec]) -> list[tuple[int, int]]:
     return list(zip([0, *cuts], [*cuts, len(specs)]))
 
 
-def _kernel_params(spec: KernelSpec) -> tuple[float, float, float]:
-    """(family code, a, p) for ``_compute.fill_grams``: Gaussian a = -1 / (2 s^2); polynomial
-    a = offset, p = degree; linear none."""
-    if spec.family == "gaussian":
-        w = float(spec.param("width"))
-        return _compute.GAUSSIAN, -1.0 / (2.0 * w * w), 0
-    if spec.family == "polynomial":
-        return _compute.POLYNOMIAL, float(spec.param("offset")), int(spec.param("degree"))
-    return _compute.LINEAR, 0.0, 0
+_kernel_params = factor_math.kernel_params  # (family code, a, p) of ``_compute.fill_grams``
 
 
-def _run_threaded(client, path, specs, Xs, normalize, dtype, layout, shards, expected) -> Iterator[tuple[int, dict]]:
+def _run_threaded(client, path, specs, Xs, normalize, dtype, layout, shards, expected,
+                  factor) -> Iterator[tuple[int, dict]]:
     """Dask's threaded scheduler; results are handed to the driver as each task finishes.
 
     The tasks run on a pool of this call's own. When the build stops early (a task failed, or the
@@ -372,7 +461,7 @@ def _run_threaded(client, path, specs, Xs, normalize, dtype, layout, shards, exp
         return build_shard(*args)
 
     dsk = {("shard", s): (task, path, specs_to_json(specs[s * S:(s + 1) * S]), Xs, normalize, dtype, s, layout,
-                          expected[s])
+                          expected[s], factor)
            for s in shards}
     # posttask runs in the scheduling thread; results reach the driver through a queue.
     results = _ThreadedResults()
@@ -422,14 +511,15 @@ class _ThreadedResults:
             yield item
 
 
-def _run_distributed(client, path, specs, Xs, normalize, dtype, layout, shards, expected) -> Iterator[tuple[int, dict]]:
+def _run_distributed(client, path, specs, Xs, normalize, dtype, layout, shards, expected,
+                     factor) -> Iterator[tuple[int, dict]]:
     from distributed import wait
 
     S = layout[1]
     X_future = client.scatter(Xs, broadcast=True)
     futures = [
         client.submit(build_shard, path, specs_to_json(specs[s * S:(s + 1) * S]), X_future, normalize, dtype, s, layout,
-                      expected[s], key=f"mklscale-build-{os.path.basename(path)}-{s}-{os.getpid()}-{time.monotonic_ns()}", pure=False)
+                      expected[s], factor, key=f"mklscale-build-{os.path.basename(path)}-{s}-{os.getpid()}-{time.monotonic_ns()}", pure=False)
         for s in shards
     ]
     watch = SchedulerWatch(client, f"the build of {path}")
@@ -466,22 +556,38 @@ class _MetadataWriter:
     its data and statistics on disk.
     """
 
+    #: a factor bank's per-kernel rows, chunked by shard: only the shards recorded since the last
+    #: flush are written (rewriting all of ``transform``, M r^2 floats, every flush would not scale)
+    _BY_SHARD = ("landmarks", "transform")
+
     def __init__(self, bank: KernelBank, every_s: float = 2.0):
         self._group = bank._group
-        self._arrays = {k: self._group[k][:] for k in (*PER_KERNEL_FLOATS, "checksum", "complete")}
+        whole = (*PER_KERNEL_FLOATS, "checksum")
+        if bank.representation == "factor":
+            whole += tuple(k for k in FACTOR_META if k not in self._BY_SHARD)
+        self._whole = (*whole, "complete")  # complete last
+        self._arrays = {k: self._group[k][:] for k in self._whole}
+        self._rows: dict[int, dict] = {}  # first kernel -> {name: rows} not written yet
         self._every = every_s
         self._last = time.monotonic()
 
     def record(self, first: int, stats: dict) -> None:
         k = len(stats["checksum"])
         for name, values in stats.items():
-            self._arrays[name][first:first + k] = values
+            if name in self._BY_SHARD:
+                self._rows.setdefault(first, {})[name] = values
+            else:
+                self._arrays[name][first:first + k] = values
         self._arrays["complete"][first:first + k] = True
         if time.monotonic() - self._last >= self._every:
             self.flush()
 
     def flush(self) -> None:
-        for name in (*PER_KERNEL_FLOATS, "checksum", "complete"):
+        for first, rows in list(self._rows.items()):
+            for name, values in rows.items():
+                self._group[name][first:first + len(values)] = values
+            del self._rows[first]
+        for name in self._whole:
             self._group[name][:] = self._arrays[name]
         self._last = time.monotonic()
 
@@ -506,13 +612,15 @@ def _standardisation(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mean, np.where(scale > 1e-12 * np.maximum(1.0, np.abs(mean)), scale, 1.0)
 
 
-def _fingerprint(X: np.ndarray, specs, normalize, dtype: str, standardize: bool, rows) -> str:
+def _fingerprint(X: np.ndarray, specs, normalize, dtype: str, standardize: bool, rows, factor=None) -> str:
     h = hashlib.sha256()
     h.update(repr(X.shape).encode())
     h.update(np.ascontiguousarray(X).tobytes())
     h.update(specs_to_json(specs).encode())
     h.update(repr((normalize, dtype, bool(standardize))).encode())
     h.update(np.asarray(rows, dtype=np.int64).tobytes())
+    if factor is not None:  # dense banks keep the fingerprint they always had
+        h.update(repr(sorted(((k, v) for k, v in vars(factor).items()))).encode())
     return h.hexdigest()
 
 

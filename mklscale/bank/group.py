@@ -3,14 +3,23 @@
 Layout of a bank (see docs/design.md, "The bank on disk")::
 
     gram         (M, n, n) float32|float64, chunks of whole kernels, sharded, uncompressed
-                 (the shard files' bytes: ``shard_format``)
+                 (the shard files' bytes: ``shard_format``); a dense bank (attrs representation "dense",
+                 or none for banks written before factor banks existed)
+    factor       (M, n, r) instead of ``gram`` in a factor bank (representation "factor"): L_m with
+                 K~_m = L_m L_m^T, zero columns past the kernel's rank r_m; same chunking and shard bytes
+    rank         (M,) int32      r_m (factor banks)
+    landmarks    (M, r) int64    training rows of kernel m's landmarks, -1 padded (factor banks)
+    transform    (M, r, r) float64  T_m: L_m(x) = k_m(x, X[landmarks_m]) T_m (factor banks; ``factor``)
+    approx_error, exact_trace  (M,) float64  (tr K_m - tr K~_m) / tr K_m and tr K_m, before normalisation
     X            (n, d) float64  standardised training features (banks built from features)
     cross_gram   (M, n_cross, n) optional cross kernels imported with ``from_arrays``
     complete     (M,) bool      data of kernel m is on disk (set only after the write)
-    trace, fro, lambda_max, norm_factor  (M,) float64  of the STORED (normalised) matrix
+    trace, fro, lambda_max, norm_factor  (M,) float64  of the STORED (normalised) matrix (factor banks:
+                 of K~_m = L_m L_m^T, from the r x r matrix L_m^T L_m)
     checksum     (M,) uint32    crc32c of kernel m's stored bytes (C order, little endian)
     spec         (M,) str       the kernel's KernelSpec as JSON
-    attrs        schema, n, M, dtype, normalize, standardisation, train_rows, fingerprint, layout, created,
+    attrs        schema, n, M, dtype, normalize, representation, rank, factor (method, landmarks,
+                 eig_cutoff, tol, seed), standardisation, train_rows, fingerprint, layout, created,
                  arithmetic (``_compute.ARITHMETIC`` of build_bank's kernels), integrity (what the last
                  ``verify`` found bad; see ``store``, "Integrity")
 
@@ -37,12 +46,21 @@ from mklscale.errors import SchemaVersionError
 SCHEMA_VERSION = 1
 #: The per-kernel float64 statistics a bank records (``stats.kernel_stats``).
 PER_KERNEL_FLOATS = ("trace", "fro", "lambda_max", "norm_factor")
+#: The per-kernel arrays only a factor bank has (written by the driver with the statistics).
+FACTOR_META = ("rank", "landmarks", "transform", "approx_error", "exact_trace")
 
 
-def layout_for(M: int, n: int, itemsize: int, chunk_mb: float = 16, shard_mb: float = 64) -> tuple[int, int]:
+def data_array_name(representation: str) -> str:
+    """The array holding the kernels as stored: ``gram`` (dense) or ``factor``."""
+    return "factor" if representation == "factor" else "gram"
+
+
+def layout_for(M: int, n: int, itemsize: int, chunk_mb: float = 16, shard_mb: float = 64,
+               width: int | None = None) -> tuple[int, int]:
     """(kernels per chunk, kernels per shard): whole kernels per chunk, about chunk_mb a chunk,
-    and a whole number of chunks per shard of about shard_mb (so 10k kernels are ~100s of files)."""
-    kernel_bytes = n * n * itemsize
+    and a whole number of chunks per shard of about shard_mb (so 10k kernels are ~100s of files).
+    A kernel is n x ``width`` (None: n x n; a factor bank's n x r)."""
+    kernel_bytes = n * (n if width is None else int(width)) * itemsize
     per_chunk = int(max(1, min(M, chunk_mb * 2**20 // kernel_bytes)))
     chunks_per_shard = int(max(1, shard_mb * 2**20 // (per_chunk * kernel_bytes)))
     per_shard = min(per_chunk * chunks_per_shard, -(-M // per_chunk) * per_chunk)
@@ -80,17 +98,29 @@ def create_bank_group(
     chunk_mb: float,
     shard_mb: float,
     fill=None,
+    rank: int | None = None,
 ) -> None:
     """Create the bank's group and arrays in a temporary sibling folder and rename it into place,
     so ``path`` either does not exist or holds a well-formed bank. ``fill(group)`` may write data
-    (``from_arrays``) before the rename."""
+    (``from_arrays``) before the rename. ``rank``: None for a dense bank (``gram``), r for a factor
+    bank (``factor`` (M, n, r) and the arrays of ``FACTOR_META``)."""
     M = len(specs)
-    per_chunk, per_shard = layout_for(M, n, dtype.itemsize, chunk_mb, shard_mb)
+    width = n if rank is None else int(rank)
+    per_chunk, per_shard = layout_for(M, n, dtype.itemsize, chunk_mb, shard_mb, width)
     tmp = path.with_name(f".{path.name}.partial-{uuid.uuid4().hex[:8]}")
     try:
         group = zarr.open_group(tmp, mode="w")
-        group.create_array("gram", shape=(M, n, n), chunks=(per_chunk, n, n), shards=(per_shard, n, n),
-                           dtype=dtype, compressors=None, fill_value=0, dimension_names=("kernel", "i", "j"))
+        group.create_array(data_array_name("dense" if rank is None else "factor"), shape=(M, n, width),
+                           chunks=(per_chunk, n, width), shards=(per_shard, n, width), dtype=dtype, compressors=None,
+                           fill_value=0, dimension_names=("kernel", "i", "j" if rank is None else "rank"))
+        if rank is not None:
+            meta_chunks = (per_shard,)  # one chunk per shard: the driver rewrites only finished shards' chunks
+            group.create_array("rank", data=np.zeros(M, dtype=np.int32), chunks=(M,))
+            group.create_array("landmarks", data=np.full((M, width), -1, dtype=np.int64),
+                               chunks=meta_chunks + (width,))
+            group.create_array("transform", data=np.zeros((M, width, width)), chunks=meta_chunks + (width, width))
+            for name in ("approx_error", "exact_trace"):
+                group.create_array(name, data=np.full(M, np.nan), chunks=(M,))
         group.create_array("complete", data=np.zeros(M, dtype=bool), chunks=(M,))
         for name in PER_KERNEL_FLOATS:
             group.create_array(name, data=np.full(M, np.nan), chunks=(M,))
@@ -103,6 +133,7 @@ def create_bank_group(
             **attrs,
             "mklscale": {"kind": "kernel_bank", "schema_version": SCHEMA_VERSION},
             "n": int(n), "M": int(M), "dtype": dtype.name,
+            "representation": "dense" if rank is None else "factor", "rank": None if rank is None else int(rank),
             "layout": {"kernels_per_chunk": per_chunk, "kernels_per_shard": per_shard},
         })
         if fill is not None:

@@ -1,7 +1,8 @@
 """The byte layout of a bank's shard files: the one format the build writes and the engine reads.
 
-The ``gram`` array of a bank is zarr v3 with sharding: one file per shard, ``gram/c/<s>/0/0``
-(``shard_path``), holding ``kernels_per_shard`` kernels. When its codecs are the plain ones
+The ``gram`` array of a bank (a factor bank's ``factor`` array: the same format with (n, r) kernels)
+is zarr v3 with sharding: one file per shard, ``gram/c/<s>/0/0`` (``shard_path``), holding
+``kernels_per_shard`` kernels. When its codecs are the plain ones
 (``is_plain``: raw little-endian inner chunks, the index at the end with a crc32c; what
 ``group.create_bank_group`` creates), a shard file is
 
@@ -31,9 +32,10 @@ from mklscale.errors import BankCorruptError
 _EMPTY = np.iinfo(np.uint64).max
 
 
-def shard_path(bank_path: str | os.PathLike, s: int) -> Path:
-    """The file holding shard s of the bank at ``bank_path`` (zarr's default chunk key encoding)."""
-    return Path(bank_path) / "gram" / "c" / str(s) / "0" / "0"
+def shard_path(bank_path: str | os.PathLike, s: int, array: str = "gram") -> Path:
+    """The file holding shard s of the bank at ``bank_path`` (zarr's default chunk key encoding);
+    ``array`` is the bank's data array: "gram" (dense) or "factor" (``group.data_array_name``)."""
+    return Path(bank_path) / array / "c" / str(s) / "0" / "0"
 
 
 def index_nbytes(per_chunk: int, per_shard: int) -> int:
@@ -41,8 +43,10 @@ def index_nbytes(per_chunk: int, per_shard: int) -> int:
     return 16 * (per_shard // per_chunk) + 4
 
 
-def write_shard_file(bank_path: Path, s: int, block: np.ndarray, per_chunk: int, per_shard: int) -> None:
-    """Write one shard of the ``gram`` array in zarr v3's sharding format, uncompressed.
+def write_shard_file(bank_path: Path, s: int, block: np.ndarray, per_chunk: int, per_shard: int,
+                     array: str = "gram") -> None:
+    """Write one shard of the ``array`` array ((k, n, n) kernels, or a factor bank's (k, n, r)
+    factors) in zarr v3's sharding format, uncompressed.
 
     The file is the inner chunks back to back (the last one zero-padded to full size), then the
     index of (offset, nbytes) little-endian uint64 pairs for every inner chunk of the shard (empty
@@ -56,16 +60,17 @@ def write_shard_file(bank_path: Path, s: int, block: np.ndarray, per_chunk: int,
     outgrows memory, where it cannot stay cached anyway). The price: a bank that fits in memory is
     read from the disk on its first pass instead of from the cache.
     """
-    k, n = block.shape[0], block.shape[1]
+    k = block.shape[0]
+    kernel_bytes = block.shape[1] * block.shape[2] * block.dtype.itemsize
     n_chunks = -(-k // per_chunk)
-    chunk_bytes = per_chunk * n * n * block.dtype.itemsize
+    chunk_bytes = per_chunk * kernel_bytes
     index = np.full((per_shard // per_chunk, 2), _EMPTY, dtype="<u8")
     index[:n_chunks, 0] = np.arange(n_chunks, dtype=np.uint64) * chunk_bytes
     index[:n_chunks, 1] = chunk_bytes
     index_bytes = index.tobytes()
     crc = np.array([google_crc32c.value(index_bytes)], dtype="<u4").tobytes()
     pad = n_chunks * per_chunk - k
-    target = shard_path(bank_path, s)
+    target = shard_path(bank_path, s, array)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".0.{uuid.uuid4().hex[:8]}.partial")
     data = memoryview(block.astype(block.dtype.newbyteorder("<"), copy=False)).cast("B")
@@ -75,7 +80,7 @@ def write_shard_file(bank_path: Path, s: int, block: np.ndarray, per_chunk: int,
             f.seek(done)
             f.write(data[done:])
             if pad:
-                f.write(bytes(pad * n * n * block.dtype.itemsize))
+                f.write(bytes(pad * kernel_bytes))
             f.write(index_bytes)
             f.write(crc)
         os.replace(tmp, target)
@@ -107,7 +112,7 @@ def chunk_offsets(tail: bytes, file_size: int, *, n_kernels: int, per_chunk: int
 
 
 def is_plain(gram: zarr.Array, dtype: np.dtype) -> bool:
-    """True when ``gram`` (stored as ``dtype``) is sharded with this module's layout: raw
+    """True when ``gram`` (the bank's data array, stored as ``dtype``) is sharded with this module's layout: raw
     little-endian inner chunks, the index at the end with a crc32c, "/" in chunk keys. Other
     banks (compressed ones) must be read through zarr."""
     from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec

@@ -32,12 +32,14 @@ import numpy as np
 import zarr
 
 from mklscale.bank import shard_format
+from mklscale.bank.factor import factor_rows
 from mklscale.bank.direct_io import DIRECT_ALIGN, aligned_empty, write_direct
 from mklscale.bank.fs_errors import disk_full_message, raise_store_error, require_writable
 from mklscale.bank.group import (
     PER_KERNEL_FLOATS,
     SCHEMA_VERSION,
     create_bank_group,
+    data_array_name,
     creation_info,
     json_attr,
     layout_for,
@@ -119,8 +121,37 @@ class KernelBank:
         self.normalize: str | None = attrs["normalize"]
         self.kernels_per_shard: int = int(attrs["layout"]["kernels_per_shard"])
         self.specs: list[KernelSpec] = [KernelSpec.from_json(s) for s in group["spec"][:]]
-        self.gram: zarr.Array = group["gram"]
+        #: "dense" (every K_m stored, n x n) or "factor" (L_m stored, n x r, K~_m = L_m L_m^T);
+        #: banks written before factor banks existed have no such attribute and are dense.
+        self.representation: str = attrs.get("representation") or "dense"
+        self._data: zarr.Array = group[data_array_name(self.representation)]
         self._mode = "r"
+
+    @property
+    def gram(self) -> zarr.Array:
+        """The (M, n, n) zarr array of a dense bank."""
+        if self.representation == "factor":
+            raise InvalidInputError(self._factor_message("has no `gram` array"))
+        return self._data
+
+    @property
+    def rank(self) -> int | None:
+        """Columns r of every stored factor (factor banks; kernel m uses the first ``ranks[m]``); None if dense."""
+        return None if self.representation != "factor" else int(self._attrs["rank"])
+
+    @property
+    def block_shape(self) -> tuple[int, int]:
+        """Shape of one kernel as stored: (n, n), or (n, r) for a factor bank."""
+        return (self.n, self.n) if self.rank is None else (self.n, self.rank)
+
+    @property
+    def _kernel_bytes(self) -> int:
+        return self.block_shape[0] * self.block_shape[1] * self.dtype.itemsize
+
+    def _factor_message(self, what: str) -> str:
+        return (f"bank {self.path} is a factor bank (rank {self.rank}): it {what}; kernel m is stored as its "
+                "factor L_m (n x r) with K~_m = L_m L_m^T: read factors with bank.factor(m) / bank.factors(idx), "
+                "or materialise one kernel with bank.kernel(m, materialize=True)")
 
     # ---- creating -----------------------------------------------------------------------------
     @classmethod
@@ -218,7 +249,8 @@ class KernelBank:
         return self.M
 
     def __repr__(self) -> str:
-        return f"KernelBank({str(self.path)!r}, M={self.M}, n={self.n}, dtype={self.dtype}, normalize={self.normalize})"
+        factor = "" if self.rank is None else f", representation='factor', rank={self.rank}"
+        return f"KernelBank({str(self.path)!r}, M={self.M}, n={self.n}, dtype={self.dtype}, normalize={self.normalize}{factor})"
 
     @property
     def names(self) -> list[str]:
@@ -230,7 +262,7 @@ class KernelBank:
 
     @property
     def nbytes(self) -> int:
-        return self.M * self.n * self.n * self.dtype.itemsize
+        return self.M * self._kernel_bytes
 
     def _meta(self, name: str) -> np.ndarray:
         return self._group[name][:]
@@ -307,17 +339,100 @@ class KernelBank:
             raise InvalidInputError(f"kernel index {m!r} out of range for a bank of {self.M} kernels")
         return int(m) % self.M
 
-    def kernel(self, m: int) -> np.ndarray:
-        """Kernel m as an (n, n) array of the stored dtype."""
+    #: ``kernel(m, materialize=True)`` on a factor bank refuses n x n float64 matrices above this.
+    MATERIALIZE_LIMIT = 2**30
+
+    def kernel(self, m: int, materialize: bool = False) -> np.ndarray:
+        """Kernel m as an (n, n) array of the stored dtype. A factor bank refuses (its kernels are
+        not stored) unless ``materialize``: then K~_m = L_m L_m^T in float64, up to 1 GiB."""
         m = self._check_index(m)
-        return self.gram[m]
+        if self.representation != "factor":
+            return self._data[m]
+        if not materialize:
+            raise InvalidInputError(self._factor_message("stores no n x n kernels"))
+        if self.n * self.n * 8 > self.MATERIALIZE_LIMIT:
+            raise InvalidInputError(f"kernel {m} of {self.path} would be an n x n = {self.n} x {self.n} float64 matrix "
+                                    f"({self.n * self.n * 8 / 2**30:.1f} GiB > 1 GiB); work with its factor "
+                                    "bank.factor(m) (n x r) instead")
+        L = self.factor(m).astype(np.float64)
+        return L @ L.T
 
     def kernels(self, idx: Sequence[int]) -> np.ndarray:
-        """Kernels idx as a (len(idx), n, n) array of the stored dtype, in the order given."""
+        """Kernels idx as a (len(idx), n, n) array of the stored dtype, in the order given (dense banks)."""
+        if self.representation == "factor":
+            raise InvalidInputError(self._factor_message("stores no n x n kernels"))
+        return self._stored(idx)
+
+    def _stored(self, idx: Sequence[int]) -> np.ndarray:
         idx = [self._check_index(m) for m in idx]
         if not idx:
-            return np.empty((0, self.n, self.n), self.dtype)
-        return self.gram.get_orthogonal_selection((np.asarray(idx), slice(None), slice(None)))
+            return np.empty((0,) + self.block_shape, self.dtype)
+        return self._data.get_orthogonal_selection((np.asarray(idx), slice(None), slice(None)))
+
+    # ---- factor banks -------------------------------------------------------------------------
+    def _require_factor(self, what: str) -> None:
+        if self.representation != "factor":
+            raise InvalidInputError(f"bank {self.path} is dense (every K_m stored n x n): it has no {what}; "
+                                    "build a factor bank with build_bank(..., rank=r)")
+
+    def factor(self, m: int) -> np.ndarray:
+        """Factor L_m (n, r) of the stored dtype, K~_m = L_m L_m^T (columns past ``ranks[m]`` are 0)."""
+        self._require_factor("factors")
+        return self._data[self._check_index(m)]
+
+    def factors(self, idx: Sequence[int]) -> np.ndarray:
+        """Factors of kernels idx as a (len(idx), n, r) array of the stored dtype, in the order given."""
+        self._require_factor("factors")
+        return self._stored(idx)
+
+    def landmarks(self, m: int) -> np.ndarray:
+        """Training rows of kernel m's landmarks (int64, without the -1 padding)."""
+        self._require_factor("landmarks")
+        rows = self._group["landmarks"][self._check_index(m)]
+        return rows[rows >= 0]
+
+    def transform(self, m: int) -> np.ndarray:
+        """Kernel m's (r, r) float64 transform T_m: L_m(x) = k_m(x, X[landmarks(m)]) T_m[:len(landmarks)]."""
+        self._require_factor("transforms")
+        return self._group["transform"][self._check_index(m)]
+
+    @property
+    def ranks(self) -> np.ndarray:
+        """(M,) int32 rank r_m of every factor (factor banks)."""
+        self._require_factor("ranks")
+        return self._meta("rank")
+
+    @property
+    def approx_error(self) -> np.ndarray:
+        """(M,) (tr K_m - tr K~_m) / tr K_m before normalisation: the relative trace-norm error (factor banks)."""
+        self._require_factor("approximation errors")
+        return self._meta("approx_error")
+
+    @property
+    def exact_trace(self) -> np.ndarray:
+        """(M,) tr K_m of the exact, unnormalised kernels (factor banks)."""
+        self._require_factor("exact traces")
+        return self._meta("exact_trace")
+
+    @property
+    def factor_settings(self) -> dict | None:
+        """How the factors were built (method, landmarks, eig_cutoff, tol, seed); None if dense."""
+        return None if self.rank is None else dict(self._attrs.get("factor") or {})
+
+    def cross_factor(self, X_new: np.ndarray, kernels: Sequence[int] | None = None) -> np.ndarray:
+        """L_m(X_new) (len(kernels), n_new, r) float64 for raw features X_new, through each kernel's
+        landmarks and transform with the training normalisation (``factor.factor_rows``), so that
+        K~_m(X_new, X_train) = L_m(X_new) L_m^T. ``cross_factor(X_train_raw)`` reproduces the factors
+        (to the stored dtype's rounding)."""
+        self._require_factor("cross factors")
+        idx = list(range(self.M)) if kernels is None else [self._check_index(m) for m in kernels]
+        Xs = self.standardize(X_new)
+        Xt = self.X_train
+        out = np.empty((len(idx), Xs.shape[0], self.rank))
+        for k, m in enumerate(idx):
+            out[k] = factor_rows(self.specs[m], Xs, Xt[self.landmarks(m)], self.transform(m),
+                                 self.normalize == "diag")
+        return out
 
     @property
     def n_shards(self) -> int:
@@ -330,7 +445,7 @@ class KernelBank:
 
     def shard_file(self, s: int) -> Path:
         """The file holding shard s (zarr's default chunk key encoding)."""
-        return shard_format.shard_path(self.path, s)
+        return shard_format.shard_path(self.path, s, data_array_name(self.representation))
 
     @property
     def shard_index_bytes(self) -> int:
@@ -348,11 +463,11 @@ class KernelBank:
         first, stop = self.shard_range(s)
         return shard_format.chunk_offsets(
             tail, file_size, n_kernels=stop - first, per_chunk=int(self._attrs["layout"]["kernels_per_chunk"]),
-            per_shard=self.kernels_per_shard, kernel_bytes=self.n * self.n * self.dtype.itemsize,
+            per_shard=self.kernels_per_shard, kernel_bytes=self._kernel_bytes,
             where=f"shard {s} of {self.path} (kernels {first}..{stop - 1})")
 
     def read_shard(self, s: int) -> np.ndarray:
-        """All kernels of shard s as one (stop - first, n, n) array of the stored dtype.
+        """All kernels of shard s as one (stop - first, *block_shape) array of the stored dtype.
 
         Uncompressed banks are read with one plain file read and viewed through the shard index
         (zarr's generic sharded read costs several times the bytes it reads); anything else goes
@@ -361,19 +476,20 @@ class KernelBank:
         """
         first, stop = self.shard_range(s)
         if not self.plain_layout:
-            return self.gram[first:stop]
+            return self._data[first:stop]
+        shape = self.block_shape
         file = self.shard_file(s)
         if not file.exists():
-            return np.zeros((stop - first, self.n, self.n), self.dtype)
+            return np.zeros((stop - first,) + shape, self.dtype)
         raw = np.fromfile(file, dtype=np.uint8)
         offsets = self.chunk_offsets(s, raw.size, raw[raw.size - self.shard_index_bytes:].tobytes())
         C = int(self._attrs["layout"]["kernels_per_chunk"])
-        chunk_bytes = C * self.n * self.n * self.dtype.itemsize
+        chunk_bytes = C * self._kernel_bytes
         if np.array_equal(offsets, np.arange(len(offsets)) * chunk_bytes):
-            return raw[: len(offsets) * chunk_bytes].view(self.dtype).reshape(-1, self.n, self.n)[: stop - first]
-        out = np.empty((len(offsets) * C, self.n, self.n), self.dtype)
+            return raw[: len(offsets) * chunk_bytes].view(self.dtype).reshape((-1,) + shape)[: stop - first]
+        out = np.empty((len(offsets) * C,) + shape, self.dtype)
         for c, off in enumerate(offsets):
-            out[c * C:(c + 1) * C] = raw[off:off + chunk_bytes].view(self.dtype).reshape(C, self.n, self.n)
+            out[c * C:(c + 1) * C] = raw[off:off + chunk_bytes].view(self.dtype).reshape((C,) + shape)
         return out[: stop - first]
 
     @property
@@ -382,14 +498,15 @@ class KernelBank:
         little-endian inner chunks, the index at the end with a crc32c; every bank ``build_bank``
         or ``from_arrays`` writes): then they can be read directly, as ``read_shard`` and the
         engine's reader (``mklscale.engine.reader``) do, instead of through zarr."""
-        return shard_format.is_plain(self.gram, self.dtype)
+        return shard_format.is_plain(self._data, self.dtype)
 
     def to_xarray(self):
-        """A lazily indexed xarray DataArray (kernel, i, j) with per-kernel coordinates."""
+        """A lazily indexed xarray DataArray (kernel, i, j) with per-kernel coordinates; a factor
+        bank's is its factors (kernel, i, rank), named "factor", with rank and approx_error coords."""
         import dask.array as da
         import xarray as xr
 
-        data = da.from_zarr(self.gram)
+        data = da.from_zarr(self._data)
         coords = {
             "kernel": np.arange(self.M),
             "name": ("kernel", np.array(self.names, dtype=object)),
@@ -401,8 +518,13 @@ class KernelBank:
         }
         for name in PER_KERNEL_FLOATS:
             coords[name] = ("kernel", self._meta(name))
-        return xr.DataArray(data, dims=("kernel", "i", "j"), coords=coords, name="gram",
-                            attrs={"normalize": str(self.normalize), "path": str(self.path)})
+        factor = self.representation == "factor"
+        if factor:
+            coords.update({"kernel_rank": ("kernel", self.ranks), "approx_error": ("kernel", self.approx_error)})
+        return xr.DataArray(data, dims=("kernel", "i", "rank" if factor else "j"), coords=coords,
+                            name=data_array_name(self.representation),
+                            attrs={"normalize": str(self.normalize), "path": str(self.path),
+                                   "representation": self.representation})
 
     # ---- integrity ----------------------------------------------------------------------------
     def verify(self, kernels: Sequence[int] | None = None, threads: int = 4, progress: bool = False,
@@ -483,7 +605,7 @@ class KernelBank:
         """Re-read the group's metadata (attributes written through another handle)."""
         self._group = zarr.open_group(self.path, mode=self._mode)
         self._attrs = self._group.attrs.asdict()
-        self.gram = self._group["gram"]
+        self._data = self._group[data_array_name(self.representation)]
 
     # ---- cross kernels ------------------------------------------------------------------------
     def standardize(self, X: np.ndarray) -> np.ndarray:
@@ -499,10 +621,15 @@ class KernelBank:
 
     def cross(self, X_new: np.ndarray | None, kernels: Sequence[int] | None = None) -> np.ndarray:
         """K_m(X_new, X_train) with exactly the training normalisation: (len(kernels), n_new, n) float64.
+        Dense banks only: a factor bank refuses and names ``cross_factor``.
 
         For banks imported with ``from_arrays``, pass ``X_new=None`` to get the stored cross kernels.
         ``cross(X_train_raw)`` reproduces the bank (to the stored dtype's rounding).
         """
+        if self.representation == "factor":
+            raise InvalidInputError(f"bank {self.path} is a factor bank: its cross kernels are K~_m(X_new, X_train) "
+                                    "= L_m(X_new) L_m^T; compute L_m(X_new) with bank.cross_factor(X_new, kernels) "
+                                    "and multiply by bank.factor(m).T (only for the few kernels you need)")
         idx = list(range(self.M)) if kernels is None else [self._check_index(m) for m in kernels]
         if X_new is None:
             if "cross_gram" not in self._group:

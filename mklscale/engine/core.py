@@ -15,7 +15,8 @@
 
 A pass is a Dask graph with one task per group of kernels of one shard (``plan``); each task reads
 its kernels itself from the bank path (``tasks``, ``reader``) and folds them into float64 numbers
-with the numba kernels of ``kernels``. Results are placed by kernel index and every number has one
+with the numba kernels of ``kernels`` (a factor bank, K_m = L_m L_m^T: ``factor_tasks`` and
+``factor_kernels``, O(n r) per kernel and vector). Results are placed by kernel index and every number has one
 fixed summation order, so they are bit-identical on the threaded default and on any cluster, with
 any number of workers, and when workers die mid-pass. Kernels held in the cache are computed in
 the driver with the same kernels, giving the same bits without touching the cluster.
@@ -28,8 +29,9 @@ import time
 
 import numpy as np
 
+from mklscale.engine import factor_tasks, tasks, validate
+from mklscale.engine import factor_kernels as F
 from mklscale.engine import kernels as K
-from mklscale.engine import tasks, validate
 from mklscale.engine.cache import BlockCache, parse_bytes
 from mklscale.engine.contract import Counters, KernelEngine
 from mklscale.engine.plan import TASK_BYTES, blocks_of, split_by_shard, tree_pairs
@@ -88,7 +90,10 @@ class Engine(KernelEngine):
         self._complete = complete
         self._lambda_max = np.where(complete, np.asarray(bank.lambda_max, dtype=np.float64), np.nan)
         self._path = str(bank.path.resolve())
-        self._kernel_bytes = self.n * self.n * bank.dtype.itemsize
+        self.representation: str = bank.representation
+        self._factor = self.representation == "factor"
+        self._tasks = factor_tasks if self._factor else tasks
+        self._kernel_bytes = int(np.prod(bank.block_shape)) * bank.dtype.itemsize
         self._task_bytes = int(task_bytes)
         self._cache = BlockCache(parse_bytes(cache_bytes))
         self._own_client = False
@@ -119,6 +124,11 @@ class Engine(KernelEngine):
     def frobenius_norms(self) -> np.ndarray:
         """(M,) Frobenius norm of every stored kernel, from the bank's metadata."""
         return np.asarray(self.bank.fro, dtype=np.float64).reshape(-1)
+
+    @property
+    def rank(self) -> int | None:
+        """Columns of every stored factor (factor banks); None for a dense bank."""
+        return self.bank.rank
 
     @property
     def complete(self) -> np.ndarray:
@@ -246,11 +256,13 @@ class Engine(KernelEngine):
 
             def local(block, p):
                 u = Up[p:p + 1]
+                if self._factor:
+                    return factor_tasks.local_quad(block, u)[0]
                 out = np.empty((1, 1))
                 K.quad_kernels(block[None], u, np.ascontiguousarray(u.T), out, V, S)
                 return out[0, 0]
 
-            return self._evaluate("quad_forms", idx, (), tasks.quad_each_task, per_pos=Up, local=local,
+            return self._evaluate("quad_forms", idx, (), self._tasks.quad_each_task, per_pos=Up, local=local,
                                   full=kernels is None)
         U2, one = validate.vectors(U, self.n)
         idx, full = self._selection(kernels)
@@ -259,11 +271,13 @@ class Engine(KernelEngine):
         V, S = np.zeros((k, self.n)), np.zeros((8, 16))
 
         def local(block, p):
+            if self._factor:
+                return factor_tasks.local_quad(block, U2)
             out = np.empty((1, k))
             K.quad_kernels(block[None], U2, Ut, out, V, S)
             return out[0]
 
-        res = self._evaluate("quad_forms", idx, (k,), tasks.quad_task, shared=(U2,), local=local, full=full)
+        res = self._evaluate("quad_forms", idx, (k,), self._tasks.quad_task, shared=(U2,), local=local, full=full)
         if full:
             res = self._full(idx, res, (k,))
         return res[:, 0] if one else res
@@ -280,22 +294,26 @@ class Engine(KernelEngine):
             Up = validate.per_kernel_vectors(U, len(idx), n)
 
             def local(block, p):
+                if self._factor:
+                    return factor_tasks.local_matvec(block, Up[p:p + 1])[0]
                 out = np.empty((1, n))
                 K.matvec_rows(block, 0, Up[p:p + 1], out)
                 return out[0]
 
-            return self._evaluate("matvecs", idx, (n,), tasks.matvec_each_task, per_pos=Up,
+            return self._evaluate("matvecs", idx, (n,), self._tasks.matvec_each_task, per_pos=Up,
                                   local=local, full=kernels is None)
         U2, one = validate.vectors(U, n)
         idx, full = self._selection(kernels)
         k = U2.shape[0]
 
         def local(block, p):
+            if self._factor:
+                return factor_tasks.local_matvec(block, U2)
             out = np.empty((k, n))
             K.matvec_rows(block, 0, U2, out)
             return out
 
-        res = self._evaluate("matvecs", idx, (k, n), tasks.matvec_task, shared=(U2,), local=local, full=full)
+        res = self._evaluate("matvecs", idx, (k, n), self._tasks.matvec_task, shared=(U2,), local=local, full=full)
         if full:
             res = self._full(idx, res, (k, n))
         return res[:, 0] if one else res
@@ -304,8 +322,11 @@ class Engine(KernelEngine):
         """<K_m, T>_F = sum_ij K_m[i, j] T[i, j] for a dense (n, n) T: (M,) or (len(kernels),)."""
         T2 = validate.square(T, self.n)
         idx, full = self._selection(kernels)
-        res = self._evaluate("frobenius", idx, (), tasks.frob_task, shared=(T2,),
-                             local=lambda block, p: K.frob_rows(block, 0, T2, 0.0), full=full)
+        if self._factor:
+            local = lambda block, p: F.frobenius_with(block, T2)  # noqa: E731
+        else:
+            local = lambda block, p: K.frob_rows(block, 0, T2, 0.0)  # noqa: E731
+        res = self._evaluate("frobenius", idx, (), self._tasks.frob_task, shared=(T2,), local=local, full=full)
         return self._full(idx, res, ()) if full else res
 
     def combine(self, weights) -> np.ndarray:
@@ -328,13 +349,16 @@ class Engine(KernelEngine):
             for g in groups:
                 acc = np.zeros((self.n, self.n))
                 for m in g:
-                    K.axpy_rows(self._cache.get(m), 0, float(w[m]), acc)
+                    if self._factor:
+                        F.add_outer(self._cache.get(m), float(w[m]), acc)
+                    else:
+                        K.axpy_rows(self._cache.get(m), 0, float(w[m]), acc)
                 partials.append(acc)
             for level in tree_pairs(len(partials)):
                 partials = [tasks.add(partials[a], partials[b]) if b >= 0 else partials[a] for a, b in level]
             self._record("combine", t0, 0, support.size, 0, False)
             return partials[0]
-        calls = [(tasks.combine_task, self._path, g, w[g]) for g in groups]
+        calls = [(self._tasks.combine_task, self._path, g, w[g]) for g in groups]
         result = self._runner.run("combine", calls, reduce_sum=True)[0]
         self._record("combine", t0, support.size, 0, len(calls), support.size == self.M)
         return result
@@ -349,13 +373,19 @@ class Engine(KernelEngine):
         G = np.zeros((p, p))
         if p and all(m in self._cache for m in uniq):
             A = np.stack([self._cache.get(m) for m in uniq])
-            K.gram_rows(A, A, G, True)
+            if self._factor:
+                r = A.shape[2]
+                C = np.zeros((p, p, r, r))
+                F.cross_products(A, A, C, True)
+                F.frobenius_squares(C, G, True)
+            else:
+                K.gram_rows(A, A, G, True)
             read, hits, n_tasks = 0, p, 0
         else:
-            blocks = blocks_of(uniq, GRAM_BLOCK)
+            blocks = blocks_of(uniq, self._gram_block())
             starts = np.cumsum([0] + [b.size for b in blocks])
             pairs = [(a, b) for a in range(len(blocks)) for b in range(a, len(blocks))]
-            calls = [(tasks.gram_task, self._path, blocks[a], blocks[b], a == b, GRAM_PANEL_BYTES) for a, b in pairs]
+            calls = [(self._tasks.gram_task, self._path, blocks[a], blocks[b], a == b, GRAM_PANEL_BYTES) for a, b in pairs]
             for (a, b), res in zip(pairs, self._runner.run("gram_of_kernels", calls)):
                 G[starts[a]:starts[a + 1], starts[b]:starts[b + 1]] = res
             read = sum(blocks[a].size + (blocks[b].size if a != b else 0) for a, b in pairs)
@@ -364,14 +394,38 @@ class Engine(KernelEngine):
         self._record("gram_of_kernels", t0, read, hits, n_tasks, False)
         return G[np.ix_(where, where)]
 
+    def _gram_block(self) -> int:
+        """Kernels per block of gram_of_kernels: GRAM_BLOCK, or for factors as many as keep a task's
+        (block x block) r x r products L_a^T L_b within GRAM_PANEL_BYTES."""
+        if not self._factor:
+            return GRAM_BLOCK
+        r = int(self.rank)
+        return int(max(1, min(GRAM_BLOCK, np.sqrt(GRAM_PANEL_BYTES / (r * r * 8)))))
+
+    def combine_factors(self, weights) -> np.ndarray:
+        """(n, R) float64 [sqrt(w_m) L_m] over the kernels with w_m > 0, in index order (factor banks);
+        F F^T = sum_m w_m K_m. The factors are read through ``blocks`` (and its cache)."""
+        if not self._factor:
+            return super().combine_factors(weights)
+        w = validate.weights(weights, self.M)
+        if np.any(w < 0):
+            raise InvalidInputError("combine_factors needs non-negative weights (sqrt(w_m) L_m); "
+                                    "use combine(weights) for signed combinations")
+        support = np.flatnonzero(w)
+        if not support.size:
+            return np.zeros((self.n, 0))
+        L = self.blocks(support)
+        return np.concatenate([np.sqrt(w[m]) * L[p].astype(np.float64) for p, m in enumerate(support)], axis=1)
+
     @property
     def block_nbytes(self) -> int:
-        """Bytes of one kernel as ``blocks`` returns it and the cache holds it (n * n * itemsize
-        of the bank's storage dtype)."""
+        """Bytes of one kernel as ``blocks`` returns it and the cache holds it (n * n, or n * r for a
+        factor bank, times the itemsize of the bank's storage dtype)."""
         return self._kernel_bytes
 
     def blocks(self, kernels, keep: bool = True) -> np.ndarray:
-        """(len(kernels), n, n) array of the kernels' values in the bank's storage dtype (float32
+        """(len(kernels), n, n) array of the kernels' values (factor banks: (len(kernels), n, r),
+        the factors L_m) in the bank's storage dtype (float32
         unless the bank was built as float64; widening to float64 is exact, callers that need
         float64 convert). The array is new and owned by the caller.
 
@@ -386,7 +440,7 @@ class Engine(KernelEngine):
         t0 = time.perf_counter()
         idx, _ = self._selection(kernels)
         uniq, first = np.unique(idx, return_index=True)
-        out = np.empty((len(idx), self.n, self.n), dtype=self.bank.dtype)
+        out = np.empty((len(idx),) + tuple(self.bank.block_shape), dtype=self.bank.dtype)
         missing, hits = [], 0
         for m, p in zip(uniq.tolist(), first.tolist()):
             block = self._cache.get(m)

@@ -9,7 +9,8 @@ files (fresh pages are zero-filled and faulted in on every call; a reused buffer
 
 Layout handled: the shard files of ``mklscale.bank.shard_format`` (the one the build writes), for
 banks whose ``KernelBank.plain_layout`` is True: one file per shard at ``gram/c/<s>/0/0`` holding
-raw little-endian inner chunks of ``kernels_per_chunk`` whole kernels, followed by the shard index
+raw little-endian inner chunks of ``kernels_per_chunk`` whole kernels (a factor bank's
+``factor/c/<s>/0/0``: the same with (n, r) factors), followed by the shard index
 (``(offset, nbytes)`` uint64 per chunk) and its crc32c, located and checked by the bank's
 ``shard_file``, ``shard_index_bytes`` and ``chunk_offsets``. Anything else (compressed banks) falls
 back to ``bank.read_shard``.
@@ -49,7 +50,7 @@ class _Shard:
         first, stop = bank.shard_range(s)
         self.first = first
         self.per_chunk = int(bank.attrs["layout"]["kernels_per_chunk"])
-        self.kernel_bytes = bank.n * bank.n * bank.dtype.itemsize
+        self.kernel_bytes = bank.n * bank.block_shape[1] * bank.dtype.itemsize
         try:
             self.file = open(self.path, "rb", buffering=0)
         except FileNotFoundError:
@@ -93,8 +94,11 @@ class _Shard:
 class KernelReader:
     """Reads kernels of one bank for the duration of a task; shard files stay open until ``close``.
 
+    A kernel is read as stored, ``bank.block_shape``: (n, n), or (n, r) for a factor bank; ``w``
+    below is its row length (n or r).
+
     ``pieces(kernels)`` yields ``(pos, count, r0, r1, block)``: ``block`` is a C-contiguous
-    (count, r1 - r0, n) array of the stored dtype holding rows r0..r1-1 of kernels
+    (count, r1 - r0, w) array of the stored dtype holding rows r0..r1-1 of kernels
     ``kernels[pos:pos + count]`` (count > 1 only for whole kernels). The block lives in the
     thread's reused buffer: it is valid until the next piece is requested.
     """
@@ -102,6 +106,7 @@ class KernelReader:
     def __init__(self, bank, piece_bytes: int | None = None):
         self.bank = bank
         self.n = bank.n
+        self.width = int(bank.block_shape[1])
         self.dtype = bank.dtype
         self.piece_bytes = int(PIECE_BYTES if piece_bytes is None else piece_bytes)
         self.plain = bool(bank.plain_layout)
@@ -135,9 +140,9 @@ class KernelReader:
 
     def pieces(self, kernels: Sequence[int]) -> Iterator[tuple[int, int, int, int, np.ndarray]]:
         """Iterate over ``kernels`` (ascending global indices) in pieces of about piece_bytes."""
-        n, itemsize = self.n, self.dtype.itemsize
+        n, w, itemsize = self.n, self.width, self.dtype.itemsize
         kernels = np.asarray(kernels, dtype=np.int64)
-        kb = n * n * itemsize
+        kb = n * w * itemsize
         if not self.plain:
             for pos, m in enumerate(kernels):
                 yield pos, 1, 0, n, np.ascontiguousarray(self._fallback(int(m)))[None]
@@ -155,27 +160,27 @@ class KernelReader:
                 while (count < per and pos + count < len(kernels) and int(kernels[pos + count]) == m0 + count
                        and shard.same_chunk(m0, m0 + count)):
                     count += 1
-                block = buf[: count * kb].view(self.dtype).reshape(count, n, n)
+                block = buf[: count * kb].view(self.dtype).reshape(count, n, w)
                 shard.read(shard.offset(m0), block)
                 yield pos, count, 0, n, block
                 pos += count
         else:
-            rows = max(1, self.piece_bytes // (n * itemsize))
-            buf = thread_buffer(rows * n * itemsize)
+            rows = max(1, self.piece_bytes // (w * itemsize))
+            buf = thread_buffer(rows * w * itemsize)
             for pos, m in enumerate(kernels):
                 m = int(m)
                 shard = self._shard(m // S)
                 base = shard.offset(m)
                 for r0 in range(0, n, rows):
                     r1 = min(n, r0 + rows)
-                    block = buf[: (r1 - r0) * n * itemsize].view(self.dtype).reshape(1, r1 - r0, n)
-                    shard.read(base + r0 * n * itemsize, block)
+                    block = buf[: (r1 - r0) * w * itemsize].view(self.dtype).reshape(1, r1 - r0, w)
+                    shard.read(base + r0 * w * itemsize, block)
                     yield pos, 1, r0, r1, block
 
     def read_rows(self, m: int, r0: int, r1: int, out: np.ndarray) -> None:
-        """Rows r0..r1-1 of kernel m into ``out`` (a C-contiguous (r1 - r0, n) array of the stored dtype)."""
+        """Rows r0..r1-1 of kernel m into ``out`` (a C-contiguous (r1 - r0, w) array of the stored dtype)."""
         if not self.plain:
             out[...] = self._fallback(m)[r0:r1]
             return
         shard = self._shard(m // self.bank.kernels_per_shard)
-        shard.read(shard.offset(m) + r0 * self.n * self.dtype.itemsize, out)
+        shard.read(shard.offset(m) + r0 * self.width * self.dtype.itemsize, out)

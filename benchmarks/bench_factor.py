@@ -1,0 +1,195 @@
+"""Factor banks (issue 17): MKL at n in the tens of thousands, each kernel stored as L_m (n x r).
+
+    python benchmarks/bench_factor.py --scale            # n = 50,000, M = 1,000, r = 64: build + SpicyMKL
+                                                         # (logistic) + prediction of 10^5 rows, peak RSS
+    python benchmarks/bench_factor.py --n-slope          # fit time over n = 2000 ... 50,000 (M = 100, r = 64)
+    python benchmarks/bench_factor.py --accuracy         # factor vs dense test accuracy, ranks 32 ... 256
+    python benchmarks/bench_factor.py --larger-than-memory   # n = 10,000, M = 10,000, r = 64 (~26 GB bank)
+    python benchmarks/bench_factor.py --quick            # every item at tiny sizes (a smoke test)
+
+Protocol (as bench_scaling.py): ringnorm (``load("ringnorm", n_samples=n, seed=0)``, test rows drawn
+with seed 1), Gaussian kernels on random feature subsets (``families.random_subsets(20, M, seed=0)``),
+unit trace, float32; factor banks by Nystrom on k-means++ landmarks drawn per kernel. SpicyMKL
+logistic, block-1 penalty, C = 0.05 (bench_spicy.py), tol 1e-3. Each item runs in its own process
+(``--item`` re-invokes this script), so the peak RSS recorded (``ru_maxrss`` of that process) is the
+item's own. Results: benchmarks/results/bench_factor_<item>.json; README via make_readme.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from machine import describe_machine  # noqa: E402
+
+RESULTS = HERE / "results"
+C_SPICY = 0.05
+
+
+def _peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def _data(n: int, n_test: int, name: str = "ringnorm"):
+    from mklscale.datasets import load
+
+    if name == "breast_cancer":
+        ds = load(name)
+        rng = np.random.default_rng(0)
+        order = rng.permutation(ds.X.shape[0])
+        cut = int(0.7 * order.size)
+        return ds.X[order[:cut]], ds.y[order[:cut]], ds.X[order[cut:]], ds.y[order[cut:]]
+    train, test = load(name, n_samples=n, seed=0), load(name, n_samples=n_test, seed=1)
+    y, yt = np.asarray(train.y), np.asarray(test.y)
+    if name == "waveform":  # class 0 against the rest
+        y, yt = np.where(y == y.max(), 1.0, -1.0), np.where(yt == y.max(), 1.0, -1.0)
+    return train.X, y, test.X, yt
+
+
+def fit_and_score(X, y, Xt, yt, specs, path: Path, rank: int | None, solver: str = "spicy") -> dict:
+    """Build (or reuse) the bank, fit ``solver``, predict the test rows; seconds of each stage."""
+    from mklscale.bank import build_bank
+    from mklscale.engine import Engine
+    from mklscale.model import MKLModel
+    from mklscale.solvers.registry import fit_solver
+
+    t0 = time.perf_counter()
+    kw = {} if rank is None else {"rank": rank}
+    bank = build_bank(X, specs, path, progress=False, **kw)
+    t_build = time.perf_counter() - t0
+    with Engine(bank) as engine:
+        t0 = time.perf_counter()
+        params = {"loss": "logistic", "tol": 1e-3} if solver == "spicy" else {}
+        C = C_SPICY if solver == "spicy" else None
+        res = fit_solver(solver, engine, y, "classification", C=C, params=params)
+        t_fit = time.perf_counter() - t0
+        passes = engine.counters().passes
+    t0 = time.perf_counter()
+    model = MKLModel.from_results(bank, res, "classification", classes=np.array([-1.0, 1.0]))
+    f = model.decision_function(Xt)
+    t_predict = time.perf_counter() - t0
+    out = {"build_s": t_build, "fit_s": t_fit, "predict_s": t_predict, "passes": int(passes),
+           "accuracy": float(np.mean(np.where(f > 0, 1.0, -1.0) == yt)), "active": int(res.active.size),
+           "gap": float(res.gap), "converged": bool(res.converged), "objective": float(res.objective),
+           "bank_GB": bank.nbytes / 1e9, "model_bytes": int(sum(a.nbytes for a in model.arrays().values()))}
+    if rank is not None:
+        rel = np.asarray(bank.approx_error) / np.asarray(bank.exact_trace)
+        out["approx_error_rel"] = {"median": float(np.median(rel)), "max": float(rel.max())}
+    return out
+
+
+def item_scale(args) -> dict:
+    from mklscale.bank import families
+
+    n, M, r = args.n, args.M, args.rank
+    X, y, Xt, yt = _data(n, args.n_test)
+    specs = families.random_subsets(X.shape[1], M, seed=0)
+    path = Path(args.workdir) / f"factor-n{n}-M{M}-r{r}"
+    t0 = time.perf_counter()
+    res = fit_and_score(X, y, Xt, yt, specs, path, r)
+    res.update(total_s=time.perf_counter() - t0, n=n, M=M, rank=r, n_test=args.n_test, peak_rss_GB=_peak_rss_gb())
+    if not args.keep:
+        shutil.rmtree(path, ignore_errors=True)
+    return res
+
+
+def item_accuracy(args) -> dict:
+    from mklscale.bank import families
+
+    rows = []
+    for name in args.datasets:
+        for n in args.sizes:
+            X, y, Xt, yt = _data(n, 2000, name)
+            specs = families.random_subsets(X.shape[1], args.M, seed=0)
+            for solver in ("spicy", "smo"):
+                dense = fit_and_score(X, y, Xt, yt, specs, Path(args.workdir) / f"acc-{name}-{n}-dense", None, solver)
+                rows.append({"dataset": name, "n": int(X.shape[0]), "solver": solver, "rank": "dense", **dense})
+                for r in args.ranks:
+                    if r >= X.shape[0]:
+                        continue
+                    res = fit_and_score(X, y, Xt, yt, specs, Path(args.workdir) / f"acc-{name}-{n}-r{r}", r, solver)
+                    rows.append({"dataset": name, "n": int(X.shape[0]), "solver": solver, "rank": r, **res,
+                                 "accuracy_minus_dense": res["accuracy"] - dense["accuracy"]})
+                    print(rows[-1], flush=True)
+    return {"rows": rows}
+
+
+def run_item(item: str, argv: list[str]) -> dict:
+    """Run ``item`` in a fresh process (so its peak RSS is its own) and return its JSON."""
+    out = subprocess.run([sys.executable, __file__, "--item", item, *argv], check=True, capture_output=True,
+                         text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--scale", action="store_true")
+    p.add_argument("--n-slope", action="store_true")
+    p.add_argument("--accuracy", action="store_true")
+    p.add_argument("--larger-than-memory", action="store_true")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--item", help=argparse.SUPPRESS)
+    p.add_argument("--n", type=int, default=50_000)
+    p.add_argument("--M", type=int, default=1000)
+    p.add_argument("--rank", type=int, default=64)
+    p.add_argument("--n-test", type=int, default=100_000)
+    p.add_argument("--sizes", type=int, nargs="+", default=[2000, 4000])
+    p.add_argument("--ranks", type=int, nargs="+", default=[32, 64, 128, 256])
+    p.add_argument("--datasets", nargs="+", default=["ringnorm", "twonorm", "waveform", "breast_cancer"])
+    p.add_argument("--workdir", default="/tmp/mklscale-bench/factor")
+    p.add_argument("--keep", action="store_true", help="keep the banks built")
+    args, _ = p.parse_known_args()
+    Path(args.workdir).mkdir(parents=True, exist_ok=True)
+
+    if args.item:
+        fn = {"scale": item_scale, "accuracy": item_accuracy}[args.item]
+        print(json.dumps(fn(args)))
+        return
+
+    RESULTS.mkdir(exist_ok=True)
+    machine = describe_machine(Path(args.workdir))
+    base = ["--workdir", args.workdir]
+    if args.scale or args.quick:
+        argv = base + (["--n", "3000", "--M", "20", "--n-test", "2000"] if args.quick else
+                       ["--n", str(args.n), "--M", str(args.M), "--rank", str(args.rank), "--n-test", str(args.n_test)])
+        res = run_item("scale", argv)
+        name = "bench_factor_quick_scale.json" if args.quick else "bench_factor_scale.json"
+        (RESULTS / name).write_text(json.dumps({"machine": machine, "result": res,
+                                                "targets": {"total_s": 600, "peak_rss_GB": 4}}, indent=1))
+        print(json.dumps(res, indent=1))
+    if args.n_slope:
+        rows = []
+        for n in args.sizes:
+            rows.append(run_item("scale", base + ["--n", str(n), "--M", str(args.M), "--rank", str(args.rank),
+                                                  "--n-test", "2000"]))
+            print(rows[-1], flush=True)
+        ns, ts = np.log([r["n"] for r in rows]), np.log([r["fit_s"] for r in rows])
+        slope = float(np.polyfit(ns, ts, 1)[0]) if len(rows) > 1 else float("nan")
+        (RESULTS / "bench_factor_n_slope.json").write_text(json.dumps(
+            {"machine": machine, "rows": rows, "slope_fit_s": slope, "dense_slope_before": 2.3,
+             "target_slope": 1.3}, indent=1))
+        print("slope", slope)
+    if args.accuracy:
+        argv = base + ["--M", str(args.M), "--sizes", *map(str, args.sizes), "--ranks", *map(str, args.ranks),
+                       "--datasets", *args.datasets]
+        res = run_item("accuracy", argv)
+        (RESULTS / "bench_factor_accuracy.json").write_text(json.dumps({"machine": machine, **res}, indent=1))
+    if args.larger_than_memory:
+        res = run_item("scale", base + ["--n", "10000", "--M", "10000", "--rank", str(args.rank), "--n-test", "2000"])
+        (RESULTS / "bench_factor_larger_than_memory.json").write_text(json.dumps(
+            {"machine": machine, "result": res, "targets": {"fit_s": 900}}, indent=1))
+        print(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()

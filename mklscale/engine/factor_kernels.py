@@ -1,0 +1,110 @@
+"""Numba kernels of passes over factor banks: K_m = L_m L_m^T with L_m (n, r) stored (float32 or float64).
+
+Every quantity has one fixed summation order, independent of the task, thread or worker that runs
+it and of whether L_m comes from disk (float32, widened exactly: every product is taken in float64,
+never float32 x float32) or from the driver's cache, so
+factor passes are bit-identical under any scheduling, as dense ones are (``kernels``):
+
+- projection, k vectors U (k, n):   P = U L,  P[j, c] = ((0 + U[j,0] L[0,c]) + U[j,1] L[1,c]) + ...
+                                     (rows added in order, one panel after another)
+- quad forms:                        q_j = sum_c P[j, c]^2 (c in order)  = ||L^T u_j||^2 = u_j^T K u_j
+- matvec:                            (K u_j)_i = sum_c L[i, c] P[j, c] (c in order)
+- <K_a, K_b>_F = ||L_a^T L_b||_F^2:  C = L_a^T L_b accumulated over rows in order, then sum C^2
+- <K, T>_F = sum_i sum_c L[i, c] (T L)[i, c], (T L)[i, c] = sum_l T[i, l] L[l, c] (l in order)
+- weighted sum (combine):            S[i, l] += w sum_c L[i, c] L[l, c]
+
+Costs per kernel: O(n r k) for quad forms and matvecs (against O(n^2 k) dense), O(n r^2) per pair
+for the Gram of kernels; only ``frobenius`` and ``combine`` produce or read n x n arrays (small n).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+_opts = dict(nogil=True, cache=True, error_model="numpy")
+
+
+@njit(**_opts)
+def project(L, r0, U, P):
+    """P[j, :] += sum_i U[j, r0 + i] L[i, :] over the rows i of panel L (rows, r), in order."""
+    rows, r = L.shape
+    for j in range(U.shape[0]):
+        for i in range(rows):
+            a = U[j, r0 + i]
+            for c in range(r):
+                P[j, c] += a * L[i, c]
+
+
+@njit(**_opts)
+def sum_squares(P, out):
+    """out[j] = sum_c P[j, c]^2: the quad forms once P = U L is complete."""
+    for j in range(P.shape[0]):
+        s = 0.0
+        for c in range(P.shape[1]):
+            s += P[j, c] * P[j, c]
+        out[j] = s
+
+
+@njit(**_opts)
+def expand(L, r0, P, out):
+    """out[j, r0 + i] = sum_c L[i, c] P[j, c]: rows of K u_j = L (L^T u_j) for the panel L."""
+    rows, r = L.shape
+    for j in range(P.shape[0]):
+        for i in range(rows):
+            s = 0.0
+            for c in range(r):
+                s += L[i, c] * P[j, c]
+            out[j, r0 + i] = s
+
+
+@njit(**_opts)
+def cross_products(A, B, C, upper):
+    """C[a, b] += A[a]^T B[b] ((r, r) each) over the rows of panels A (ca, rows, r) and B (cb, rows, r),
+    rows in order; with ``upper`` (same kernels) only b >= a."""
+    ca, rows, r = A.shape
+    for a in range(ca):
+        for b in range(a if upper else 0, B.shape[0]):
+            for i in range(rows):
+                for c in range(r):
+                    x = np.float64(A[a, i, c])
+                    for e in range(r):
+                        C[a, b, c, e] += x * np.float64(B[b, i, e])
+
+
+@njit(**_opts)
+def frobenius_squares(C, G, upper):
+    """G[a, b] = ||C[a, b]||_F^2 (C = L_a^T L_b), entries in order."""
+    for a in range(C.shape[0]):
+        for b in range(a if upper else 0, C.shape[1]):
+            s = 0.0
+            for c in range(C.shape[2]):
+                for e in range(C.shape[3]):
+                    s += C[a, b, c, e] * C[a, b, c, e]
+            G[a, b] = s
+
+
+@njit(**_opts)
+def frobenius_with(L, T):
+    """<L L^T, T>_F = sum_i sum_c L[i, c] (T L)[i, c] for a dense (n, n) T."""
+    n, r = L.shape
+    s = 0.0
+    for i in range(n):
+        for c in range(r):
+            t = 0.0
+            for l in range(n):
+                t += T[i, l] * L[l, c]
+            s += L[i, c] * t
+    return s
+
+
+@njit(**_opts)
+def add_outer(L, w, out):
+    """out += w L L^T (n, n), entry by entry with c in order."""
+    n, r = L.shape
+    for i in range(n):
+        for l in range(n):
+            s = 0.0
+            for c in range(r):
+                s += np.float64(L[i, c]) * np.float64(L[l, c])
+            out[i, l] += w * s
