@@ -128,3 +128,26 @@ def test_estimator_on_a_factor_bank_saves_and_loads(tmp_path, data):
     loaded = mklscale.load(tmp_path / "m")
     np.testing.assert_array_equal(loaded.decision_function(X_new), est.decision_function(X_new))
     assert (est.predict(X) == y).mean() > 0.8
+
+
+def test_cli_fit_with_rank_then_predict(tmp_path, data, capsys):
+    """`mklscale fit --rank R` saves a factor model; `mklscale predict` reads it; --rank 0 exits 2."""
+    from mklscale import cli
+
+    X, y, X_new = data
+    np.save(tmp_path / "X.npy", X)
+    np.save(tmp_path / "y.npy", y)
+    np.save(tmp_path / "Xn.npy", X_new)
+    common = ["--features", str(tmp_path / "X.npy"), "--labels", str(tmp_path / "y.npy"), "--task",
+              "classification", "--family", "gaussian", "--widths", "1", "3", "--solver", "uniform",
+              "--cache-dir", str(tmp_path / "c"), "--quiet"]
+    assert cli.main(["fit", *common, "--rank", "10", "--out", str(tmp_path / "m")]) == 0
+    assert cli.main(["predict", str(tmp_path / "m"), "--features", str(tmp_path / "Xn.npy"), "--out",
+                     str(tmp_path / "p.npy")]) == 0
+    est = mklscale.load(tmp_path / "m")
+    assert est.model_.factor is not None
+    np.testing.assert_array_equal(np.load(tmp_path / "p.npy"), est.predict(X_new))
+    capsys.readouterr()
+    assert cli.main(["fit", *common, "--rank", "0", "--out", str(tmp_path / "m0")]) == 2
+    err = capsys.readouterr().err
+    assert "rank" in err and "Traceback" not in err and not (tmp_path / "m0").exists()
