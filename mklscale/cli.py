@@ -322,9 +322,7 @@ def _cmd_info(args) -> int:
         "representation": bank.representation, "rank": bank.rank,
     }
     if bank.rank is not None:
-        from mklscale.bank.build import approximation_summary
-
-        summary = approximation_summary(bank)
+        summary = bank.approximation_summary()
         info["factor"] = bank.factor_settings
         info["approx_error"] = {**summary, "worst": [{"kernel": m, "name": name, "error": e}
                                                      for m, name, e in summary["worst"]]}

@@ -345,3 +345,21 @@ def test_pipeline_builds_a_factor_bank(tmp_path):
     said = []
     bank, info = _build_bank(pipe, data, tmp_path, None, True, said.append)
     assert (bank.representation, bank.rank, info["representation"], info["rank"]) == ("factor", 8, "factor", 8)
+
+
+def test_layout_is_sized_by_the_factor_bytes_and_old_banks_open_as_dense(tmp_path, X):
+    from mklscale.bank.group import layout_for
+
+    fb = build_bank(X, MIXED, tmp_path / "f", rank=5, progress=False, max_error=1.0, **TINY)
+    per_chunk, per_shard = layout_for(len(MIXED), X.shape[0], 4, TINY["chunk_mb"], TINY["shard_mb"], width=5)
+    assert fb.attrs["layout"] == {"kernels_per_chunk": per_chunk, "kernels_per_shard": per_shard}
+    assert per_chunk == int(TINY["chunk_mb"] * 2**20 // (X.shape[0] * 5 * 4)) > 1
+    # a bank written before factor banks existed has no representation attribute: it is dense
+    dense = build_bank(X, MIXED[:2], tmp_path / "d", progress=False)
+    meta = json.loads((dense.path / "zarr.json").read_text())
+    for key in ("representation", "rank"):
+        del meta["attributes"][key]
+    (dense.path / "zarr.json").write_text(json.dumps(meta))
+    old = KernelBank.open(dense.path)
+    assert (old.representation, old.rank, old.block_shape) == ("dense", None, (36, 36)) and old.verify().ok
+    np.testing.assert_array_equal(old.kernel(1), dense.kernel(1))

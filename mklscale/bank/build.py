@@ -1,7 +1,8 @@
 """Build a kernel bank from features and specs as Dask tasks: resumable, normalised, safe to kill.
 
-One task computes the kernels of one shard (a whole file of the ``gram`` array), writes them in a
-single write, and returns their statistics. Only the driver writes per-kernel metadata, in
+One task computes the kernels of one shard (a whole file of the ``gram`` array; in a factor bank,
+of the ``factor`` array: the factors L_m of ``factor.build_factor``), writes them in a single write,
+and returns their statistics. Only the driver writes per-kernel metadata, in
 batches, and it marks a kernel complete only after the task that wrote its data has returned. A
 build killed at any moment therefore leaves complete kernels intact and, run again with the same
 arguments, recomputes exactly the unfinished shards. ``repair_bank`` (``KernelBank.repair``)
@@ -142,21 +143,9 @@ def build_bank(
     return bank
 
 
-def approximation_summary(bank: KernelBank, worst: int = 5) -> dict:
-    """min / median / max of a factor bank's relative trace errors over its complete kernels, and
-    the ``worst`` kernels as (index, name, error), largest first."""
-    err = np.where(bank.complete, bank.approx_error, np.nan)
-    ok = np.flatnonzero(np.isfinite(err))
-    if not ok.size:
-        return {"min": None, "median": None, "max": None, "worst": []}
-    order = ok[np.argsort(-err[ok], kind="stable")][:worst]
-    return {"min": float(err[ok].min()), "median": float(np.median(err[ok])), "max": float(err[ok].max()),
-            "worst": [(int(m), bank.specs[m].name, float(err[m])) for m in order]}
-
-
 def approximation_warning(bank: KernelBank, max_error: float) -> str | None:
     """The message of a factor bank whose largest relative trace error exceeds max_error, else None."""
-    summary = approximation_summary(bank)
+    summary = bank.approximation_summary()
     if summary["max"] is None or summary["max"] <= max_error:
         return None
     worst = ", ".join(f"{m} {name} ({e:.3g})" for m, name, e in summary["worst"] if e > max_error)

@@ -223,11 +223,13 @@ def _kmeanspp(Xt, u):
 
 @numba.njit(cache=True, nogil=True)
 def _pivoted_cholesky(Xt, kind, fam, a, p, kdiag, rmax, stop):
-    """Greedy pivoted incomplete Cholesky from kernel columns: (G (n, k), pivots (k,)) with
-    K(X, X[P]) = G G[P, :]^T and G[P, :] lower triangular; stops at k = rmax or once the residual
-    trace sum_i (K - G G^T)_ii <= stop. Pivot: the largest residual diagonal (first on ties)."""
+    """Greedy pivoted incomplete Cholesky from kernel columns: (Gt (k, n), pivots (k,)) with
+    G = Gt^T, K(X, X[P]) = G G[P, :]^T and G[P, :] lower triangular; stops at k = rmax or once the
+    residual trace sum_i (K - G G^T)_ii <= stop. Pivot: the largest residual diagonal (first on
+    ties). Column k: (K[:, j] - sum_{q<k} G[:, q] G[j, q]) / sqrt(d_j), q in order (vectorised
+    over the rows: G is held column by column)."""
     n = Xt.shape[1]
-    G = np.zeros((n, rmax))
+    Gt = np.zeros((rmax, n))
     d = kdiag.copy()
     piv = np.full(rmax, -1, dtype=np.int64)
     buf = np.empty(n)
@@ -247,21 +249,24 @@ def _pivoted_cholesky(Xt, kind, fam, a, p, kdiag, rmax, stop):
         piv[k] = j
         _compute.base_row(Xt, j, Xt, 0, n, kind, buf)
         _compute._kernel_row(buf, fam, a, p, 1.0, ones, col, False)
-        g = np.sqrt(d[j])
-        for i in range(n):
-            v = col[i]
-            for q in range(k):
-                v -= G[i, q] * G[j, q]
-            G[i, k] = v / g
         for q in range(k):
-            G[piv[q], k] = 0.0  # exactly lower triangular on the pivots
-        G[j, k] = g
+            gjq = Gt[q, j]
+            g_q = Gt[q]
+            for i in range(n):
+                col[i] -= g_q[i] * gjq
+        inv = 1.0 / np.sqrt(d[j])
+        g_k = Gt[k]
         for i in range(n):
-            d[i] -= G[i, k] * G[i, k]
+            g_k[i] = col[i] * inv
+        for q in range(k):
+            g_k[piv[q]] = 0.0  # exactly lower triangular on the pivots
+        g_k[j] = np.sqrt(d[j])
+        for i in range(n):
+            d[i] -= g_k[i] * g_k[i]
         for q in range(k + 1):
             d[piv[q]] = 0.0
         k += 1
-    return G[:, :k].copy(), piv[:k].copy()
+    return Gt[:k].copy(), piv[:k].copy()
 
 
 # ---- one kernel ----------------------------------------------------------------------------------
@@ -320,13 +325,13 @@ def build_factor(spec: KernelSpec, Xs: np.ndarray, m: int, st: FactorSettings, n
         C = _cross(spec, Xt, np.ascontiguousarray(Xt[:, idx]))
         T, rank = _nystrom_transform(C[:, idx], st.eig_cutoff, r)  # W = k(Z, Z), exactly symmetric
     else:
-        G, idx = _pivoted_cholesky(Xt, kind, fam, a, p, kdiag, r, st.tol * exact)
+        Gt, idx = _pivoted_cholesky(Xt, kind, fam, a, p, kdiag, r, st.tol * exact)
         rank = len(idx)
         T = np.zeros((r, r))
         if rank:
             import scipy.linalg
 
-            T[:rank, :rank] = scipy.linalg.solve_triangular(G[idx], np.eye(rank), lower=True).T
+            T[:rank, :rank] = scipy.linalg.solve_triangular(Gt[:, idx].T, np.eye(rank), lower=True).T
         C = _cross(spec, Xt, np.ascontiguousarray(Xt[:, idx]))
     T_used = T[: len(idx)]
     L = _transformed(C, T_used, False)

@@ -1,4 +1,5 @@
-"""KernelBank: an opened kernel bank, the zarr v3 store of M Gram matrices and their per-kernel metadata.
+"""KernelBank: an opened kernel bank, the zarr v3 store of M Gram matrices (or, in a factor bank, of
+their factors L_m with K~_m = L_m L_m^T: ``representation``, ``factor``) and their per-kernel metadata.
 
 The bank's arrays and attributes, and how its group is created: ``group``; the bytes of its shard
 files: ``shard_format``. ``KernelBank.repair`` is ``build.repair_bank``, attached by the package
@@ -413,6 +414,17 @@ class KernelBank:
         """(M,) tr K_m of the exact, unnormalised kernels (factor banks)."""
         self._require_factor("exact traces")
         return self._meta("exact_trace")
+
+    def approximation_summary(self, worst: int = 5) -> dict:
+        """min / median / max of a factor bank's ``approx_error`` over its complete kernels, and the
+        ``worst`` kernels as (index, name, error), largest first (all None / [] before any is built)."""
+        err = np.where(self.complete, self.approx_error, np.nan)
+        ok = np.flatnonzero(np.isfinite(err))
+        if not ok.size:
+            return {"min": None, "median": None, "max": None, "worst": []}
+        order = ok[np.argsort(-err[ok], kind="stable")][:worst]
+        return {"min": float(err[ok].min()), "median": float(np.median(err[ok])), "max": float(err[ok].max()),
+                "worst": [(int(m), self.specs[m].name, float(err[m])) for m in order]}
 
     @property
     def factor_settings(self) -> dict | None:
