@@ -5,6 +5,10 @@ cvxpy (Clarabel) on the QCQP (L) next to SMO-MKL and SpicyMKL at small sizes.
     python benchmarks/bench_peers.py --quick       # breast_cancer, n = 200, M = 100; cvxpy at M = 10
     python benchmarks/bench_peers.py               # breast_cancer, ringnorm, digits x n {200, 500}
                                                    # x M {100, 1000, 3000}; cvxpy at n = 100, M {10, 50}
+    python benchmarks/bench_peers.py --tasks ringnorm --n 8000 --M 20 --rank 128 \
+        --mklpy-methods EasyMKL,AverageMKL --our-methods easymkl,uniform,spicy_logistic --no-cvxpy
+                                                   # large n (issue 17): MKLpy's in-memory lists against
+                                                   # ours on the dense bank and on a rank-128 factor bank
 
 Protocol. For each task, n and M: the bank is ``build_bank`` on the n training rows with
 ``families.random_subsets(d, M, seed)`` (Gaussian kernels on random feature subsets, width
@@ -30,6 +34,11 @@ run under the same address-space cap (--mem-limit-gb, RLIMIT_AS) and the same pe
 message. A method that timed out or ran out of memory at (n', M') is not run at any n >= n', M >= M'
 (of any later task), nor where its time predicted from the largest smaller grid point it ran at,
 t (M / M') (n / n')^2, exceeds the limit: that is recorded as "not run" with the reason.
+
+With --rank R our methods run a second time on a factor bank of the same kernels (``build_bank(...,
+rank=R)``: Nystrom on k-means++ landmarks, K~_m = L_m L_m^T, n x R per kernel) and predict through
+the fitted model's landmarks (``MKLModel.decision_function``); recorded as "ours_factor" with the
+build time, the bank's size and its approximation error (tr K - tr K~) / tr K.
 
 Methods, all with an SVM constant C = --C where they have one. MKLpy: EasyMKL (lam 0.1, its
 default KOMD learner), AverageMKL, FHeuristic, PWMK (3-fold CV), CKA (SVC learners), and the
@@ -127,6 +136,16 @@ def decision_chunked(res, bank, X_test, chunk: int = 64) -> np.ndarray:
     return f + res.bias
 
 
+def predict(res, bank, X_test) -> np.ndarray:
+    """Decision values on X_test: cross kernels of the active kernels (dense banks), or the fitted
+    model's landmarks (factor banks: L_m(x) v_m)."""
+    if bank.rank is None:
+        return decision_chunked(res, bank, X_test)
+    from mklscale.model import MKLModel
+
+    return MKLModel.from_results(bank, res, "classification", classes=[-1.0, 1.0]).decision_function(X_test)
+
+
 def _fit_ours(method: str, engine, y, C, easy_lam: float = 0.1):
     from mklscale.solvers import baselines, easymkl, fheuristic, smo, spicy
 
@@ -183,16 +202,18 @@ def worker(args) -> int:
     z = np.load(args.task_npz, allow_pickle=False)
     y, X_test, y_test = z["y_train"], z["X_test"], z["y_test"]
     bank = KernelBank.open(args.bank)
+    rank = bank.rank  # None: dense
     methods = args.worker.split(",")
     t0 = time.perf_counter()
     try:  # warm-up on a tiny bank with the same specs and rows
         k = min(40, y.size)
+        factor = {} if rank is None else {"rank": min(rank, k // 2), "max_error": 1.0}
         tiny = build_bank(bank.X_train[:k], bank.specs[:min(8, len(bank))], Path(args.bank).parent / "tiny_warmup",
-                          normalize="diag", standardize=False, overwrite=True, progress=False)
+                          normalize="diag", standardize=False, overwrite=True, progress=False, **factor)
         for m in methods:
             with Engine(tiny) as eng:
                 r = _fit_ours(m, eng, y[:k], args.C, args.easy_lam)
-            decision_chunked(r, tiny, tiny.X_train[:5])
+            predict(r, tiny, tiny.X_train[:5])
     except Exception as exc:  # noqa: BLE001
         print(f"warm-up failed: {exc}", file=sys.stderr)
     warm = time.perf_counter() - t0
@@ -207,7 +228,7 @@ def worker(args) -> int:
                 out["fit_seconds"] = time.perf_counter() - t0
                 out["passes"] = int(engine.stats["passes"])
             t0 = time.perf_counter()
-            f = decision_chunked(res, bank, X_test)
+            f = predict(res, bank, X_test)
             out["predict_seconds"] = time.perf_counter() - t0
             out.update(status="ok", test_accuracy=float(np.mean(np.where(f >= 0, 1.0, -1.0) == y_test)),
                        n_nonzero_weights=int(res.n_active), converged=bool(res.converged), gap=float(res.gap),
@@ -372,7 +393,7 @@ def grid_point(task: str, n: int, M: int, args, fails: dict, times: dict, versio
 
     peers = {}
     if not args.skip_mklpy:
-        peers, todo = split_skipped(MKLPY_METHODS, "mklpy")
+        peers, todo = split_skipped(args.mklpy_methods, "mklpy")
         if todo:
             npz = work / "grams.npz"
             rec.update(export_npz(bank, X_test, y, y_test, npz))
@@ -385,12 +406,24 @@ def grid_point(task: str, n: int, M: int, args, fails: dict, times: dict, versio
                 res.pop("traceback_tail", None) if res.get("status") == "ok" else None
                 peers[m] = res
                 note_fail("mklpy:" + m, res)
-    ours, todo = split_skipped(OUR_METHODS, "ours")
+    ours, todo = split_skipped(args.our_methods, "ours")
     ran = run_ours(todo, bank_path, task_npz, args) if todo else {}
     for m in todo:
         ours[m] = ran[m]
         note_fail("ours:" + m, ours[m])
-    ours = {m: ours[m] for m in OUR_METHODS}
+    ours = {m: ours[m] for m in args.our_methods}
+    shutil.rmtree(bank_path, ignore_errors=True)
+    if args.rank:
+        t0 = time.perf_counter()
+        fbank = build_bank(X, families.random_subsets(X.shape[1], M, seed=args.seed), work / f"{bank_path.name}_r{args.rank}",
+                           normalize="diag", dtype="float32", overwrite=True, progress=False, rank=args.rank,
+                           max_error=1.0)
+        err = np.asarray(fbank.approx_error)
+        rec["factor"] = {"rank": args.rank, "build_seconds": time.perf_counter() - t0, "bank_GB": fbank.nbytes / GB,
+                         "approx_error": {"min": float(err.min()), "median": float(np.median(err)),
+                                          "max": float(err.max())}}
+        rec["ours_factor"] = run_ours(list(args.our_methods), fbank.path, task_npz, args)
+        shutil.rmtree(fbank.path, ignore_errors=True)
     for m, res in peers.items():
         ref = ours.get(MATCH.get(m, "spicy_hinge"), {})
         res["matched"] = MATCH.get(m, "spicy_hinge")
@@ -398,7 +431,6 @@ def grid_point(task: str, n: int, M: int, args, fails: dict, times: dict, versio
             res["ratio_time"] = res["fit_seconds"] / ref["fit_seconds"]
             res["ratio_peak_rss"] = res["peak_rss_GB"] / ref["peak_rss_GB"]
     rec["mklpy"], rec["ours"] = peers, ours
-    shutil.rmtree(bank_path, ignore_errors=True)
     task_npz.unlink(missing_ok=True)
 
     def line(name, r):
@@ -413,6 +445,8 @@ def grid_point(task: str, n: int, M: int, args, fails: dict, times: dict, versio
         print(line("MKLpy " + m, r), flush=True)
     for m, r in ours.items():
         print(line(OUR_LABELS[m], r), flush=True)
+    for m, r in rec.get("ours_factor", {}).items():
+        print(line(f"{OUR_LABELS[m]} r={args.rank}", r), flush=True)
     return rec
 
 
@@ -529,6 +563,9 @@ def main(argv=None) -> int:
     ap.add_argument("--mklpy-max-iter", type=int, default=100)
     ap.add_argument("--venv", default=str(HERE / "peers" / ".venv"))
     ap.add_argument("--skip-mklpy", action="store_true")
+    ap.add_argument("--mklpy-methods", default=",".join(MKLPY_METHODS), help="comma list of MKLpy methods")
+    ap.add_argument("--our-methods", default=",".join(OUR_METHODS), help="comma list of our methods")
+    ap.add_argument("--rank", type=int, default=None, help="also run ours on a factor bank of this rank")
     ap.add_argument("--no-cvxpy", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", default="/tmp/mklscale_bench_peers")
@@ -541,6 +578,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.worker:
         return worker(args)
+    args.mklpy_methods = [m for m in args.mklpy_methods.split(",") if m]
+    args.our_methods = [m for m in args.our_methods.split(",") if m]
 
     import psutil
     from machine import describe_machine
@@ -589,7 +628,8 @@ def main(argv=None) -> int:
         "cvxpy_version": cvxpy.__version__,
         "params": {"quick": args.quick, "tasks": tasks, "n": ns, "M": Ms, "n_test": args.n_test, "C": args.C,
                    "time_limit_s": args.time_limit, "mem_limit_GB": args.mem_limit_gb, "cache_bytes": args.cache_bytes,
-                   "mklpy_max_iter": args.mklpy_max_iter, "seed": args.seed, "normalize": "diag", "dtype": "float32",
+                   "mklpy_max_iter": args.mklpy_max_iter, "seed": args.seed, "rank": args.rank,
+                   "mklpy_methods": args.mklpy_methods, "our_methods": args.our_methods, "normalize": "diag", "dtype": "float32",
                    "family": "random_subsets (gaussian on random feature subsets, width 5 chi^2 + 0.1)",
                    "export": "uncompressed npz, float32; MKLpy loads it as float64 torch tensors",
                    "ours": {"spicy": "block-1 (l1), tol 0.01", "smo": "paper's (OPT_3) stopping rule",
@@ -608,7 +648,9 @@ def main(argv=None) -> int:
         "cvxpy": cvx,
     }
     stem = "bench_peers_quick" if args.quick else "bench_peers"
-    if args.tasks or args.n or args.M or args.skip_mklpy:
+    if args.rank:
+        stem = "bench_peers_factor"
+    elif args.tasks or args.n or args.M or args.skip_mklpy:
         stem += "_partial"
     out = Path(args.out) if args.out else RESULTS / f"{stem}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

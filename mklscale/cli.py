@@ -69,6 +69,9 @@ def _parser() -> argparse.ArgumentParser:
     _family_arguments(f)
     f.add_argument("--solver", default="spicy", help="solver name (mklscale.solvers.registry)")
     f.add_argument("--C", type=float, default=None, help="the solver's main regularisation")
+    f.add_argument("--rank", type=int, default=None,
+                   help="store every kernel as a rank-R factor (Nystrom; for n in the tens of thousands) "
+                        "instead of n x n; the model keeps only the kept kernels' landmarks")
     f.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="a solver parameter; VALUE is read as JSON when it parses, else as a string")
     f.add_argument("--cache-dir", type=Path, default=None, help="where banks are kept for reuse")
@@ -178,7 +181,7 @@ def _cmd_fit(args) -> int:
         X, y, task = _load_npy(args.features, "--features"), _load_npy(args.labels, "--labels"), args.task
     Estimator = MKLClassifier if task == "classification" else MKLRegressor
     estimator = Estimator(kernels=_kernels(args), solver=args.solver, C=args.C, solver_params=_params(args.param),
-                          cache_dir=None if args.cache_dir is None else str(args.cache_dir), progress=not args.quiet)
+                          rank=args.rank, cache_dir=None if args.cache_dir is None else str(args.cache_dir), progress=not args.quiet)
     estimator.fit(X, y)
     estimator.save(args.out)
     print(f"model: {args.out}  kept {len(estimator.selected_kernels_)} kernel(s)  "

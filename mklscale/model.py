@@ -29,6 +29,12 @@ Model file (a directory)::
     arrays.npz   weights (H, k), dual_coef (H, r), norm_factor (k,), bank_kernels (k,), rows (r,),
                  train_row_ids (r,), X_rows (r, d) [feature banks], mean/scale (d,) [standardised]
 
+A model fitted on a factor bank (K~_m = L_m L_m^T, ``build_bank(..., rank=r)``) predicts through the
+kept kernels' landmarks instead of the training rows S (``model_factor``): model.json says
+``"representation": "factor"`` (schema version 2) and arrays.npz holds factor_landmark_rows (p, d),
+factor_landmark_index (k, r), factor_transforms (k, r, r) and factor_coef (H, k, r) in place of rows,
+dual_coef and X_rows (empty there).
+
 Everything is numbers, strings and JSON; ``arrays.npz`` is written and read with
 ``allow_pickle=False``. Saving is atomic (temporary sibling folder, fsync, rename).
 """
@@ -50,11 +56,14 @@ from mklscale.bank.spec import KernelSpec
 from mklscale.bank.inputs import validate_features
 from mklscale.bank.normalize import normalize_block
 from mklscale.errors import InvalidInputError, ModelFileError
+from mklscale.model_factor import FactorTerms
 from mklscale.runtime.atomic import fsync_dir, swap_into_place
 from mklscale.solvers.result import MKLResult, json_safe
 
-#: version of the model file layout this mklscale writes and reads
-SCHEMA_VERSION = 1
+#: the newest model file layout this mklscale reads; dense models are written as version 1 (unchanged),
+#: factor models as version 2 (so an older mklscale refuses them instead of misreading them)
+SCHEMA_VERSION = 2
+DENSE_SCHEMA_VERSION = 1
 FORMAT = "mklscale-model"
 JSON_FILE = "model.json"
 ARRAYS_FILE = "arrays.npz"
@@ -85,6 +94,8 @@ class MKLModel:
     n_features : d, or None for a bank without features.
     heads : per-head JSON scalars (solver, objective, gap, converged, label, ...).
     info : JSON-safe description (solver name and parameters, bank path).
+    factor : the landmarks, transforms and v_{h,m} of a model fitted on a factor bank (``model_factor``),
+        or None (dense bank: prediction through X_rows and dual_coef).
     """
 
     task: str
@@ -106,6 +117,7 @@ class MKLModel:
     n_features: int | None
     heads: list[dict] = field(default_factory=list)
     info: dict = field(default_factory=dict)
+    factor: FactorTerms | None = None
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
@@ -115,7 +127,8 @@ class MKLModel:
 
         ``results``: one MKLResult (binary / regression) or one per class (one-vs-rest, in the order
         of ``classes``). A head whose weights are all zero predicts its bias; its dual coefficients
-        are dropped.
+        are dropped. On a factor bank the model keeps v_{h,m} = w_{h,m} L_m^T c_h and the kept kernels'
+        landmarks instead of training rows (``model_factor``).
         """
         if task not in TASKS:
             raise InvalidInputError(f"task must be one of {TASKS}; got {task!r}")
@@ -129,9 +142,14 @@ class MKLModel:
                                         "pass the results fitted on this bank")
         kept = np.unique(np.concatenate([r.active for r in results])).astype(np.int64)
         used = [r for r in results if r.active.size]
+        weights = np.array([r.weights[kept] for r in results], dtype=np.float64).reshape(len(results), kept.size)
+        factor = None
+        if getattr(bank, "representation", "dense") == "factor":
+            duals = np.array([r.dual_coef if r.active.size else np.zeros(bank.n) for r in results], dtype=np.float64)
+            factor = FactorTerms.from_bank(bank, kept, weights, duals)
+            used = []  # no training rows: prediction goes through the landmarks
         rows = (np.unique(np.concatenate([np.flatnonzero(r.dual_coef) for r in used])).astype(np.int64)
                 if used else np.zeros(0, np.int64))
-        weights = np.array([r.weights[kept] for r in results], dtype=np.float64).reshape(len(results), kept.size)
         dual = np.array([r.dual_coef[rows] if r.active.size else np.zeros(rows.size) for r in results],
                         dtype=np.float64).reshape(len(results), rows.size)
         std = bank.attrs.get("standardization")
@@ -145,12 +163,12 @@ class MKLModel:
             specs=[bank.specs[m] for m in kept], normalize=bank.normalize,
             norm_factor=np.asarray(bank.norm_factor, dtype=np.float64)[kept],
             weights=weights, dual_coef=dual, bias=np.array([r.bias for r in results], dtype=np.float64),
-            X_rows=None if X_train is None else np.ascontiguousarray(X_train[rows], dtype=np.float64),
+            X_rows=None if X_train is None or factor is not None else np.ascontiguousarray(X_train[rows], dtype=np.float64),
             mean=None if std is None else np.asarray(std["mean"], dtype=np.float64),
             scale=None if std is None else np.asarray(std["scale"], dtype=np.float64),
             rows=rows, train_row_ids=bank.train_rows[rows], bank_kernels=kept, n_bank_kernels=int(bank.M),
             n_train=int(bank.n), n_features=None if X_train is None else int(X_train.shape[1]),
-            heads=heads, info=dict(info or {}),
+            heads=heads, info=dict(info or {}), factor=factor,
         )
 
     # ---- description --------------------------------------------------------------------------
@@ -174,7 +192,10 @@ class MKLModel:
         return (X - self.mean) / self.scale
 
     def decision_values(self, X) -> np.ndarray:
-        """(n_new, H): f_h(x) for every head (module docstring), kept kernels and rows S only."""
+        """(n_new, H): f_h(x) for every head (module docstring), kept kernels and rows S only (their
+        landmarks on a factor model), in row blocks of bounded memory."""
+        if self.factor is not None:
+            return self.factor.decision(self.standardize(X), self.specs) + self.bias
         if self.X_rows is None:
             raise InvalidInputError(
                 "this model was fitted on a kernel bank imported from Gram matrices (no features), so it "
@@ -212,6 +233,10 @@ class MKLModel:
         (k, n_new, n) for the kept kernels only (order of ``bank_kernels``); n is the bank's number
         of training rows (a bank imported with ``cross_grams`` gives them by ``bank.cross(None)``).
         """
+        if self.factor is not None:
+            raise InvalidInputError(
+                "this model was fitted on a factor bank: it predicts from features through the kept kernels' "
+                "landmarks, not from cross kernels; call decision_function(X_new) (or predict) with raw features")
         K = np.asarray(K_cross, dtype=np.float64)
         k = len(self.specs)
         if K.ndim != 3 or K.shape[2] != self.n_train or K.shape[0] not in (k, self.n_bank_kernels):
@@ -239,6 +264,8 @@ class MKLModel:
             out["X_rows"] = self.X_rows
         if self.mean is not None:
             out["mean"], out["scale"] = self.mean, self.scale
+        if self.factor is not None:
+            out.update(self.factor.arrays())
         return {k: np.ascontiguousarray(v) for k, v in out.items()}
 
     def to_json(self, extra: dict | None = None) -> dict:
@@ -247,7 +274,9 @@ class MKLModel:
 
         classes, classes_dtype = _classes_to_json(self.classes)
         return {
-            "format": FORMAT, "schema_version": SCHEMA_VERSION, "mklscale_version": __version__,
+            "format": FORMAT, "schema_version": DENSE_SCHEMA_VERSION if self.factor is None else SCHEMA_VERSION,
+            "mklscale_version": __version__,
+            "representation": "dense" if self.factor is None else "factor",
             "task": self.task, "classes": classes, "classes_dtype": classes_dtype,
             "normalize": self.normalize, "specs": [s.to_dict() for s in self.specs],
             "kernel_names": self.kernel_names, "n_bank_kernels": self.n_bank_kernels, "n_train": self.n_train,
@@ -306,6 +335,8 @@ class MKLModel:
                 raise ValueError("array shapes do not agree with each other or with model.json")
             if [h["bias"] for h in heads] != a["bias"].tolist():
                 raise ValueError("per-head biases in model.json differ from arrays.npz")
+            factor = (FactorTerms.from_arrays(a, doc["normalize"] == "diag", H, k)
+                      if doc.get("representation", "dense") == "factor" else None)
             return cls(
                 task=doc["task"], classes=_classes_from_json(doc["classes"], doc["classes_dtype"]), specs=specs,
                 normalize=doc["normalize"], norm_factor=a["norm_factor"], weights=a["weights"],
@@ -313,6 +344,7 @@ class MKLModel:
                 scale=a.get("scale"), rows=a["rows"], train_row_ids=a["train_row_ids"],
                 bank_kernels=a["bank_kernels"], n_bank_kernels=int(doc["n_bank_kernels"]),
                 n_train=int(doc["n_train"]), n_features=doc["n_features"], heads=heads, info=doc.get("info", {}),
+                factor=factor,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelFileError(f"model {path} is inconsistent ({type(exc).__name__}: {exc}); re-save the model "
