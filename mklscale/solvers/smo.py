@@ -152,8 +152,9 @@ def fit(engine, y, C, eps1: float | None = None, eps2: float = 1e-4, mu: float =
     kappa_min = check.check_positive("kappa_min", kappa_min)
     max_stages = check.check_count("max_stages", max_stages)
     max_steps = 1000 * n if max_steps is None else check.check_count("max_steps", max_steps)
-    if max_working_set is None:
-        max_working_set = int(min(M, max(1, WORKING_SET_BYTES // (8 * n * n))))
+    if max_working_set is None:  # float64-sized kernels (n x n) or factors (n x r) in WORKING_SET_BYTES
+        per_kernel = 8 * n * (engine.rank if engine.representation == "factor" else n)
+        max_working_set = int(min(M, max(1, WORKING_SET_BYTES // per_kernel)))
     max_working_set = check.check_count("max_working_set", max_working_set)
     drop_after = check.check_count("drop_after", drop_after)
     params = {"C": C, "eps1": eps1, "eps2": eps2, "mu": mu, "d": d, "tol": tol, "continuation": continuation,
@@ -219,7 +220,9 @@ class _SMO:
         self.drop_after, self.seed = drop_after, seed
         self.n, self.M = y.size, d.size
         self.log = RunLog(engine, "smo", verbose)
-        self.held = HeldKernels(engine, name="SMO-MKL")   # W's kernels, kept sorted by kernel id
+        self.factor = engine.representation == "factor"
+        # W's kernels as stored (K_l, or L_l on a factor engine), kept sorted by kernel id
+        self.held = _HeldFactors(engine) if self.factor else HeldKernels(engine, name="SMO-MKL")
 
     # ---- engine access --------------------------------------------------------------------------
     def _full_pass(self, alpha: np.ndarray, with_probes: bool) -> np.ndarray:
@@ -231,20 +234,21 @@ class _SMO:
         return np.maximum(values.reshape(self.M, -1)[:, 0], 0.0)
 
     def _load(self, kernels: np.ndarray, alpha: np.ndarray):
-        """Hold ``kernels`` (none held yet) and return their caches z_l = K_l D(y) alpha, q_l."""
+        """Hold ``kernels`` (none held yet) and return their caches and q_l: z_l = K_l D(y) alpha
+        (n,) each, or P_l = L_l^T D(y) alpha (r,) each on a factor engine."""
         self.held.fetch(kernels, _REMEDY)
-        Z = np.empty((kernels.size, self.n))
+        Z = np.empty((kernels.size, self.engine.rank if self.factor else self.n))
         q = np.empty(kernels.size)
-        kern.refresh_cache(self.held.chunks[-1], self.y, alpha, Z, q)
+        kern.refresh_cache(self.held.chunks[-1], self.factor, self.y, alpha, Z, q)
         _svm.check_quad_forms(q, self.y * alpha, self.lambda_max, kernels)
         return Z, q
 
     # ---- checks ---------------------------------------------------------------------------------
-    def _stage_test(self, alpha, Z, q, d, w):
+    def _stage_test(self, K, alpha, Z, q, d, w):
         """(opt4 violation, eps1 excess, f0): (OPT_4) left minus right side (<= 2 eps2 required) and
         max_k q_k/d_k^2 - min_{w_j > 0} q_j/d_j^2 - 2 eps1 (<= 0 required), over the kernels given."""
         g = np.empty(self.n)
-        kern.scaled_gradient(Z, self.y, w, g)
+        kern.gradient(K, Z, self.factor, self.y, w, g)
         _, _, opt4 = kern.violating_pair(g, self.y, alpha, self.C)
         f0 = g + self.y  # K(w) D(y) alpha
         scaled = q / (d * d)
@@ -264,15 +268,9 @@ class _SMO:
         y, C, d = self.y, self.C, self.d
         state = checkpoint.load() if checkpoint is not None else None
         if state is None:
-            # kappa = 1: the SVM on sum_j K_j / d_j^2, to eps2 / 2 (libsvm tol = 2 (eps2 / 2))
-            K_sum = self.engine.combine(1.0 / (d * d))
-            alpha, _, _, svm_ok = _svm.fit_svc(K_sum, y, C, self.eps2)
-            del K_sum
-            q_all = self._full_pass(alpha, with_probes=True)
-            self._record(1.0, alpha, q_all, d, None, None, self.M, 0, np.nan, svm_ok)
-
+            alpha, rank_by = self._start()
             # the working set: the kernels with the largest q_j / d_j^2, all of them when they fit
-            W = np.sort(np.argsort(-(q_all / (d * d)), kind="stable")[: self.max_working_set])
+            W = np.sort(np.argsort(-(rank_by / (d * d)), kind="stable")[: self.max_working_set])
             Z, q = self._load(W, alpha)
             zero_streak = np.zeros(W.size, dtype=np.int64)
             kappa = self.mu
@@ -294,12 +292,13 @@ class _SMO:
             dW = d[W]
             dk, ak, _ = stage_parameters(dW, kappa, self.continuation)
             K = self.held.stack()
-            steps, violation, code = kern.smo_solve(K, y, alpha, Z, q, dk, ak, C, smo_eps, self.max_steps)
-            kern.refresh_cache(K, y, alpha, Z, q)
-            del K
+            steps, violation, code = kern.smo_solve(K, self.factor, y, alpha, Z, q, dk, ak, C, smo_eps,
+                                                    self.max_steps)
+            kern.refresh_cache(K, self.factor, y, alpha, Z, q)
             smo_ok = code == kern.SMO_CONVERGED
             eta, w, _ = skm_weights(q, dW, kappa, self.continuation)
-            opt4, excess, f0 = self._stage_test(alpha, Z, q, dW, w)
+            opt4, excess, f0 = self._stage_test(K, alpha, Z, q, dW, w)
+            del K
             primal, dual, gap, _ = self._evaluate(alpha, q, dW, w, f0)
             paper_test = smo_ok and opt4 <= 2.0 * self.eps2 and excess <= 0.0
             if smo_ok or final is None:  # a stage that failed is not kept when an earlier one converged
@@ -333,9 +332,13 @@ class _SMO:
                 smo_eps *= self.mu
 
         weights = np.zeros(self.M)
-        if final is None:  # no MY stage ran: the SVM on the sum of kernels, weights 1/(M d_j^2)
-            K_sum = self.engine.combine(1.0 / (d * d))
-            f0 = K_sum @ (y * alpha) / self.M
+        if final is None:  # no MY stage ran: the start alpha on the sum of kernels, weights 1/(M d_j^2)
+            if self.factor:  # F F^T = sum_j K_j / d_j^2, never formed
+                F = self.engine.combine_factors(1.0 / (d * d))
+                f0 = F @ (F.T @ (y * alpha)) / self.M
+            else:
+                K_sum = self.engine.combine(1.0 / (d * d))
+                f0 = K_sum @ (y * alpha) / self.M
             weights[:] = 1.0 / (self.M * d * d)
             kappa = 1.0
         else:
@@ -352,6 +355,25 @@ class _SMO:
         return MKLResult(weights=weights, dual_coef=y * alpha, bias=bias, active=np.flatnonzero(weights),
                          objective=primal, gap=gap, history=self.log.history, converged=status == "converged",
                          solver="smo_mkl", params=params)
+
+    def _start(self):
+        """(alpha, ranking q of the working set) at the start, after recording the start entry.
+        Dense: alpha of the kappa = 1 SVM on sum_j K_j / d_j^2 (libsvm, to eps2 / 2: tol = 2 (eps2 / 2)),
+        ranked by q_j(alpha). Factors: alpha = 0 (the SVM would need the n x n sum, or an SMO over all
+        kernels at O(n sum_j r_j) per step); the first MY stage starts from it, and the kernels are
+        ranked by q_j = y^T K_j y (alpha = 1). Either way one pass, with the PSD probes."""
+        y, d = self.y, self.d
+        if self.factor:
+            alpha = np.zeros(self.n)
+            rank_by = self._full_pass(np.ones(self.n), with_probes=True)
+            self._record(1.0, alpha, np.zeros(self.M), d, None, None, self.M, 0, np.nan, True)
+            return alpha, rank_by
+        K_sum = self.engine.combine(1.0 / (d * d))
+        alpha, _, _, svm_ok = _svm.fit_svc(K_sum, y, self.C, self.eps2)
+        del K_sum
+        q_all = self._full_pass(alpha, with_probes=True)
+        self._record(1.0, alpha, q_all, d, None, None, self.M, 0, np.nan, svm_ok)
+        return alpha, q_all
 
     # ---- checkpoints ----------------------------------------------------------------------------
     def _state(self, alpha, W, Z, q, zero_streak, kappa, smo_eps, early_checked, final) -> dict:
@@ -423,3 +445,35 @@ class _SMO:
                  "n_violators": n_violators}
         self.log.record(entry, f"kappa {kappa:.3e}  W {n_working:4d}  active {n_active:4d}  steps {steps:7d}  "
                                f"P {primal:.10g}  D {dual:.10g}  gap {gap:.2e}  opt4 {opt4:.2e}  eps1 {excess:.2e}")
+
+
+class _HeldFactors:
+    """The working set's factors L_l (n, r) on a factor engine, in the engine's storage dtype, one copy
+    each, with the calls of :class:`HeldKernels` that SMO-MKL makes (fetch, chunks, stack, reorder,
+    keep). The numba SMO steps index their rows and widen each entry to float64."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.index = np.zeros(0, dtype=np.int64)
+        self.chunks: list[np.ndarray] = []    # (c, n, r) stacks in held order; new kernels come last
+
+    def fetch(self, idx, remedy: str) -> np.ndarray:
+        idx = np.asarray(idx, dtype=np.int64).reshape(-1)
+        idx = idx[~np.isin(idx, self.index)]
+        if idx.size:
+            self.chunks.append(np.ascontiguousarray(self.engine.blocks(idx, keep=False)))
+            self.index = np.concatenate([self.index, idx])
+        return idx
+
+    def stack(self) -> np.ndarray:
+        if len(self.chunks) > 1:
+            self.chunks = [np.concatenate(self.chunks)]
+        return self.chunks[0] if self.chunks else np.empty((0, self.engine.n, self.engine.rank))
+
+    def reorder(self, order: np.ndarray) -> None:
+        self.chunks = [np.ascontiguousarray(self.stack()[order])] if self.index.size else []
+        self.index = self.index[order]
+
+    def keep(self, mask: np.ndarray) -> None:
+        self.chunks = [np.ascontiguousarray(self.stack()[mask])] if np.any(mask) else []
+        self.index = self.index[mask]
