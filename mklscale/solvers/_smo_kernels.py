@@ -168,33 +168,6 @@ def scaled_gradient(Z, y, eta, out):
                 out[i] += e * Z[l, i]
 
 
-@njit(cache=True, fastmath={"reassoc", "contract", "nsz"})
-def _add_factor_matvec(L, s, e, out):
-    """out += e L s for one factor L (n, r), entries widened to float64 (the sum over r is
-    reassociated so it vectorises: it is the O(n r) heart of an SMO step on factors)."""
-    n, r = L.shape
-    for k in range(n):
-        acc = 0.0
-        for c in range(r):
-            acc += np.float64(L[k, c]) * s[c]
-        out[k] += e * acc
-
-
-@njit(cache=True)
-def gradient(B, S, factor, y, eta, out):
-    """out_i = y_i (grad G)_i = sum_l eta_l (K_l D(y) alpha)_i - y_i from the cache S: dense, S = Z and
-    this is :func:`scaled_gradient`; factors B (p, n, r), S = P (p, r) with P_l = L_l^T D(y) alpha, so
-    (K_l D(y) alpha) = L_l P_l: O(n r) per kernel with eta_l != 0 and nothing for the others."""
-    if not factor:
-        scaled_gradient(S, y, eta, out)
-        return
-    for i in range(y.size):
-        out[i] = -y[i]
-    for l in range(S.shape[0]):
-        if eta[l] != 0.0:
-            _add_factor_matvec(B[l], S[l], eta[l], out)
-
-
 @njit(cache=True)
 def violating_pair(g, y, alpha, C):
     """(i, j, g_i - g_j) with i = argmax g over I_M u I_0- u I_C+ ("low" set) and j = argmin g over
@@ -214,97 +187,109 @@ def violating_pair(g, y, alpha, C):
 
 
 @njit(cache=True)
-def _weights_and_gradient(B, S, factor, y, q, d, a, w, gammas, eta, g):
+def _weights_and_gradient(Z, y, q, d, a, w, gammas, eta, g):
     kernel_gammas(q, d, gammas)
     my_weights(gammas, my_gamma(gammas, w), a, eta)
-    gradient(B, S, factor, y, eta, g)
+    scaled_gradient(Z, y, eta, g)
 
 
 @njit(cache=True)
-def _exact_forms(S, factor, y, alpha, q):
-    """q_l exactly from the cache: v^T z_l (dense) or ||P_l||^2 (factors)."""
-    p, m = S.shape
+def _exact_forms(Z, y, alpha, q):
+    p, n = Z.shape
     for l in range(p):
         acc = 0.0
-        if factor:
-            for c in range(m):
-                acc += S[l, c] * S[l, c]
-        else:
-            for k in range(m):
-                acc += y[k] * alpha[k] * S[l, k]
+        for k in range(n):
+            acc += y[k] * alpha[k] * Z[l, k]
         q[l] = acc
 
 
+@njit(cache=True, fastmath={"reassoc", "contract", "nsz"})
+def _factor_column(L, x, out):
+    """out = L x for one factor L (n, r) (entries widened to float64): a column L L_i of K = L L^T.
+    The sum over r is reassociated so that it vectorises: it is the O(n r) part of a factor step."""
+    n, r = L.shape
+    for k in range(n):
+        acc = 0.0
+        for c in range(r):
+            acc += np.float64(L[k, c]) * x[c]
+        out[k] = acc
+
+
 @njit(cache=True)
-def _pair_terms(B, S, factor, i, j, delta, curv):
-    """Delta_l = z_lj - z_li and H_l = K_l,ii + K_l,jj - 2 K_l,ij of the pair (i, j); on factors
-    u = L_l[j] - L_l[i], Delta_l = u^T P_l and H_l = ||u||^2 (O(r), and never below 0)."""
-    for l in range(S.shape[0]):
+def _cached_column(B, i, cols, slot_of, owner, stamp, clock, protect):
+    """The slot of ``cols`` holding column i of every factor kernel, (p, n) K_l[:, i] = L_l L_l[i];
+    on a miss the least recently used slot other than ``protect`` is refilled (O(n r p))."""
+    s = slot_of[i]
+    if s < 0:
+        s = -1
+        for c in range(owner.size):
+            if c != protect and (s < 0 or stamp[c] < stamp[s]):
+                s = c
+        if owner[s] >= 0:
+            slot_of[owner[s]] = -1
+        owner[s] = i
+        slot_of[i] = s
+        x = np.empty(B.shape[2])
+        for l in range(B.shape[0]):
+            for c in range(x.size):
+                x[c] = np.float64(B[l, i, c])
+            _factor_column(B[l], x, cols[s, l])
+    stamp[s] = clock
+    return s
+
+
+@njit(cache=True)
+def _curvatures(B, factor, i, j, curv):
+    """H_l = K_l,ii + K_l,jj - 2 K_l,ij; on factors ||L_l[i] - L_l[j]||^2 (O(r), never below 0)."""
+    for l in range(B.shape[0]):
         if factor:
-            dl = 0.0
-            cl = 0.0
-            for c in range(S.shape[1]):
+            acc = 0.0
+            for c in range(B.shape[2]):
                 u = np.float64(B[l, j, c]) - np.float64(B[l, i, c])
-                dl += u * S[l, c]
-                cl += u * u
-            delta[l] = dl
-            curv[l] = cl
+                acc += u * u
+            curv[l] = acc
         else:
-            delta[l] = S[l, j] - S[l, i]
             # entries widened to float64 before any arithmetic (float32 banks give the float64 result)
             curv[l] = np.float64(B[l, i, i]) + np.float64(B[l, j, j]) - 2.0 * np.float64(B[l, i, j])
 
 
 @njit(cache=True)
-def _move(B, S, factor, y, i, j, t, eta, g):
-    """After alpha_i -= y_i t, alpha_j += y_j t: the cache S moves by t (column j - column i) and g is
-    recomputed with the new eta. Dense: z_l += t (K_l[:, j] - K_l[:, i]) and g in the same sweep
-    (O(n) per kernel); factors: P_l += t (L_l[j] - L_l[i]) (O(r)), then g = sum_l eta_l L_l P_l - y
-    over the kernels with eta_l != 0 (O(n r) each)."""
-    p = S.shape[0]
-    if factor:
-        for l in range(p):
-            for c in range(S.shape[1]):
-                S[l, c] += t * (np.float64(B[l, j, c]) - np.float64(B[l, i, c]))
-        gradient(B, S, factor, y, eta, g)
-        return
-    n = S.shape[1]
-    for k in range(n):
-        g[k] = -y[k]
-    for l in range(p):
-        e = eta[l]
-        Ki = B[l, i]
-        Kj = B[l, j]
-        Zl = S[l]
-        for k in range(n):
-            Zl[k] += t * (np.float64(Kj[k]) - np.float64(Ki[k]))
-            g[k] += e * Zl[k]
+def _move_row(Ki, Kj, t, e, Zl, g):
+    """z_l += t (K_l[:, j] - K_l[:, i]) and g += eta_l z_l in one sweep (columns = rows: K_l symmetric)."""
+    for k in range(Zl.size):
+        Zl[k] += t * (np.float64(Kj[k]) - np.float64(Ki[k]))
+        g[k] += e * Zl[k]
 
 
 @njit(cache=True)
-def smo_solve(B, factor, y, alpha, S, q, d, a, C, eps, max_steps):
+def smo_solve(B, factor, y, alpha, Z, q, d, a, C, eps, max_steps, cache_columns):
     """SMO on min G(alpha), 0 <= alpha <= C, y^T alpha = 0, for the working-set kernels as stored:
-    ``factor`` False: B (p, n, n) the K_l and S = Z (p, n), z_l = K_l D(y) alpha; ``factor`` True:
-    B (p, n, r) the L_l (K_l = L_l L_l^T) and S = P (p, r), P_l = L_l^T D(y) alpha. One loop: only the
-    pair terms (:func:`_pair_terms`), the move of the cache and the gradient (:func:`_move`) read B.
+    ``factor`` False: B (p, n, n) the K_l; True: B (p, n, r) the factors L_l, K_l = L_l L_l^T.
 
-    Updates alpha, S and q in place. Returns (steps, final violation, code): code SMO_CONVERGED
-    (maximal violation of OPT_6 <= 2 eps), SMO_MAX_STEPS, or SMO_STALLED (the line search along the
-    maximal violating pair gives t = 0: rounding level).
-    After a step q_l(t) comes from the quadratic-in-t formula, so the new eta is known before S is
-    touched (dense: the S update and the new gradient share one sweep); q is recomputed exactly from
-    S every REFRESH_EVERY steps. Cost per step: O(n p) dense, O(n r p_active + r p) on factors, with
-    p_active the kernels with eta_l != 0.
+    Updates alpha, Z (z_l = K_l D(y) alpha, (p, n) for both) and q in place. Returns (steps, final
+    violation, code): code SMO_CONVERGED (maximal violation of OPT_6 <= 2 eps), SMO_MAX_STEPS, or
+    SMO_STALLED (the line search along the maximal violating pair gives t = 0: rounding level).
+    After a step q_l(t) comes from the quadratic-in-t formula, so the new eta is known before z is
+    touched and the z update and the new gradient share one sweep; q is recomputed exactly from z
+    every REFRESH_EVERY steps. The representation enters only where kernel entries are read: H_l
+    (:func:`_curvatures`) and the columns K_l[:, i], K_l[:, j] of the z update, rows of B (dense) or
+    L_l L_l[i] (factors) kept in a cache of ``cache_columns`` >= 2 indices (least recently used
+    replaced), as libsvm caches kernel columns: a step costs O(n p) when both columns are cached,
+    O(n r p) otherwise.
     """
-    p = S.shape[0]
-    n = y.size
+    p, n = Z.shape
     gammas = np.empty(p)
     eta = np.empty(p)
     g = np.empty(n)
     delta = np.empty(p)
     curv = np.empty(p)
     w = (d / a) ** 2
-    _weights_and_gradient(B, S, factor, y, q, d, a, w, gammas, eta, g)
+    cap = max(cache_columns, 2) if factor else 0
+    cols = np.empty((cap, p, n))
+    slot_of = np.full(n if factor else 0, -1, dtype=np.int64)
+    owner = np.full(cap, -1, dtype=np.int64)
+    stamp = np.zeros(cap, dtype=np.int64)
+    _weights_and_gradient(Z, y, q, d, a, w, gammas, eta, g)
     steps = 0
     while True:
         i, j, violation = violating_pair(g, y, alpha, C)
@@ -316,7 +301,9 @@ def smo_solve(B, factor, y, alpha, S, q, d, a, C, eps, max_steps):
         t_i = alpha[i] if y[i] > 0.0 else C - alpha[i]
         t_j = C - alpha[j] if y[j] > 0.0 else alpha[j]
         t_max = min(t_i, t_j)
-        _pair_terms(B, S, factor, i, j, delta, curv)
+        for l in range(p):
+            delta[l] = Z[l, j] - Z[l, i]
+        _curvatures(B, factor, i, j, curv)
         t = line_search(q, delta, curv, d, a, y[i] - y[j], t_max)
         steps += 1
         if t <= 0.0:
@@ -333,37 +320,42 @@ def smo_solve(B, factor, y, alpha, S, q, d, a, C, eps, max_steps):
             q[l] = q[l] + t * (2.0 * delta[l] + t * curv[l])
         kernel_gammas(q, d, gammas)
         my_weights(gammas, my_gamma(gammas, w), a, eta)
-        _move(B, S, factor, y, i, j, t, eta, g)
+        for k in range(n):
+            g[k] = -y[k]
+        if factor:
+            si = _cached_column(B, i, cols, slot_of, owner, stamp, steps, -1)
+            sj = _cached_column(B, j, cols, slot_of, owner, stamp, steps, si)
+            for l in range(p):
+                _move_row(cols[si, l], cols[sj, l], t, eta[l], Z[l], g)
+        else:
+            for l in range(p):
+                _move_row(B[l, i], B[l, j], t, eta[l], Z[l], g)
         if steps % REFRESH_EVERY == 0:
-            _exact_forms(S, factor, y, alpha, q)
-            _weights_and_gradient(B, S, factor, y, q, d, a, w, gammas, eta, g)
+            _exact_forms(Z, y, alpha, q)
+            _weights_and_gradient(Z, y, q, d, a, w, gammas, eta, g)
 
 
 @njit(cache=True)
-def refresh_cache(B, factor, y, alpha, S, q):
-    """Recompute the cache exactly: dense z_l = K_l D(y) alpha; factors P_l = L_l^T D(y) alpha; and
-    q_l = alpha^T D(y) K_l D(y) alpha (v^T z_l, or ||P_l||^2)."""
-    p, m = S.shape
-    n = y.size
+def refresh_cache(B, factor, y, alpha, Z, q):
+    """Recompute z_l = K_l D(y) alpha and q_l = alpha^T D(y) K_l D(y) alpha exactly; on factors
+    z_l = L_l (L_l^T D(y) alpha) (O(n r) per kernel)."""
+    p, n = Z.shape
     v = y * alpha
     for l in range(p):
         if factor:
-            for c in range(m):
-                S[l, c] = 0.0
+            P = np.zeros(B.shape[2])
             for k in range(n):
                 if v[k] != 0.0:
-                    for c in range(m):
-                        S[l, c] += np.float64(B[l, k, c]) * v[k]
-            acc = 0.0
-            for c in range(m):
-                acc += S[l, c] * S[l, c]
-            q[l] = acc
-            continue
+                    for c in range(P.size):
+                        P[c] += np.float64(B[l, k, c]) * v[k]
+            _factor_column(B[l], P, Z[l])
+        else:
+            for i in range(n):
+                s = 0.0
+                for k in range(n):
+                    s += np.float64(B[l, i, k]) * v[k]
+                Z[l, i] = s
         acc = 0.0
         for i in range(n):
-            s = 0.0
-            for k in range(n):
-                s += np.float64(B[l, i, k]) * v[k]
-            S[l, i] = s
-            acc += v[i] * s
+            acc += v[i] * Z[l, i]
         q[l] = acc

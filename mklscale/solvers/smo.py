@@ -97,6 +97,8 @@ EPS1_PER_SAMPLE = 5e-4
 CONTINUATIONS = ("target", "paper")
 #: Default byte budget of the kernels held in the working set.
 WORKING_SET_BYTES = 2 * 2**30
+#: Bytes of the kernel columns K_l[:, i] = L_l L_l[i] the SMO steps cache on a factor engine.
+COLUMN_CACHE_BYTES = 512 * 2**20
 
 
 @single_blas_thread_for_small_n
@@ -234,21 +236,24 @@ class _SMO:
         return np.maximum(values.reshape(self.M, -1)[:, 0], 0.0)
 
     def _load(self, kernels: np.ndarray, alpha: np.ndarray):
-        """Hold ``kernels`` (none held yet) and return their caches and q_l: z_l = K_l D(y) alpha
-        (n,) each, or P_l = L_l^T D(y) alpha (r,) each on a factor engine."""
+        """Hold ``kernels`` (none held yet) and return their caches z_l = K_l D(y) alpha, q_l."""
         self.held.fetch(kernels, _REMEDY)
-        Z = np.empty((kernels.size, self.engine.rank if self.factor else self.n))
+        Z = np.empty((kernels.size, self.n))
         q = np.empty(kernels.size)
         kern.refresh_cache(self.held.chunks[-1], self.factor, self.y, alpha, Z, q)
         _svm.check_quad_forms(q, self.y * alpha, self.lambda_max, kernels)
         return Z, q
 
+    def _cache_columns(self, p: int) -> int:
+        """Indices whose kernel columns (p float64 columns of n) the factor SMO steps cache."""
+        return int(min(self.n, max(2, COLUMN_CACHE_BYTES // (8 * p * self.n)))) if self.factor else 0
+
     # ---- checks ---------------------------------------------------------------------------------
-    def _stage_test(self, K, alpha, Z, q, d, w):
+    def _stage_test(self, alpha, Z, q, d, w):
         """(opt4 violation, eps1 excess, f0): (OPT_4) left minus right side (<= 2 eps2 required) and
         max_k q_k/d_k^2 - min_{w_j > 0} q_j/d_j^2 - 2 eps1 (<= 0 required), over the kernels given."""
         g = np.empty(self.n)
-        kern.gradient(K, Z, self.factor, self.y, w, g)
+        kern.scaled_gradient(Z, self.y, w, g)
         _, _, opt4 = kern.violating_pair(g, self.y, alpha, self.C)
         f0 = g + self.y  # K(w) D(y) alpha
         scaled = q / (d * d)
@@ -293,12 +298,12 @@ class _SMO:
             dk, ak, _ = stage_parameters(dW, kappa, self.continuation)
             K = self.held.stack()
             steps, violation, code = kern.smo_solve(K, self.factor, y, alpha, Z, q, dk, ak, C, smo_eps,
-                                                    self.max_steps)
+                                                    self.max_steps, self._cache_columns(W.size))
             kern.refresh_cache(K, self.factor, y, alpha, Z, q)
+            del K
             smo_ok = code == kern.SMO_CONVERGED
             eta, w, _ = skm_weights(q, dW, kappa, self.continuation)
-            opt4, excess, f0 = self._stage_test(K, alpha, Z, q, dW, w)
-            del K
+            opt4, excess, f0 = self._stage_test(alpha, Z, q, dW, w)
             primal, dual, gap, _ = self._evaluate(alpha, q, dW, w, f0)
             paper_test = smo_ok and opt4 <= 2.0 * self.eps2 and excess <= 0.0
             if smo_ok or final is None:  # a stage that failed is not kept when an earlier one converged
