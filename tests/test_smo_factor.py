@@ -92,12 +92,30 @@ def test_factor_pieces_match_the_dense_entries(low_rank):
     kern._curvatures(factors, True, 3, 17, curv_f)
     kern._curvatures(tilde, False, 3, 17, curv_d)
     np.testing.assert_allclose(curv_f, curv_d, rtol=1e-10, atol=1e-12)
-    cols, slot_of = np.empty((2, p, n)), np.full(n, -1, dtype=np.int64)
-    owner, stamp = np.full(2, -1, dtype=np.int64), np.zeros(2, dtype=np.int64)
-    for clock, i in enumerate((5, 9, 5, 40)):   # a hit, then a miss that evicts the older slot (9)
-        s = kern._cached_column(factors, i, cols, slot_of, owner, stamp, clock + 1, -1)
-        np.testing.assert_allclose(cols[s], tilde[:, :, i], rtol=1e-12, atol=1e-14)
-    assert slot_of[9] == -1 and slot_of[5] >= 0 and slot_of[40] >= 0
+    cols, slot_of = np.empty((3, p, n)), np.full(n, -1, dtype=np.int64)
+    owner, stamp = np.full(3, -1, dtype=np.int64), np.zeros(3, dtype=np.int64)
+    # two misses, two hits, one hit and one miss (the free slot), then a miss evicting the least recent (9)
+    for clock, (i, j) in enumerate(((5, 9), (9, 5), (5, 40), (7, 5)), start=1):
+        si, sj = kern._cached_columns(factors, i, j, cols, slot_of, owner, stamp, clock)
+        assert si != sj
+        np.testing.assert_allclose(cols[si], tilde[:, :, i], rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(cols[sj], tilde[:, :, j], rtol=1e-12, atol=1e-14)
+    assert slot_of[9] == -1 and min(slot_of[5], slot_of[40], slot_of[7]) >= 0
+
+
+def test_one_and_two_column_misses_give_the_same_bits():
+    """A column does not depend on whether the other column of the step was missing too."""
+    rng = np.random.default_rng(1)
+    for r in (13, 64):
+        for dtype in (np.float64, np.float32):
+            L = rng.standard_normal((200, r)).astype(dtype)
+            x1, x2 = rng.standard_normal(r), rng.standard_normal(r)
+            one, two = np.empty((2, 200)), np.empty((2, 200))
+            kern._factor_column(L, x1, one[0])
+            kern._factor_column(L, x2, one[1])
+            kern._factor_columns2(L, x1, x2, two[0], two[1])
+            np.testing.assert_array_equal(one, two)
+            np.testing.assert_allclose(one, np.stack([L @ x1, L @ x2]), rtol=1e-10, atol=1e-10)
 
 
 # ------------------------------------------------------------------------------------- solver

@@ -21,6 +21,10 @@ SMO step on the pair (i, j) (direction alpha_i -= y_i t, alpha_j += y_j t, keeps
     phi is convex and C^1, phi'(0) = y_j gradG_j - y_i gradG_i < 0 for a violating pair, so the
     line search is the root of phi' on [0, t_max], found by Brent's method (Brent 1973, the zeroin
     algorithm of scipy.optimize.brentq), or t_max when phi'(t_max) <= 0.
+Representations: every function reading kernel entries takes the stored blocks B and ``factor``:
+dense B (p, n, n) holds K_l; factor B (p, n, r) holds L_l with K_l = L_l L_l^T, whose entries are
+<L_l[i], L_l[j]> (O(r)) and columns L_l L_l[i] (O(n r), cached in ``smo_solve``). Everything else
+(z_l, q_l, eta, the gradient, the line search) is the same for both.
 Working set: maximal violating pair on OPT_6 with the index sets as corrected in NOTES-pfbs-smo.md:
     i = argmax_{I_M u I_0- u I_C+} y_i gradG_i,  j = argmin_{I_M u I_0+ u I_C-} y_j gradG_j,
     stop when the difference is <= 2 eps.
@@ -215,27 +219,71 @@ def _factor_column(L, x, out):
         out[k] = acc
 
 
+@njit(cache=True, fastmath={"reassoc", "contract", "nsz"})
+def _factor_columns2(L, x1, x2, out1, out2):
+    """out1 = L x1 and out2 = L x2 in one read of L (two cache misses of a step); each sum is the
+    same as :func:`_factor_column`'s (same loop per output), so the columns do not depend on which
+    other column was missing."""
+    n, r = L.shape
+    for k in range(n):
+        acc1 = 0.0
+        acc2 = 0.0
+        for c in range(r):
+            v = np.float64(L[k, c])
+            acc1 += v * x1[c]
+            acc2 += v * x2[c]
+        out1[k] = acc1
+        out2[k] = acc2
+
+
 @njit(cache=True)
-def _cached_column(B, i, cols, slot_of, owner, stamp, clock, protect):
-    """The slot of ``cols`` holding column i of every factor kernel, (p, n) K_l[:, i] = L_l L_l[i];
-    on a miss the least recently used slot other than ``protect`` is refilled (O(n r p))."""
-    s = slot_of[i]
-    if s < 0:
-        s = -1
-        for c in range(owner.size):
-            if c != protect and (s < 0 or stamp[c] < stamp[s]):
-                s = c
-        if owner[s] >= 0:
-            slot_of[owner[s]] = -1
-        owner[s] = i
-        slot_of[i] = s
-        x = np.empty(B.shape[2])
-        for l in range(B.shape[0]):
-            for c in range(x.size):
-                x[c] = np.float64(B[l, i, c])
-            _factor_column(B[l], x, cols[s, l])
-    stamp[s] = clock
+def _claim_slot(i, slot_of, owner, stamp, protect):
+    """A slot for index i: the least recently used one other than ``protect``."""
+    s = -1
+    for c in range(owner.size):
+        if c != protect and (s < 0 or stamp[c] < stamp[s]):
+            s = c
+    if owner[s] >= 0:
+        slot_of[owner[s]] = -1
+    owner[s] = i
+    slot_of[i] = s
     return s
+
+
+@njit(cache=True)
+def _row(B, l, i, x):
+    for c in range(x.size):
+        x[c] = np.float64(B[l, i, c])
+
+
+@njit(cache=True)
+def _cached_columns(B, i, j, cols, slot_of, owner, stamp, clock):
+    """(si, sj): the slots of ``cols`` holding columns i and j of every factor kernel, (p, n)
+    K_l[:, i] = L_l L_l[i]; missing ones are computed into the least recently used slots (O(n r p),
+    one read of the factors when both miss)."""
+    si, sj = slot_of[i], slot_of[j]
+    miss_i, miss_j = si < 0, sj < 0
+    if miss_i:
+        si = _claim_slot(i, slot_of, owner, stamp, sj)
+    stamp[si] = clock
+    if miss_j:
+        sj = _claim_slot(j, slot_of, owner, stamp, si)
+    stamp[sj] = clock
+    if miss_i or miss_j:
+        xi = np.empty(B.shape[2])
+        xj = np.empty(B.shape[2])
+        for l in range(B.shape[0]):
+            if miss_i and miss_j:
+                _row(B, l, i, xi)
+                _row(B, l, j, xj)
+                _factor_columns2(B[l], xi, xj, cols[si, l], cols[sj, l])
+            elif miss_i:
+                _row(B, l, i, xi)
+                _factor_column(B[l], xi, cols[si, l])
+            else:
+                _row(B, l, j, xj)
+                _factor_column(B[l], xj, cols[sj, l])
+    return si, sj
 
 
 @njit(cache=True)
@@ -323,8 +371,7 @@ def smo_solve(B, factor, y, alpha, Z, q, d, a, C, eps, max_steps, cache_columns)
         for k in range(n):
             g[k] = -y[k]
         if factor:
-            si = _cached_column(B, i, cols, slot_of, owner, stamp, steps, -1)
-            sj = _cached_column(B, j, cols, slot_of, owner, stamp, steps, si)
+            si, sj = _cached_columns(B, i, j, cols, slot_of, owner, stamp, steps)
             for l in range(p):
                 _move_row(cols[si, l], cols[sj, l], t, eta[l], Z[l], g)
         else:

@@ -43,7 +43,7 @@ Continuation (§4.4):
 Final weights: w (exact zeros outside the support of eta~); dual_coef = D(y) alpha; bias = the exact
 minimiser of the hinge sum for f0 = K(w) D(y) alpha (it can only lower the primal value).
 
-Out of core: SMO runs on a working set W of kernels held as dense blocks (``engine.blocks``).
+Out of core: SMO runs on a working set W of kernels held as the engine stores them (``engine.blocks``).
 After the kappa = 1 stage one pass gives q_j for all kernels; W starts as the kernels with the
 largest q_j / d_j^2, all of them when they fit (``max_working_set``, by default what fits in 2 GiB
 of float64 blocks). A kernel of W whose eta_j stayed 0 for ``drop_after`` successive stages is
@@ -56,6 +56,18 @@ current alpha (at small kappa SMO needs very many steps to move the newcomers' g
 check also runs once earlier, at the first stage where (a) holds on W (the support has settled,
 kappa is still large, so a kernel dropped too early comes back cheaply): with no violators a run
 makes 3 passes after the kappa = 1 SVM (the first, this early check, the final certification).
+
+Factor engines (issue 17; ``engine.representation == "factor"``): kernel j is stored as L_j (n x r_j)
+and the problem is (P) on K~_j = L_j L_j^T, exactly as on the dense engine of the K~_j. W holds the
+factors (``engine.blocks``: (p, n, r), never an n x n matrix) and the SMO steps are the same numba
+loop with the representation as data: entries K~_j,ii + K~_j,jj - 2 K~_j,ij = ||L_j[i] - L_j[j]||^2
+(O(r)) and the columns K~_j[:, i] = L_j L_j[i] of the cache update (O(n r)), kept in an LRU cache of
+``COLUMN_CACHE_BYTES`` (as libsvm caches kernel columns: SMO revisits the same indices, so most steps
+cost O(n p) as on dense kernels). The cache changes no bit of the result. The start differs: the
+kappa = 1 SVM on sum_j K~_j would need the n x n sum (or an SMO over all kernels at O(n sum_j r_j)
+per step), so a factor run starts the first MY stage (kappa = mu) from alpha = 0 and ranks the
+kernels for W by y^T K~_j y / d_j^2 (the start pass, with the PSD probes); its first history entry
+(kappa = 1, no SMO steps) records that start, with D(0) = 0. Passes and certificates are as above.
 
 Quantities reported: ``objective`` = P(w, alpha, b) (primal (P) at the returned model,
 ||w_j|| = w_j sqrt(q_j)); ``gap`` = (P - D) / |P| with D over all kernels; history per kappa stage.
@@ -84,7 +96,7 @@ from mklscale.solvers import _validation as check
 from mklscale.solvers.duality import relative_gap
 from mklscale.solvers.result import MKLResult
 from mklscale.solvers.toolkit import RunLog
-from mklscale.solvers.toolkit.working_set import HeldKernels
+from mklscale.solvers.toolkit.working_set import MEMORY_SHARE, HeldKernels
 
 #: What to do when the working set does not fit in memory.
 _REMEDY = "lower max_working_set, or use SpicyMKL, which streams the bank and holds only the kernels it can fit"
@@ -466,6 +478,14 @@ class _HeldFactors:
         idx = np.asarray(idx, dtype=np.int64).reshape(-1)
         idx = idx[~np.isin(idx, self.index)]
         if idx.size:
+            import psutil
+
+            available = psutil.virtual_memory().available
+            if idx.size * self.engine.block_nbytes > MEMORY_SHARE * available:
+                raise InvalidInputError(
+                    f"the SMO-MKL working set would add {idx.size} factors "
+                    f"({idx.size * self.engine.block_nbytes / 1e9:.3g} GB) and this machine has "
+                    f"{available / 1e9:.3g} GB of memory available; {remedy}")
             self.chunks.append(np.ascontiguousarray(self.engine.blocks(idx, keep=False)))
             self.index = np.concatenate([self.index, idx])
         return idx
