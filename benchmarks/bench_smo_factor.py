@@ -1,7 +1,7 @@
 """SMO-MKL on a factor bank (issue 17): fit time, passes and objective at n = 2000, 5000, 10000.
 
     python benchmarks/bench_smo_factor.py                 # n = 2000, 5000, 10000 (M = 20, r = 64)
-    python benchmarks/bench_smo_factor.py --n 2000 5000   # chosen sizes
+    python benchmarks/bench_smo_factor.py --n 10000        # chosen sizes, merged into the saved runs
     python benchmarks/bench_smo_factor.py --quick         # n = 500, 1000
 
 Problem: Breiman's ringnorm (``mklscale.datasets.ringnorm``, d = 20, standardised), M = 20 Gaussian
@@ -71,6 +71,8 @@ def run_one(n: int, M: int, r: int, C: float, seed: int) -> dict:
             "n_active": int(res.n_active), "stages": len(stages),
             "smo_steps": int(sum(h["smo_steps"] for h in stages)),
             "steps_per_stage": [int(h["smo_steps"]) for h in stages],
+            "working_set_per_stage": [int(h["n_working"]) for h in stages],
+            "seconds_per_stage": list(np.diff([h["seconds"] for h in res.history]).round(3)),
             "kappa": res.params["kappa"]}
 
 
@@ -108,9 +110,17 @@ def main(argv=None) -> None:
               f"{run['n_active']} active", flush=True)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / ("bench_smo_factor_quick.json" if args.quick else "bench_smo_factor.json")
+    settings = {"M": args.M, "r": args.r, "C": args.C, "seed": args.seed}
+    if args.n and out.exists():  # chosen sizes replace those sizes of a saved run with the same settings
+        saved = json.loads(out.read_text())
+        if {k: saved["settings"].get(k) for k in settings} == settings:
+            runs += [r for r in saved["runs"] if r["n"] not in sizes]
+            skipped += [r for r in saved["skipped"] if r["n"] not in sizes and r["n"] not in
+                        {run["n"] for run in runs}]
+    runs.sort(key=lambda r: r["n"])
+    skipped.sort(key=lambda r: r["n"])
     out.write_text(json.dumps({"machine": describe_machine(), "runs": runs, "skipped": skipped,
-                               "settings": {"M": args.M, "r": args.r, "C": args.C, "seed": args.seed,
-                                            "max_seconds": args.max_seconds}}, indent=1))
+                               "settings": dict(settings, max_seconds=args.max_seconds)}, indent=1))
     print(f"saved {out}")
 
 

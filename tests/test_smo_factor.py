@@ -212,6 +212,25 @@ def test_no_stage_returns_the_uniform_start(low_rank):
     assert np.all(res.dual_coef == 0.0) and res.params["dual"] == 0.0
 
 
+class Float32FactorEngine(InMemoryFactorEngine):
+    """Factors stored in float32, as a factor bank stores them: blocks come back in float32."""
+
+    def blocks(self, kernels, keep=True):
+        return super().blocks(kernels, keep).astype(np.float32)
+
+
+def test_float32_factors_are_widened_exactly(low_rank):
+    """Held float32 factors give the bits of the float64 run on the same (float32-rounded) values:
+    every entry is widened before any arithmetic."""
+    factors, _, y, _ = low_rank
+    rounded = factors.astype(np.float32).astype(np.float64)
+    res32 = smo.fit(Float32FactorEngine(rounded), y, C)
+    res64 = smo.fit(InMemoryFactorEngine(rounded), y, C)
+    np.testing.assert_array_equal(res32.weights, res64.weights)
+    np.testing.assert_array_equal(res32.dual_coef, res64.dual_coef)
+    assert res32.objective == res64.objective and res32.converged
+
+
 def test_factor_resume_is_bit_identical_across_readded_kernels(low_rank, tmp_path):
     factors, _, y, _ = low_rank
 
