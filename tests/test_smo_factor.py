@@ -88,19 +88,28 @@ def test_factor_pieces_match_the_dense_entries(low_rank):
     kern.refresh_cache(tilde, False, y, alpha, Zd, qd)
     np.testing.assert_allclose(Zf, Zd, rtol=1e-12, atol=1e-12 * np.abs(Zd).max())
     np.testing.assert_allclose(qf, qd, rtol=1e-12)
-    curv_f, curv_d = np.empty(p), np.empty(p)
-    kern._curvatures(factors, True, 3, 17, curv_f)
-    kern._curvatures(tilde, False, 3, 17, curv_d)
+    P = np.empty((p, factors.shape[2]))
+    kern._projections(factors, y, alpha, P)
+    delta_f, curv_f, delta_d, curv_d = np.empty(p), np.empty(p), np.empty(p), np.empty(p)
+    kern._pair_terms(factors, Zf, P, True, 3, 17, delta_f, curv_f)
+    kern._pair_terms(tilde, Zd, P[:0], False, 3, 17, delta_d, curv_d)
     np.testing.assert_allclose(curv_f, curv_d, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(delta_f, delta_d, rtol=1e-10, atol=1e-12 * np.abs(Zd).max())
     cols, slot_of = np.empty((3, p, n)), np.full(n, -1, dtype=np.int64)
     owner, stamp = np.full(3, -1, dtype=np.int64), np.zeros(3, dtype=np.int64)
+    have = np.zeros((3, p), dtype=np.bool_)
+    live = np.ones(p)
     # two misses, two hits, one hit and one miss (the free slot), then a miss evicting the least recent (9)
     for clock, (i, j) in enumerate(((5, 9), (9, 5), (5, 40), (7, 5)), start=1):
-        si, sj = kern._cached_columns(factors, i, j, cols, slot_of, owner, stamp, clock)
-        assert si != sj
+        si, sj = kern._cached_columns(factors, i, j, live, cols, have, slot_of, owner, stamp, clock)
+        assert si != sj and have[si].all() and have[sj].all()
         np.testing.assert_allclose(cols[si], tilde[:, :, i], rtol=1e-12, atol=1e-14)
         np.testing.assert_allclose(cols[sj], tilde[:, :, j], rtol=1e-12, atol=1e-14)
     assert slot_of[9] == -1 and min(slot_of[5], slot_of[40], slot_of[7]) >= 0
+    live[::2] = 0.0   # only the kernels with eta_l != 0 get columns
+    si, sj = kern._cached_columns(factors, 11, 12, live, cols, have, slot_of, owner, stamp, 9)
+    np.testing.assert_array_equal(have[si], live != 0)
+    np.testing.assert_allclose(cols[si, 1::2], tilde[1::2, :, 11], rtol=1e-12, atol=1e-14)
 
 
 def test_one_and_two_column_misses_give_the_same_bits():
