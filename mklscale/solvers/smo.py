@@ -60,10 +60,12 @@ makes 3 passes after the kappa = 1 SVM (the first, this early check, the final c
 Factor engines (issue 17; ``engine.representation == "factor"``): kernel j is stored as L_j (n x r_j)
 and the problem is (P) on K~_j = L_j L_j^T, exactly as on the dense engine of the K~_j. W holds the
 factors (``engine.blocks``: (p, n, r), never an n x n matrix) and the SMO steps are the same numba
-loop with the representation as data: entries K~_j,ii + K~_j,jj - 2 K~_j,ij = ||L_j[i] - L_j[j]||^2
-(O(r)) and the columns K~_j[:, i] = L_j L_j[i] of the cache update (O(n r)), kept in an LRU cache of
-``COLUMN_CACHE_BYTES`` (as libsvm caches kernel columns: SMO revisits the same indices, so most steps
-cost O(n p) as on dense kernels). The cache changes no bit of the result. The start differs: the
+loop with the representation as data (``_smo_kernels.smo_solve``): P_j = L_j^T D(y) alpha (r,) per
+kernel gives q_j = ||P_j||^2 and the pair terms (O(r)); z_j = K~_j D(y) alpha is kept only for the
+kernels with eta_j != 0, moved by the columns K~_j[:, i] = L_j L_j[i] (O(n r)) held in an LRU cache of
+``COLUMN_CACHE_BYTES`` (as libsvm caches kernel columns: SMO revisits the same indices), so a step
+costs O(n p_active + r p) on hits and O(n r p_active) on misses. The cache size changes no bit of
+the result. The start differs: the
 kappa = 1 SVM on sum_j K~_j would need the n x n sum (or an SMO over all kernels at O(n sum_j r_j)
 per step), so a factor run starts the first MY stage (kappa = mu) from alpha = 0 and ranks the
 kernels for W by y^T K~_j y / d_j^2 (the start pass, with the PSD probes); its first history entry
