@@ -21,6 +21,10 @@ SMO step on the pair (i, j) (direction alpha_i -= y_i t, alpha_j += y_j t, keeps
     phi is convex and C^1, phi'(0) = y_j gradG_j - y_i gradG_i < 0 for a violating pair, so the
     line search is the root of phi' on [0, t_max], found by Brent's method (Brent 1973, the zeroin
     algorithm of scipy.optimize.brentq), or t_max when phi'(t_max) <= 0.
+Representations: every function reading kernel entries takes the stored blocks B and ``factor``:
+dense B (p, n, n) holds K_l; factor B (p, n, r) holds L_l with K_l = L_l L_l^T, whose entries are
+<L_l[i], L_l[j]> (O(r)) and columns L_l L_l[i] (O(n r), cached in ``smo_solve``). Everything else
+(z_l, q_l, eta, the gradient, the line search) is the same for both.
 Working set: maximal violating pair on OPT_6 with the index sets as corrected in NOTES-pfbs-smo.md:
     i = argmax_{I_M u I_0- u I_C+} y_i gradG_i,  j = argmin_{I_M u I_0+ u I_C-} y_j gradG_j,
     stop when the difference is <= 2 eps.
@@ -203,16 +207,177 @@ def _exact_forms(Z, y, alpha, q):
         q[l] = acc
 
 
-@njit(cache=True)
-def smo_solve(K, y, alpha, Z, q, d, a, C, eps, max_steps):
-    """SMO on min G(alpha), 0 <= alpha <= C, y^T alpha = 0, for the working-set kernels K (p, n, n).
+@njit(cache=True, fastmath={"reassoc", "contract", "nsz"})
+def _factor_column(L, x, out):
+    """out = L x for one factor L (n, r) (entries widened to float64): a column L L_i of K = L L^T.
+    The sum over r is reassociated so that it vectorises: it is the O(n r) part of a factor step."""
+    n, r = L.shape
+    for k in range(n):
+        acc = 0.0
+        for c in range(r):
+            acc += np.float64(L[k, c]) * x[c]
+        out[k] = acc
 
-    Updates alpha, Z (z_l = K_l D(y) alpha) and q in place. Returns (steps, final violation, code):
-    code SMO_CONVERGED (maximal violation of OPT_6 <= 2 eps), SMO_MAX_STEPS, or SMO_STALLED (the
-    line search along the maximal violating pair gives t = 0: rounding level).
+
+@njit(cache=True, fastmath={"reassoc", "contract", "nsz"})
+def _factor_columns2(L, x1, x2, out1, out2):
+    """out1 = L x1 and out2 = L x2 in one read of L (two cache misses of a step); each sum is the
+    same as :func:`_factor_column`'s (same loop per output), so the columns do not depend on which
+    other column was missing."""
+    n, r = L.shape
+    for k in range(n):
+        acc1 = 0.0
+        acc2 = 0.0
+        for c in range(r):
+            v = np.float64(L[k, c])
+            acc1 += v * x1[c]
+            acc2 += v * x2[c]
+        out1[k] = acc1
+        out2[k] = acc2
+
+
+@njit(cache=True)
+def _claim_slot(i, slot_of, owner, stamp, have, protect):
+    """A slot for index i: the least recently used one other than ``protect``, emptied."""
+    s = -1
+    for c in range(owner.size):
+        if c != protect and (s < 0 or stamp[c] < stamp[s]):
+            s = c
+    if owner[s] >= 0:
+        slot_of[owner[s]] = -1
+    owner[s] = i
+    slot_of[i] = s
+    have[s, :] = False
+    return s
+
+
+@njit(cache=True)
+def _row(B, l, i, x):
+    for c in range(x.size):
+        x[c] = np.float64(B[l, i, c])
+
+
+@njit(cache=True)
+def _cached_columns(B, i, j, eta, cols, have, slot_of, owner, stamp, clock):
+    """(si, sj): the slots of ``cols`` (cap, p, n) holding columns i and j, K_l[:, i] = L_l L_l[i],
+    of every factor kernel l with eta_l != 0 (``have`` marks the columns a slot holds); missing
+    ones are computed (O(n r) each, one read of L_l when both miss) into the least recently used
+    slots."""
+    si, sj = slot_of[i], slot_of[j]
+    if si < 0:
+        si = _claim_slot(i, slot_of, owner, stamp, have, sj)
+    stamp[si] = clock
+    if sj < 0:
+        sj = _claim_slot(j, slot_of, owner, stamp, have, si)
+    stamp[sj] = clock
+    xi = np.empty(B.shape[2])
+    xj = np.empty(B.shape[2])
+    for l in range(B.shape[0]):
+        if eta[l] == 0.0:
+            continue
+        miss_i, miss_j = not have[si, l], not have[sj, l]
+        if miss_i and miss_j:
+            _row(B, l, i, xi)
+            _row(B, l, j, xj)
+            _factor_columns2(B[l], xi, xj, cols[si, l], cols[sj, l])
+        elif miss_i:
+            _row(B, l, i, xi)
+            _factor_column(B[l], xi, cols[si, l])
+        elif miss_j:
+            _row(B, l, j, xj)
+            _factor_column(B[l], xj, cols[sj, l])
+        have[si, l] = True
+        have[sj, l] = True
+    return si, sj
+
+
+@njit(cache=True)
+def _projections(B, y, alpha, P):
+    """P_l = L_l^T D(y) alpha (r,) for every factor L_l of B (p, n, r)."""
+    for l in range(B.shape[0]):
+        for c in range(P.shape[1]):
+            P[l, c] = 0.0
+        for k in range(B.shape[1]):
+            v = y[k] * alpha[k]
+            if v != 0.0:
+                for c in range(P.shape[1]):
+                    P[l, c] += np.float64(B[l, k, c]) * v
+
+
+@njit(cache=True)
+def _freshen(B, Z, P, fresh, eta):
+    """z_l = L_l P_l for the factor kernels with eta_l != 0 whose z_l went stale (O(n r) each)."""
+    for l in range(Z.shape[0]):
+        if eta[l] != 0.0 and not fresh[l]:
+            _factor_column(B[l], P[l], Z[l])
+            fresh[l] = True
+
+
+@njit(cache=True)
+def _pair_terms(B, Z, P, factor, i, j, delta, curv):
+    """Delta_l = z_lj - z_li and H_l = K_l,ii + K_l,jj - 2 K_l,ij of the pair (i, j); on factors,
+    with u = L_l[j] - L_l[i]: Delta_l = u^T P_l and H_l = ||u||^2 (O(r), never below 0)."""
+    for l in range(B.shape[0]):
+        if factor:
+            dl = 0.0
+            cl = 0.0
+            for c in range(B.shape[2]):
+                u = np.float64(B[l, j, c]) - np.float64(B[l, i, c])
+                dl += u * P[l, c]
+                cl += u * u
+            delta[l] = dl
+            curv[l] = cl
+        else:
+            delta[l] = Z[l, j] - Z[l, i]
+            # entries widened to float64 before any arithmetic (float32 banks give the float64 result)
+            curv[l] = np.float64(B[l, i, i]) + np.float64(B[l, j, j]) - 2.0 * np.float64(B[l, i, j])
+
+
+@njit(cache=True)
+def _move_row(Ki, Kj, t, e, Zl, g):
+    """z_l += t (K_l[:, j] - K_l[:, i]) and g += eta_l z_l in one sweep (columns = rows: K_l symmetric)."""
+    for k in range(Zl.size):
+        Zl[k] += t * (np.float64(Kj[k]) - np.float64(Ki[k]))
+        g[k] += e * Zl[k]
+
+
+@njit(cache=True)
+def _refresh(B, Z, P, fresh, factor, y, alpha, q, d, a, w, gammas, eta, g):
+    """q exactly (v^T z_l, or ||P_l||^2 on factors), then eta and the gradient."""
+    if factor:
+        for l in range(P.shape[0]):
+            acc = 0.0
+            for c in range(P.shape[1]):
+                acc += P[l, c] * P[l, c]
+            q[l] = acc
+        kernel_gammas(q, d, gammas)
+        my_weights(gammas, my_gamma(gammas, w), a, eta)
+        _freshen(B, Z, P, fresh, eta)
+        scaled_gradient(Z, y, eta, g)
+    else:
+        _exact_forms(Z, y, alpha, q)
+        _weights_and_gradient(Z, y, q, d, a, w, gammas, eta, g)
+
+
+@njit(cache=True)
+def smo_solve(B, factor, y, alpha, Z, q, d, a, C, eps, max_steps, cache_columns):
+    """SMO on min G(alpha), 0 <= alpha <= C, y^T alpha = 0, for the working-set kernels as stored:
+    ``factor`` False: B (p, n, n) the K_l; True: B (p, n, r) the factors L_l, K_l = L_l L_l^T.
+
+    Updates alpha, Z (z_l = K_l D(y) alpha, (p, n), exact on entry) and q in place. Returns (steps,
+    final violation, code): code SMO_CONVERGED (maximal violation of OPT_6 <= 2 eps), SMO_MAX_STEPS,
+    or SMO_STALLED (the line search along the maximal violating pair gives t = 0: rounding level).
     After a step q_l(t) comes from the quadratic-in-t formula, so the new eta is known before z is
-    touched and the z update and the new gradient share one sweep; q is recomputed exactly from z
-    every REFRESH_EVERY steps.
+    touched and the z update and the new gradient share one sweep; q is recomputed exactly every
+    REFRESH_EVERY steps. The representation enters only where kernel entries are read:
+      dense: Delta_l from z, H_l from entries, z_l += t (K_l[:, j] - K_l[:, i]) from rows of B for
+        every kernel: O(n p) per step;
+      factors: P_l = L_l^T D(y) alpha is kept for every kernel (O(r p) per step) and gives Delta_l,
+        H_l and q_l; z_l is kept only for the kernels with eta_l != 0 (the only ones in the gradient;
+        a kernel whose eta_l turns non-zero gets z_l = L_l P_l), from the columns L_l L_l[i] held in
+        a cache of ``cache_columns`` >= 2 indices (least recently used replaced, as libsvm caches
+        kernel columns): O(n p_active + r p) per step on hits, O(n r p_active) on misses.
+    The z of kernels with eta_l = 0 are stale on return (the caller recomputes z exactly).
     """
     p, n = Z.shape
     gammas = np.empty(p)
@@ -221,6 +386,16 @@ def smo_solve(K, y, alpha, Z, q, d, a, C, eps, max_steps):
     delta = np.empty(p)
     curv = np.empty(p)
     w = (d / a) ** 2
+    cap = max(cache_columns, 2) if factor else 0
+    cols = np.empty((cap, p, n))
+    have = np.zeros((cap, p), dtype=np.bool_)
+    slot_of = np.full(n if factor else 0, -1, dtype=np.int64)
+    owner = np.full(cap, -1, dtype=np.int64)
+    stamp = np.zeros(cap, dtype=np.int64)
+    P = np.zeros((p, B.shape[2]) if factor else (0, 0))
+    fresh = np.ones(p, dtype=np.bool_)
+    if factor:
+        _projections(B, y, alpha, P)
     _weights_and_gradient(Z, y, q, d, a, w, gammas, eta, g)
     steps = 0
     while True:
@@ -233,10 +408,7 @@ def smo_solve(K, y, alpha, Z, q, d, a, C, eps, max_steps):
         t_i = alpha[i] if y[i] > 0.0 else C - alpha[i]
         t_j = C - alpha[j] if y[j] > 0.0 else alpha[j]
         t_max = min(t_i, t_j)
-        for l in range(p):
-            delta[l] = Z[l, j] - Z[l, i]
-            # entries widened to float64 before any arithmetic (float32 banks give the float64 result)
-            curv[l] = np.float64(K[l, i, i]) + np.float64(K[l, j, j]) - 2.0 * np.float64(K[l, i, j])
+        _pair_terms(B, Z, P, factor, i, j, delta, curv)
         t = line_search(q, delta, curv, d, a, y[i] - y[j], t_max)
         steps += 1
         if t <= 0.0:
@@ -255,30 +427,42 @@ def smo_solve(K, y, alpha, Z, q, d, a, C, eps, max_steps):
         my_weights(gammas, my_gamma(gammas, w), a, eta)
         for k in range(n):
             g[k] = -y[k]
-        for l in range(p):
-            e = eta[l]
-            Ki = K[l, i]
-            Kj = K[l, j]
-            Zl = Z[l]
-            for k in range(n):
-                Zl[k] += t * (np.float64(Kj[k]) - np.float64(Ki[k]))
-                g[k] += e * Zl[k]
+        if factor:
+            _freshen(B, Z, P, fresh, eta)     # before the move: P is still that of the old alpha
+            si, sj = _cached_columns(B, i, j, eta, cols, have, slot_of, owner, stamp, steps)
+            for l in range(p):
+                if eta[l] != 0.0:
+                    _move_row(cols[si, l], cols[sj, l], t, eta[l], Z[l], g)
+                else:
+                    fresh[l] = False
+                for c in range(P.shape[1]):
+                    P[l, c] += t * (np.float64(B[l, j, c]) - np.float64(B[l, i, c]))
+        else:
+            for l in range(p):
+                _move_row(B[l, i], B[l, j], t, eta[l], Z[l], g)
         if steps % REFRESH_EVERY == 0:
-            _exact_forms(Z, y, alpha, q)
-            _weights_and_gradient(Z, y, q, d, a, w, gammas, eta, g)
+            _refresh(B, Z, P, fresh, factor, y, alpha, q, d, a, w, gammas, eta, g)
 
 
 @njit(cache=True)
-def refresh_cache(K, y, alpha, Z, q):
-    """Recompute z_l = K_l D(y) alpha and q_l = alpha^T D(y) K_l D(y) alpha exactly."""
+def refresh_cache(B, factor, y, alpha, Z, q):
+    """Recompute z_l = K_l D(y) alpha and q_l = alpha^T D(y) K_l D(y) alpha exactly; on factors
+    z_l = L_l (L_l^T D(y) alpha) (O(n r) per kernel)."""
     p, n = Z.shape
     v = y * alpha
+    if factor:
+        P = np.empty((p, B.shape[2]))
+        _projections(B, y, alpha, P)
     for l in range(p):
+        if factor:
+            _factor_column(B[l], P[l], Z[l])
+        else:
+            for i in range(n):
+                s = 0.0
+                for k in range(n):
+                    s += np.float64(B[l, i, k]) * v[k]
+                Z[l, i] = s
         acc = 0.0
         for i in range(n):
-            s = 0.0
-            for k in range(n):
-                s += np.float64(K[l, i, k]) * v[k]
-            Z[l, i] = s
-            acc += v[i] * s
+            acc += v[i] * Z[l, i]
         q[l] = acc

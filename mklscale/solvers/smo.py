@@ -43,7 +43,7 @@ Continuation (§4.4):
 Final weights: w (exact zeros outside the support of eta~); dual_coef = D(y) alpha; bias = the exact
 minimiser of the hinge sum for f0 = K(w) D(y) alpha (it can only lower the primal value).
 
-Out of core: SMO runs on a working set W of kernels held as dense blocks (``engine.blocks``).
+Out of core: SMO runs on a working set W of kernels held as the engine stores them (``engine.blocks``).
 After the kappa = 1 stage one pass gives q_j for all kernels; W starts as the kernels with the
 largest q_j / d_j^2, all of them when they fit (``max_working_set``, by default what fits in 2 GiB
 of float64 blocks). A kernel of W whose eta_j stayed 0 for ``drop_after`` successive stages is
@@ -56,6 +56,20 @@ current alpha (at small kappa SMO needs very many steps to move the newcomers' g
 check also runs once earlier, at the first stage where (a) holds on W (the support has settled,
 kappa is still large, so a kernel dropped too early comes back cheaply): with no violators a run
 makes 3 passes after the kappa = 1 SVM (the first, this early check, the final certification).
+
+Factor engines (issue 17; ``engine.representation == "factor"``): kernel j is stored as L_j (n x r_j)
+and the problem is (P) on K~_j = L_j L_j^T, exactly as on the dense engine of the K~_j. W holds the
+factors (``engine.blocks``: (p, n, r), never an n x n matrix) and the SMO steps are the same numba
+loop with the representation as data (``_smo_kernels.smo_solve``): P_j = L_j^T D(y) alpha (r,) per
+kernel gives q_j = ||P_j||^2 and the pair terms (O(r)); z_j = K~_j D(y) alpha is kept only for the
+kernels with eta_j != 0, moved by the columns K~_j[:, i] = L_j L_j[i] (O(n r)) held in an LRU cache of
+``COLUMN_CACHE_BYTES`` (as libsvm caches kernel columns: SMO revisits the same indices), so a step
+costs O(n p_active + r p) on hits and O(n r p_active) on misses. The cache size changes no bit of
+the result. The start differs: the
+kappa = 1 SVM on sum_j K~_j would need the n x n sum (or an SMO over all kernels at O(n sum_j r_j)
+per step), so a factor run starts the first MY stage (kappa = mu) from alpha = 0 and ranks the
+kernels for W by y^T K~_j y / d_j^2 (the start pass, with the PSD probes); its first history entry
+(kappa = 1, no SMO steps) records that start, with D(0) = 0. Passes and certificates are as above.
 
 Quantities reported: ``objective`` = P(w, alpha, b) (primal (P) at the returned model,
 ||w_j|| = w_j sqrt(q_j)); ``gap`` = (P - D) / |P| with D over all kernels; history per kappa stage.
@@ -84,7 +98,7 @@ from mklscale.solvers import _validation as check
 from mklscale.solvers.duality import relative_gap
 from mklscale.solvers.result import MKLResult
 from mklscale.solvers.toolkit import RunLog
-from mklscale.solvers.toolkit.working_set import HeldKernels
+from mklscale.solvers.toolkit.working_set import MEMORY_SHARE, HeldKernels
 
 #: What to do when the working set does not fit in memory.
 _REMEDY = "lower max_working_set, or use SpicyMKL, which streams the bank and holds only the kernels it can fit"
@@ -97,6 +111,8 @@ EPS1_PER_SAMPLE = 5e-4
 CONTINUATIONS = ("target", "paper")
 #: Default byte budget of the kernels held in the working set.
 WORKING_SET_BYTES = 2 * 2**30
+#: Bytes of the kernel columns K_l[:, i] = L_l L_l[i] the SMO steps cache on a factor engine.
+COLUMN_CACHE_BYTES = 512 * 2**20
 
 
 @single_blas_thread_for_small_n
@@ -152,8 +168,9 @@ def fit(engine, y, C, eps1: float | None = None, eps2: float = 1e-4, mu: float =
     kappa_min = check.check_positive("kappa_min", kappa_min)
     max_stages = check.check_count("max_stages", max_stages)
     max_steps = 1000 * n if max_steps is None else check.check_count("max_steps", max_steps)
-    if max_working_set is None:
-        max_working_set = int(min(M, max(1, WORKING_SET_BYTES // (8 * n * n))))
+    if max_working_set is None:  # float64-sized kernels (n x n) or factors (n x r) in WORKING_SET_BYTES
+        per_kernel = 8 * n * (engine.rank if engine.representation == "factor" else n)
+        max_working_set = int(min(M, max(1, WORKING_SET_BYTES // per_kernel)))
     max_working_set = check.check_count("max_working_set", max_working_set)
     drop_after = check.check_count("drop_after", drop_after)
     params = {"C": C, "eps1": eps1, "eps2": eps2, "mu": mu, "d": d, "tol": tol, "continuation": continuation,
@@ -219,7 +236,9 @@ class _SMO:
         self.drop_after, self.seed = drop_after, seed
         self.n, self.M = y.size, d.size
         self.log = RunLog(engine, "smo", verbose)
-        self.held = HeldKernels(engine, name="SMO-MKL")   # W's kernels, kept sorted by kernel id
+        self.factor = engine.representation == "factor"
+        # W's kernels as stored (K_l, or L_l on a factor engine), kept sorted by kernel id
+        self.held = _HeldFactors(engine) if self.factor else HeldKernels(engine, name="SMO-MKL")
 
     # ---- engine access --------------------------------------------------------------------------
     def _full_pass(self, alpha: np.ndarray, with_probes: bool) -> np.ndarray:
@@ -235,9 +254,13 @@ class _SMO:
         self.held.fetch(kernels, _REMEDY)
         Z = np.empty((kernels.size, self.n))
         q = np.empty(kernels.size)
-        kern.refresh_cache(self.held.chunks[-1], self.y, alpha, Z, q)
+        kern.refresh_cache(self.held.chunks[-1], self.factor, self.y, alpha, Z, q)
         _svm.check_quad_forms(q, self.y * alpha, self.lambda_max, kernels)
         return Z, q
+
+    def _cache_columns(self, p: int) -> int:
+        """Indices whose kernel columns (p float64 columns of n) the factor SMO steps cache."""
+        return int(min(self.n, max(2, COLUMN_CACHE_BYTES // (8 * p * self.n)))) if self.factor else 0
 
     # ---- checks ---------------------------------------------------------------------------------
     def _stage_test(self, alpha, Z, q, d, w):
@@ -264,15 +287,9 @@ class _SMO:
         y, C, d = self.y, self.C, self.d
         state = checkpoint.load() if checkpoint is not None else None
         if state is None:
-            # kappa = 1: the SVM on sum_j K_j / d_j^2, to eps2 / 2 (libsvm tol = 2 (eps2 / 2))
-            K_sum = self.engine.combine(1.0 / (d * d))
-            alpha, _, _, svm_ok = _svm.fit_svc(K_sum, y, C, self.eps2)
-            del K_sum
-            q_all = self._full_pass(alpha, with_probes=True)
-            self._record(1.0, alpha, q_all, d, None, None, self.M, 0, np.nan, svm_ok)
-
+            alpha, rank_by = self._start()
             # the working set: the kernels with the largest q_j / d_j^2, all of them when they fit
-            W = np.sort(np.argsort(-(q_all / (d * d)), kind="stable")[: self.max_working_set])
+            W = np.sort(np.argsort(-(rank_by / (d * d)), kind="stable")[: self.max_working_set])
             Z, q = self._load(W, alpha)
             zero_streak = np.zeros(W.size, dtype=np.int64)
             kappa = self.mu
@@ -294,8 +311,9 @@ class _SMO:
             dW = d[W]
             dk, ak, _ = stage_parameters(dW, kappa, self.continuation)
             K = self.held.stack()
-            steps, violation, code = kern.smo_solve(K, y, alpha, Z, q, dk, ak, C, smo_eps, self.max_steps)
-            kern.refresh_cache(K, y, alpha, Z, q)
+            steps, violation, code = kern.smo_solve(K, self.factor, y, alpha, Z, q, dk, ak, C, smo_eps,
+                                                    self.max_steps, self._cache_columns(W.size))
+            kern.refresh_cache(K, self.factor, y, alpha, Z, q)
             del K
             smo_ok = code == kern.SMO_CONVERGED
             eta, w, _ = skm_weights(q, dW, kappa, self.continuation)
@@ -333,9 +351,13 @@ class _SMO:
                 smo_eps *= self.mu
 
         weights = np.zeros(self.M)
-        if final is None:  # no MY stage ran: the SVM on the sum of kernels, weights 1/(M d_j^2)
-            K_sum = self.engine.combine(1.0 / (d * d))
-            f0 = K_sum @ (y * alpha) / self.M
+        if final is None:  # no MY stage ran: the start alpha on the sum of kernels, weights 1/(M d_j^2)
+            if self.factor:  # F F^T = sum_j K_j / d_j^2, never formed
+                F = self.engine.combine_factors(1.0 / (d * d))
+                f0 = F @ (F.T @ (y * alpha)) / self.M
+            else:
+                K_sum = self.engine.combine(1.0 / (d * d))
+                f0 = K_sum @ (y * alpha) / self.M
             weights[:] = 1.0 / (self.M * d * d)
             kappa = 1.0
         else:
@@ -352,6 +374,25 @@ class _SMO:
         return MKLResult(weights=weights, dual_coef=y * alpha, bias=bias, active=np.flatnonzero(weights),
                          objective=primal, gap=gap, history=self.log.history, converged=status == "converged",
                          solver="smo_mkl", params=params)
+
+    def _start(self):
+        """(alpha, ranking q of the working set) at the start, after recording the start entry.
+        Dense: alpha of the kappa = 1 SVM on sum_j K_j / d_j^2 (libsvm, to eps2 / 2: tol = 2 (eps2 / 2)),
+        ranked by q_j(alpha). Factors: alpha = 0 (the SVM would need the n x n sum, or an SMO over all
+        kernels at O(n sum_j r_j) per step); the first MY stage starts from it, and the kernels are
+        ranked by q_j = y^T K_j y (alpha = 1). Either way one pass, with the PSD probes."""
+        y, d = self.y, self.d
+        if self.factor:
+            alpha = np.zeros(self.n)
+            rank_by = self._full_pass(np.ones(self.n), with_probes=True)
+            self._record(1.0, alpha, np.zeros(self.M), d, None, None, self.M, 0, np.nan, True)
+            return alpha, rank_by
+        K_sum = self.engine.combine(1.0 / (d * d))
+        alpha, _, _, svm_ok = _svm.fit_svc(K_sum, y, self.C, self.eps2)
+        del K_sum
+        q_all = self._full_pass(alpha, with_probes=True)
+        self._record(1.0, alpha, q_all, d, None, None, self.M, 0, np.nan, svm_ok)
+        return alpha, q_all
 
     # ---- checkpoints ----------------------------------------------------------------------------
     def _state(self, alpha, W, Z, q, zero_streak, kappa, smo_eps, early_checked, final) -> dict:
@@ -423,3 +464,43 @@ class _SMO:
                  "n_violators": n_violators}
         self.log.record(entry, f"kappa {kappa:.3e}  W {n_working:4d}  active {n_active:4d}  steps {steps:7d}  "
                                f"P {primal:.10g}  D {dual:.10g}  gap {gap:.2e}  opt4 {opt4:.2e}  eps1 {excess:.2e}")
+
+
+class _HeldFactors:
+    """The working set's factors L_l (n, r) on a factor engine, in the engine's storage dtype, one copy
+    each, with the calls of :class:`HeldKernels` that SMO-MKL makes (fetch, chunks, stack, reorder,
+    keep). The numba SMO steps index their rows and widen each entry to float64."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.index = np.zeros(0, dtype=np.int64)
+        self.chunks: list[np.ndarray] = []    # (c, n, r) stacks in held order; new kernels come last
+
+    def fetch(self, idx, remedy: str) -> np.ndarray:
+        idx = np.asarray(idx, dtype=np.int64).reshape(-1)
+        idx = idx[~np.isin(idx, self.index)]
+        if idx.size:
+            import psutil
+
+            available = psutil.virtual_memory().available
+            if idx.size * self.engine.block_nbytes > MEMORY_SHARE * available:
+                raise InvalidInputError(
+                    f"the SMO-MKL working set would add {idx.size} factors "
+                    f"({idx.size * self.engine.block_nbytes / 1e9:.3g} GB) and this machine has "
+                    f"{available / 1e9:.3g} GB of memory available; {remedy}")
+            self.chunks.append(np.ascontiguousarray(self.engine.blocks(idx, keep=False)))
+            self.index = np.concatenate([self.index, idx])
+        return idx
+
+    def stack(self) -> np.ndarray:
+        if len(self.chunks) > 1:
+            self.chunks = [np.concatenate(self.chunks)]
+        return self.chunks[0] if self.chunks else np.empty((0, self.engine.n, self.engine.rank))
+
+    def reorder(self, order: np.ndarray) -> None:
+        self.chunks = [np.ascontiguousarray(self.stack()[order])] if self.index.size else []
+        self.index = self.index[order]
+
+    def keep(self, mask: np.ndarray) -> None:
+        self.chunks = [np.ascontiguousarray(self.stack()[mask])] if np.any(mask) else []
+        self.index = self.index[mask]
