@@ -821,10 +821,112 @@ def render_ab_fits() -> str:
     )
 
 
+
+# ---- factor banks (issue 17) ----------------------------------------------------------------------
+def render_factor() -> str:
+    head = "## Factor banks: MKL at large n (`python benchmarks/bench_factor.py`)\n\n"
+    parts = [head + (
+        "Every kernel stored as L_m (n x r, float32), K~_m = L_m L_m^T, Nystrom on k-means++ landmarks drawn "
+        "per kernel (`build_bank(..., rank=r)`); generated ringnorm, Gaussian kernels on random feature subsets, "
+        "unit trace; SpicyMKL logistic (block-1, C = 0.05, tol 1e-3); prediction through the fitted model's "
+        "landmarks. Each item runs in its own process; peak RSS is that process's ru_maxrss.\n")]
+    s = _load("bench_factor_scale.json")
+    if s is None:
+        parts.append("### Scale (`--scale`)\n\nNot recorded yet.\n")
+    else:
+        x = s["result"]
+        parts.append(
+            f"### Scale (`--scale`): n = {x['n']:,}, M = {x['M']:,}, r = {x['rank']}, {x['n_test']:,} test rows\n\n"
+            f"Machine: {_machine(s['machine'])}; load average at record {s['machine'].get('load_average_at_record')}.\n\n"
+            + _table(["build s", "fit s", "predict s", "total s", "peak RSS GB", "bank GB", "passes", "active",
+                      "gap", "test accuracy", "model bytes", "approx. error median / max"],
+                     [[x["build_s"], x["fit_s"], x["predict_s"], x["total_s"], x["peak_rss_GB"], x["bank_GB"],
+                       x["passes"], x["active"], x["gap"], x["accuracy"], x["model_bytes"],
+                       f"{x['approx_error_rel']['median']:.3g} / {x['approx_error_rel']['max']:.3g}"]])
+            + f"\n\nTargets: total under {s['targets']['total_s']} s, peak RSS under {s['targets']['peak_rss_GB']} GB.\n")
+    sl = _load("bench_factor_n_slope.json")
+    if sl is None:
+        parts.append("### Fit time against n (`--n-slope`)\n\nNot recorded yet.\n")
+    else:
+        parts.append(
+            "### Fit time against n (`--n-slope`)\n\n"
+            f"Machine: {_machine(sl['machine'])}.\n\n"
+            + _table(["n", "M", "r", "build s", "fit s", "passes", "active", "gap", "test accuracy"],
+                     [[x["n"], x["M"], x["rank"], x["build_s"], x["fit_s"], x["passes"], x["active"], x["gap"],
+                       x["accuracy"]] for x in sl["rows"]])
+            + f"\n\nSlope of log fit time against log n: **{sl['slope_fit_s']:.2f}** (target <= {sl['target_slope']}; "
+            f"dense banks before this issue: {sl['dense_slope_before']}).\n")
+    a = _load("bench_factor_accuracy.json")
+    if a is None:
+        parts.append("### Accuracy against dense (`--accuracy`)\n\nNot recorded yet.\n")
+    else:
+        rows = [[x["dataset"], x["n"], x["solver"], x["rank"], x["accuracy"],
+                 x.get("accuracy_minus_dense", 0.0) * 100, x.get("approx_error_rel", {}).get("median", 0.0),
+                 x["fit_s"], x["gap"]] for x in a["rows"]]
+        parts.append(
+            "### Accuracy against dense (`--accuracy`)\n\n"
+            f"Machine: {_machine(a['machine'])}.\n\n"
+            + _table(["dataset", "n", "solver", "rank", "test accuracy", "minus dense (points)",
+                      "approx. error median", "fit s", "gap"], rows)
+            + "\n\nTarget: within 0.5 accuracy points of the dense bank at a stated rank.\n")
+    lm = _load("bench_factor_larger_than_memory.json")
+    if lm is not None:
+        x = lm["result"]
+        parts.append(
+            f"### A bank larger than memory (`--larger-than-memory`): n = {x['n']:,}, M = {x['M']:,}, r = {x['rank']}\n\n"
+            f"Machine: {_machine(lm['machine'])}.\n\n"
+            + _table(["bank GB", "build s", "fit s", "passes", "active", "gap", "peak RSS GB"],
+                     [[x["bank_GB"], x["build_s"], x["fit_s"], x["passes"], x["active"], x["gap"], x["peak_rss_GB"]]])
+            + f"\n\nTarget: fit under {lm['targets']['fit_s']} s.\n")
+    return "\n".join(parts)
+
+
+def render_smo_factor() -> str:
+    r = _load("bench_smo_factor.json")
+    head = "## SMO-MKL on factor engines (`python benchmarks/bench_smo_factor.py`)\n\n"
+    if r is None:
+        return head + "Not recorded yet.\n"
+    st = r["settings"]
+    rows = [[x["n"], x["seconds"], x["passes"], x["smo_steps"], x["n_active"], x["gap"], x["objective"],
+             x.get("dense_seconds", "-"), x.get("objective_rel_diff", "-")] for x in r["runs"]]
+    return head + (
+        f"In-memory factor engine, ringnorm, M = {st['M']}, r = {st['r']}, C = {st['C']}; the dense engine of the "
+        f"same K~ = L L^T where it fits.\nMachine: {_machine(r['machine'])}.\n\n"
+        + _table(["n", "fit s", "passes", "SMO steps", "active", "gap", "objective", "dense engine s",
+                  "objective rel. diff"], rows)
+        + ("\n\nSkipped: " + "; ".join(map(str, r["skipped"])) if r.get("skipped") else "") + "\n")
+
+
+def render_peers_factor() -> str:
+    r = _load("bench_peers_factor.json")
+    head = ("## Large n side by side with MKLpy (`python benchmarks/bench_peers.py --tasks ringnorm --n 8000 --M 20 "
+            "--rank 128 ...`)\n\n")
+    if r is None:
+        return head + "Not recorded yet.\n"
+    out = [head + f"Machine: {_machine(r['machine'])}; load average at start {r['load_average_at_start']}.\n"]
+    for g in r["grid"]:
+        rows = []
+        for side, label in (("mklpy", "MKLpy"), ("ours", "ours, dense bank"), ("ours_factor", "ours, factor bank")):
+            for m, x in g.get(side, {}).items():
+                if x.get("status") == "ok":
+                    rows.append([label, m, x["fit_seconds"], x.get("predict_seconds", 0.0), x["peak_rss_GB"],
+                                 x["test_accuracy"]])
+                else:
+                    rows.append([label, m, x.get("status"), "-", "-", x.get("message", "")[:80]])
+        f = g.get("factor", {})
+        out.append(
+            f"{g['task']}, n = {g['n']:,}, M = {g['M']}, {g['n_test']} test rows; dense bank {g['bank_GB']:.2f} GB "
+            f"(build {g['build_seconds']:.0f} s)" + (
+                f"; factor bank r = {f['rank']}: {f['bank_GB']:.3f} GB (build {f['build_seconds']:.0f} s), "
+                f"approximation error median {f['approx_error']['median']:.3g}, max {f['approx_error']['max']:.3g}"
+                if f else "") + ".\n\n"
+            + _table(["side", "method", "fit s", "predict s", "peak RSS GB", "test accuracy"], rows) + "\n")
+    return "\n".join(out)
+
 RENDERERS: list[Callable[[], str]] = [render_build, render_pass, render_pass_big, render_spicy, render_spicy_uci,
                                       render_spicy_ooc, render_smo_citi, render_pfbs, render_sgd_gcd,
                                       render_peers, render_scaling, render_checkpoint, render_compare_versions,
-                                      render_ab_fits]
+                                      render_ab_fits, render_factor, render_smo_factor, render_peers_factor]
 
 HEADER = """# Benchmarks
 
