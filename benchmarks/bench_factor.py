@@ -183,7 +183,13 @@ def main() -> None:
         argv = base + ["--M", str(args.M), "--sizes", *map(str, args.sizes), "--ranks", *map(str, args.ranks),
                        "--datasets", *args.datasets]
         res = run_item("accuracy", argv)
-        (RESULTS / "bench_factor_accuracy.json").write_text(json.dumps({"machine": machine, **res}, indent=1))
+        # rows of earlier runs at other (dataset, n, solver, rank) are kept: sizes can be run separately
+        path = RESULTS / "bench_factor_accuracy.json"
+        key = lambda x: (x["dataset"], x["n"], x["solver"], str(x["rank"]))  # noqa: E731
+        new = {key(x) for x in res["rows"]}
+        old = json.loads(path.read_text())["rows"] if path.exists() else []
+        rows = [x for x in old if key(x) not in new] + res["rows"]
+        path.write_text(json.dumps({"machine": machine, "rows": rows}, indent=1))
     if args.larger_than_memory:
         res = run_item("scale", base + ["--n", "10000", "--M", "10000", "--rank", str(args.rank), "--n-test", "2000"])
         (RESULTS / "bench_factor_larger_than_memory.json").write_text(json.dumps(
