@@ -34,7 +34,7 @@ from mklscale.datasets import load  # noqa: E402
 from mklscale.engine import Engine  # noqa: E402
 from mklscale.solvers import spicy  # noqa: E402
 
-BACKENDS = {"old": "cholesky", "new": "auto"}
+BACKENDS = {"old": "cholesky", "new": "auto", "cg": "cg"}
 SETTING = {"C": 0.05, "loss": "logistic", "penalty": "l1", "tol": 0.01}
 
 

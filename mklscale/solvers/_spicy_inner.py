@@ -34,7 +34,7 @@ import dataclasses
 import numpy as np
 import scipy.linalg
 from mklscale.solvers.penalties import Penalty
-from mklscale.solvers.toolkit.lowrank import woodbury_solve
+from mklscale.solvers.toolkit.lowrank import Woodbury, woodbury_solve
 from mklscale.solvers.toolkit.working_set import HeldKernels
 
 
@@ -226,9 +226,21 @@ class NewtonSystem:
             H += self.w.T @ (self.rank_one[:, None] * self.w)
         return H
 
-    def low_rank(self, kernels: KernelTerm, max_columns: int | None = None):
+    def matvec(self, kernels: KernelTerm, v: np.ndarray) -> np.ndarray:
+        """H v from the parts (one product per kernel that enters, O(n^2) each on dense kernels)."""
+        out = (self.loss_diag + self.prox) * v
+        if self.bias:
+            out += self.bias * v.sum()
+        if self.on.size:
+            out += kernels.held.weighted_matvec(self.on, self.scale, v)
+            out += (self.rank_one * (self.w @ v)) @ self.w
+        return out
+
+    def low_rank(self, kernels: KernelTerm, max_columns: int | None = None, partial_columns: int | None = None):
         """(D, F) with H = diag(D) + F F^T (class docstring), or None when the kernels' factors
-        have more than ``max_columns`` columns in all (dense kernels, see HeldKernels.factors)."""
+        have more than ``max_columns`` columns in all (dense kernels, see HeldKernels.factors).
+        ``partial_columns``: truncated factors of at most that many columns per kernel instead
+        (HeldKernels.partial_factors): D + F F^T is then the preconditioner of :func:`_cg_solve`."""
         n = self.loss_diag.size
         held = kernels.held
         bias_cols = 1 if self.bias else 0
@@ -237,6 +249,8 @@ class NewtonSystem:
         if self.on.size:
             if held.is_factor:
                 factors = [held.factors(np.array([p])) for p in self.on]
+            elif partial_columns is not None:
+                factors = held.partial_factors(self.on, partial_columns)
             else:
                 stacked = held.factors(self.on, max_columns=cap)
                 if stacked is None:
@@ -260,8 +274,14 @@ class NewtonSystem:
 
 
 #: Newton back ends: "auto" (Woodbury on factor kernels and on dense kernels of small summed rank,
-#: else dense Cholesky), "cholesky", "woodbury".
-NEWTON_BACKENDS = ("auto", "cholesky", "woodbury")
+#: else dense Cholesky), "cholesky", "woodbury", "cg" (preconditioned conjugate gradients).
+NEWTON_BACKENDS = ("auto", "cholesky", "woodbury", "cg")
+#: Newton-CG: columns per kernel of the truncated pivoted Cholesky factors in the preconditioner,
+#: and the most CG steps before falling back to the dense Cholesky.
+CG_PRECONDITIONER_COLUMNS = 64
+#: ... and at most this share of n columns in all (the preconditioner's set-up is O(n R^2)).
+CG_PRECONDITIONER_SHARE = 0.125
+CG_MAX_ITER = 60
 #: Dense kernels are factored (pivoted Cholesky) for the Woodbury solve only from this n on: below
 #: it the n x n Cholesky costs less than factoring, and results stay those of the dense path.
 LOW_RANK_MIN_N = 512
@@ -270,23 +290,60 @@ LOW_RANK_SHARE = 0.5
 
 
 def solve_newton_system(system: NewtonSystem, kernels: KernelTerm, rhs: np.ndarray,
-                        backend: str = "auto") -> np.ndarray:
+                        backend: str = "auto", forcing: float = 1e-12) -> np.ndarray:
     """Solve H x = rhs (rhs (n,) or (n, k)) for the Newton matrix ``system`` (PSD).
 
     Back ends: the dense Cholesky of H (n^3/3 flops, n x n memory; jitter if needed), or Woodbury
     on H = D + F F^T (``toolkit.lowrank.woodbury_solve``: one R x R Cholesky, O(n R^2), R the summed
     rank of the active kernels). Factor kernels always use Woodbury (H is never formed); dense
     kernels use it under "auto" when n >= LOW_RANK_MIN_N and their pivoted Cholesky factors have
-    R < LOW_RANK_SHARE n columns in all.
+    R < LOW_RANK_SHARE n columns in all. "cg" (dense kernels): preconditioned conjugate gradients
+    on the operator H (each step one product per kernel, O(n^2 k)), preconditioner the Woodbury
+    solve with truncated factors (CG_PRECONDITIONER_COLUMNS per kernel), stopped at the relative
+    residual ``forcing`` (inexact Newton); the dense Cholesky when CG does not get there in CG_MAX_ITER.
     """
     n = system.loss_diag.size
     if kernels.held.is_factor or backend == "woodbury":
         return woodbury_solve(*system.low_rank(kernels), rhs)
+    if backend == "cg":
+        x = _cg_solve(system, kernels, rhs, forcing)
+        if x is not None:
+            return x
     if backend == "auto" and n >= LOW_RANK_MIN_N:
         parts = system.low_rank(kernels, max_columns=int(LOW_RANK_SHARE * n))
         if parts is not None:
             return woodbury_solve(*parts, rhs)
     return _cholesky_solve(system.dense(kernels), rhs)
+
+
+def _cg_solve(system: NewtonSystem, kernels: KernelTerm, rhs: np.ndarray, forcing: float) -> np.ndarray | None:
+    """Preconditioned CG on H x = rhs, column by column (see :func:`solve_newton_system`); None
+    when a column does not reach ``forcing`` relative residual within CG_MAX_ITER steps."""
+    n, k = rhs.shape[0], max(1, system.on.size)
+    columns = int(max(1, min(CG_PRECONDITIONER_COLUMNS, CG_PRECONDITIONER_SHARE * n / k)))
+    precondition = Woodbury(*system.low_rank(kernels, partial_columns=columns)).solve
+    B = rhs.reshape(rhs.shape[0], -1)
+    X = np.empty_like(B)
+    for j in range(B.shape[1]):
+        b = B[:, j]
+        x, r = np.zeros_like(b), b.copy()
+        z = precondition(r)
+        p, rz, target = z.copy(), float(r @ z), forcing * float(np.linalg.norm(b))
+        for _ in range(CG_MAX_ITER):
+            if float(np.linalg.norm(r)) <= target:
+                break
+            Hp = system.matvec(kernels, p)
+            step = rz / float(p @ Hp)
+            x += step * p
+            r -= step * Hp
+            z = precondition(r)
+            rz, rz_old = float(r @ z), rz
+            p = z + (rz / rz_old) * p
+        else:
+            if float(np.linalg.norm(r)) > target:
+                return None
+        X[:, j] = x
+    return X.reshape(rhs.shape)
 
 
 def _cholesky_solve(H: np.ndarray, rhs: np.ndarray) -> np.ndarray:
@@ -335,12 +392,13 @@ def newton(problem: InnerProblem, point: Point, max_iter: int, gtol: float = 1e-
     for it in range(1, max_iter + 1):
         H = problem.hessian(point)
         g = point.grad
+        forcing = min(1e-2, max(1e-12, float(np.linalg.norm(g))))   # inexact Newton (CG back end only)
         if equality:
-            x = solve_newton_system(H, problem.kernels, np.column_stack([g, np.ones(n)]), backend)
+            x = solve_newton_system(H, problem.kernels, np.column_stack([g, np.ones(n)]), backend, forcing)
             d = -(x[:, 0] - (x[:, 0].sum() / x[:, 1].sum()) * x[:, 1])
             d -= d.mean()  # stay exactly on 1^T rho = const
         else:
-            d = -solve_newton_system(H, problem.kernels, g, backend)
+            d = -solve_newton_system(H, problem.kernels, g, backend, forcing)
         if not np.all(np.isfinite(d)) or g @ d > 0.0:
             d = -(g - g.mean()) if equality else -g
         s = problem.direction(point, d)

@@ -16,8 +16,9 @@ import numpy as np
 import scipy.linalg
 
 
-def pivoted_cholesky(K: np.ndarray, tol: float, max_rank: int) -> np.ndarray | None:
-    """(n, r) float64 L with trace(K - L L^T) <= tol * trace(K), or None if r > ``max_rank``."""
+def pivoted_cholesky(K: np.ndarray, tol: float, max_rank: int, partial: bool = False) -> np.ndarray | None:
+    """(n, r) float64 L with trace(K - L L^T) <= tol * trace(K), or None if r > ``max_rank``
+    (``partial``: the first ``max_rank`` columns instead, a preconditioner's truncated factor)."""
     n = K.shape[0]
     diag = np.diagonal(K).astype(np.float64).copy()
     total = float(diag.sum())
@@ -28,7 +29,7 @@ def pivoted_cholesky(K: np.ndarray, tol: float, max_rank: int) -> np.ndarray | N
         if float(np.sum(np.maximum(diag, 0.0))) <= tol * total:
             return L[:, :j].copy()
         if j >= L.shape[1]:
-            return None
+            return L if partial else None
         i = int(np.argmax(diag))
         pivot = diag[i]
         if pivot <= 0.0:
@@ -40,15 +41,28 @@ def pivoted_cholesky(K: np.ndarray, tol: float, max_rank: int) -> np.ndarray | N
     return L
 
 
+class Woodbury:
+    """(D + F F^T)^{-1} for a positive diagonal D and F (n, R), factored once (module docstring):
+    :meth:`solve` costs O(n R) per right-hand side after the O(n R^2 + R^3) set-up."""
+
+    def __init__(self, diag: np.ndarray, F: np.ndarray):
+        self.scale = 1.0 / np.sqrt(diag)
+        self.Ft = F * self.scale[:, None]
+        self.factor = None
+        if self.Ft.shape[1]:
+            cap = self.Ft.T @ self.Ft
+            cap[np.diag_indices_from(cap)] += 1.0
+            self.factor = scipy.linalg.cho_factor(cap, check_finite=False)
+
+    def solve(self, rhs: np.ndarray) -> np.ndarray:
+        """(D + F F^T)^{-1} rhs, rhs (n,) or (n, k)."""
+        s = self.scale if rhs.ndim == 1 else self.scale[:, None]
+        b = rhs * s
+        if self.factor is not None:
+            b = b - self.Ft @ scipy.linalg.cho_solve(self.factor, self.Ft.T @ b, check_finite=False)
+        return b * s
+
+
 def woodbury_solve(diag: np.ndarray, F: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     """(D + F F^T)^{-1} rhs, D = diag(``diag``) > 0, F (n, R), rhs (n,) or (n, k) (module docstring)."""
-    scale = 1.0 / np.sqrt(diag)
-    Ft = F * scale[:, None]
-    b = rhs * (scale if rhs.ndim == 1 else scale[:, None])
-    if Ft.shape[1] == 0:
-        return b * (scale if rhs.ndim == 1 else scale[:, None])
-    cap = Ft.T @ Ft
-    cap[np.diag_indices_from(cap)] += 1.0
-    factor = scipy.linalg.cho_factor(cap, check_finite=False)
-    x = b - Ft @ scipy.linalg.cho_solve(factor, Ft.T @ b, check_finite=False)
-    return x * (scale if rhs.ndim == 1 else scale[:, None])
+    return Woodbury(diag, F).solve(rhs)
