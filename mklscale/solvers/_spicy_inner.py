@@ -21,6 +21,11 @@ C_b (1^T rho)^2 with C_b = 1e5 instead); "none" has no bias. With a finite ``tau
 ||rho - center||^2 / (2 tau) is added (proximal method of multipliers, used for the
 piecewise-linear conjugates of hinge and eps-insensitive; see spicy.py).
 
+Newton systems (issue 17; :class:`NewtonSystem`, :func:`solve_newton_system`): the Hessian is kept
+in parts, D + gamma_b 1 1^T + sum_m L_m G_m L_m^T, and solved by the dense Cholesky (dense kernels),
+Woodbury on the stacked factors (factor kernels; dense kernels of small summed rank through
+pivoted Cholesky factors) or preconditioned CG on the operator (dense kernels, ``newton_solver="cg"``).
+
 Line search (§3.5.1 + [CODE]): Armijo with constant 0.1 and halving from the largest step that
 keeps rho in the open domain of the loss conjugate. Along rho + c d the norms are
 n_m(c)^2 = n_m^2 + 2 c gamma_m d^T w_m + c^2 gamma_m^2 d^T K_m d from cached products, so

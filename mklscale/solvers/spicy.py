@@ -60,6 +60,12 @@ at most max(16, |W|) per round for the proximal method, max(16, 3 |W|) for one_s
 ``_Spicy._growth``) with warm start. Penalties without a threshold (block q-norm,
 elastic net with lam = 1) have every kernel in the model, so W is the whole bank.
 
+Factor banks (issue 17): on an engine storing K~_m = L_m L_m^T as L_m (n x r) the same problem is
+solved on the K~_m (f = sum_m L_m v_m + b, ||f_m|| = ||v_m||): W holds the factors, every product
+is K~_m u = L_m (L_m^T u), and the Newton systems are solved by Woodbury on the stacked factors of
+the kernels that enter (``_spicy_inner.solve_newton_system``): O(n R^2) per Newton step with R the
+summed rank, never an n x n array. Every loss and penalty runs there (tests/test_spicy_factor.py).
+
 Memory: W's kernels are held once, as the engine stores them (float32 for a float32 bank; the
 engine is asked not to keep a cache copy of them, ``blocks(idx, keep=False)``), and every product
 with them accumulates in float64 (``_spicy_inner.KernelTerm``). Their bytes are capped by
