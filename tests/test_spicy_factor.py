@@ -126,9 +126,43 @@ def test_woodbury_agrees_with_dense_cholesky(bank, loss, bias_mode, tau):
     np.testing.assert_allclose(H @ x_chol, rhs, atol=1e-8 * np.abs(rhs).max() * np.abs(H).max())
     D, F = factor_sys.low_rank(factor_k)
     np.testing.assert_allclose(np.diag(D) + F @ F.T, H, atol=1e-12 * np.abs(H).max())
-    for system, kernels, backend in ((factor_sys, factor_k, "auto"), (dense_sys, dense_k, "woodbury")):
+    for system, kernels, backend in ((factor_sys, factor_k, "auto"), (dense_sys, dense_k, "woodbury"),
+                                     (dense_sys, dense_k, "cg")):
         x = solve_newton_system(system, kernels, rhs, backend)
         np.testing.assert_allclose(x, x_chol, rtol=1e-7, atol=1e-9 * np.abs(x_chol).max())
+
+
+def test_newton_cg_is_inexact_newton_with_the_forcing_tolerance(bank, monkeypatch):
+    """CG stops at the relative residual ``forcing`` (a loose one gives a close, not equal,
+    direction that is still a descent direction); without convergence it falls back to Cholesky."""
+    from mklscale.solvers import _spicy_inner
+
+    _, K, _ = bank
+    system, kernels, rhs = _system(InMemoryEngine(K), 7)
+    H = system.dense(kernels)
+    g = rhs[:, 0]
+    for forcing in (1e-2, 1e-6, 1e-12):
+        x = solve_newton_system(system, kernels, g, "cg", forcing)
+        assert np.linalg.norm(H @ x - g) <= forcing * np.linalg.norm(g) * (1 + 1e-9)
+        assert g @ x > 0.0                                  # -x is a descent direction for gradient g
+    monkeypatch.setattr(_spicy_inner, "CG_MAX_SHARE", 0.0)   # 10 steps: not enough at 1e-14
+    np.testing.assert_allclose(solve_newton_system(system, kernels, g, "cg", 1e-14),
+                               solve_newton_system(system, kernels, g, "cholesky"), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("loss", ("logistic", "hinge", "square"))
+def test_every_dense_back_end_reaches_the_same_optimum(loss):
+    grams, X = gaussian_bank(32, 6, seed=2)
+    y = targets(X, loss, 1)
+    results = {b: spicy.fit(InMemoryEngine(grams), y, 0.05, loss=loss, tol=TOL, max_outer=300, newton_solver=b)
+               for b in ("cholesky", "cg", "woodbury", "auto")}
+    for backend, res in results.items():
+        assert res.converged, backend
+        assert res.objective == pytest.approx(results["cholesky"].objective, rel=1e-7), backend
+        np.testing.assert_allclose(res.weights, results["cholesky"].weights, atol=1e-5)
+    with pytest.raises(InvalidInputError, match="cholesky.*factor"):
+        spicy.fit(InMemoryFactorEngine(np.linalg.eigh(grams)[1][:, :, :3]), y, 0.05, loss=loss,
+                  newton_solver="cholesky")
 
 
 def test_dense_kernels_of_low_rank_use_woodbury_from_the_threshold(monkeypatch):

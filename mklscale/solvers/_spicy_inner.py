@@ -24,7 +24,7 @@ piecewise-linear conjugates of hinge and eps-insensitive; see spicy.py).
 Newton systems (issue 17; :class:`NewtonSystem`, :func:`solve_newton_system`): the Hessian is kept
 in parts, D + gamma_b 1 1^T + sum_m L_m G_m L_m^T, and solved by the dense Cholesky (dense kernels),
 Woodbury on the stacked factors (factor kernels; dense kernels of small summed rank through
-pivoted Cholesky factors) or preconditioned CG on the operator (dense kernels, ``newton_solver="cg"``).
+pivoted Cholesky factors) or Jacobi-preconditioned CG on the formed H (dense kernels, ``newton_solver="cg"``).
 
 Line search (§3.5.1 + [CODE]): Armijo with constant 0.1 and halving from the largest step that
 keeps rho in the open domain of the loss conjugate. Along rho + c d the norms are
@@ -39,7 +39,7 @@ import dataclasses
 import numpy as np
 import scipy.linalg
 from mklscale.solvers.penalties import Penalty
-from mklscale.solvers.toolkit.lowrank import Woodbury, woodbury_solve
+from mklscale.solvers.toolkit.lowrank import woodbury_solve
 from mklscale.solvers.toolkit.working_set import HeldKernels
 
 
@@ -219,8 +219,9 @@ class NewtonSystem:
     w: np.ndarray            # (len(on), n)
     a: np.ndarray            # (len(on), n)
 
-    def dense(self, kernels: KernelTerm) -> np.ndarray:
-        """H as an (n, n) array (dense kernels)."""
+    def dense(self, kernels: KernelTerm, rank_one: bool = True) -> np.ndarray:
+        """H as an (n, n) array (dense kernels); ``rank_one=False`` leaves out the terms
+        rank_one_j w_j w_j^T (applied as products by the CG back end)."""
         H = np.diag(self.loss_diag)
         if self.bias:
             H += self.bias
@@ -228,24 +229,13 @@ class NewtonSystem:
             H[np.diag_indices_from(H)] += self.prox
         if self.on.size:
             kernels.add_weighted(self.on, self.scale, H)
-            H += self.w.T @ (self.rank_one[:, None] * self.w)
+            if rank_one:
+                H += self.w.T @ (self.rank_one[:, None] * self.w)
         return H
 
-    def matvec(self, kernels: KernelTerm, v: np.ndarray) -> np.ndarray:
-        """H v from the parts (one product per kernel that enters, O(n^2) each on dense kernels)."""
-        out = (self.loss_diag + self.prox) * v
-        if self.bias:
-            out += self.bias * v.sum()
-        if self.on.size:
-            out += kernels.held.weighted_matvec(self.on, self.scale, v)
-            out += (self.rank_one * (self.w @ v)) @ self.w
-        return out
-
-    def low_rank(self, kernels: KernelTerm, max_columns: int | None = None, partial_columns: int | None = None):
+    def low_rank(self, kernels: KernelTerm, max_columns: int | None = None):
         """(D, F) with H = diag(D) + F F^T (class docstring), or None when the kernels' factors
-        have more than ``max_columns`` columns in all (dense kernels, see HeldKernels.factors).
-        ``partial_columns``: truncated factors of at most that many columns per kernel instead
-        (HeldKernels.partial_factors): D + F F^T is then the preconditioner of :func:`_cg_solve`."""
+        have more than ``max_columns`` columns in all (dense kernels, see HeldKernels.factors)."""
         n = self.loss_diag.size
         held = kernels.held
         bias_cols = 1 if self.bias else 0
@@ -254,8 +244,6 @@ class NewtonSystem:
         if self.on.size:
             if held.is_factor:
                 factors = [held.factors(np.array([p])) for p in self.on]
-            elif partial_columns is not None:
-                factors = held.partial_factors(self.on, partial_columns)
             else:
                 stacked = held.factors(self.on, max_columns=cap)
                 if stacked is None:
@@ -278,20 +266,20 @@ class NewtonSystem:
         return np.maximum(D, floor), F
 
 
-#: Newton back ends: "auto" (Woodbury on factor kernels and on dense kernels of small summed rank,
-#: else dense Cholesky), "cholesky", "woodbury", "cg" (preconditioned conjugate gradients).
+#: Newton back ends: "auto" (Woodbury on factor kernels; on dense kernels with n >= LOW_RANK_MIN_N
+#: Woodbury when their summed rank is small, else Newton-CG; below, the dense Cholesky), "cholesky",
+#: "woodbury", "cg" (Jacobi-preconditioned conjugate gradients on the formed matrix).
 NEWTON_BACKENDS = ("auto", "cholesky", "woodbury", "cg")
-#: Newton-CG: columns per kernel of the truncated pivoted Cholesky factors in the preconditioner,
-#: and the most CG steps before falling back to the dense Cholesky.
-CG_PRECONDITIONER_COLUMNS = 64
-#: ... and at most this share of n columns in all (the preconditioner's set-up is O(n R^2)).
-CG_PRECONDITIONER_SHARE = 0.125
-CG_MAX_ITER = 60
+#: Newton-CG: the most CG steps, as a share of n, before falling back to the dense Cholesky (each
+#: step is one n x n product, 2 n^2 flops; the Cholesky costs n^3/3).
+CG_MAX_SHARE = 0.05
 #: Dense kernels are factored (pivoted Cholesky) for the Woodbury solve only from this n on: below
 #: it the n x n Cholesky costs less than factoring, and results stay those of the dense path.
 LOW_RANK_MIN_N = 512
-#: ... and only while the summed rank R stays below this share of n (else the R x R system is not cheaper).
+#: ... and only while the summed rank R stays below this share of n and LOW_RANK_MAX_COLUMNS (else
+#: Newton-CG: the pivoted Cholesky of a near full-rank kernel would cost more than it saves).
 LOW_RANK_SHARE = 0.5
+LOW_RANK_MAX_COLUMNS = 256
 
 
 def solve_newton_system(system: NewtonSystem, kernels: KernelTerm, rhs: np.ndarray,
@@ -302,46 +290,55 @@ def solve_newton_system(system: NewtonSystem, kernels: KernelTerm, rhs: np.ndarr
     on H = D + F F^T (``toolkit.lowrank.woodbury_solve``: one R x R Cholesky, O(n R^2), R the summed
     rank of the active kernels). Factor kernels always use Woodbury (H is never formed); dense
     kernels use it under "auto" when n >= LOW_RANK_MIN_N and their pivoted Cholesky factors have
-    R < LOW_RANK_SHARE n columns in all. "cg" (dense kernels): preconditioned conjugate gradients
-    on the operator H (each step one product per kernel, O(n^2 k)), preconditioner the Woodbury
-    solve with truncated factors (CG_PRECONDITIONER_COLUMNS per kernel), stopped at the relative
-    residual ``forcing`` (inexact Newton); the dense Cholesky when CG does not get there in CG_MAX_ITER.
+    R < min(LOW_RANK_SHARE n, LOW_RANK_MAX_COLUMNS) columns in all, else "cg". "cg" (dense kernels):
+    H without its rank-one terms is formed as for the Cholesky (k n^2), then Jacobi-preconditioned
+    conjugate gradients (one n x n product a step, 2 n^2 flops, instead of the n^3/3 of the
+    factorisation; the rank-one terms as products), stopped at the relative residual ``forcing``
+    (inexact Newton: min(1e-2, ||grad||), so the last steps are exact to 1e-12); the Cholesky of
+    the same H when CG does not get there in CG_MAX_SHARE n steps. Every back end gives a descent
+    direction, and the line search and the stopping test use exact gradients, so the solution is
+    that of the Cholesky back end within the inner tolerance (bench_spicy_newton.py).
     """
     n = system.loss_diag.size
     if kernels.held.is_factor or backend == "woodbury":
         return woodbury_solve(*system.low_rank(kernels), rhs)
-    if backend == "cg":
-        x = _cg_solve(system, kernels, rhs, forcing)
-        if x is not None:
-            return x
     if backend == "auto" and n >= LOW_RANK_MIN_N:
-        parts = system.low_rank(kernels, max_columns=int(LOW_RANK_SHARE * n))
+        parts = system.low_rank(kernels, max_columns=int(min(LOW_RANK_SHARE * n, LOW_RANK_MAX_COLUMNS)))
         if parts is not None:
             return woodbury_solve(*parts, rhs)
+        backend = "cg"
+    if backend == "cg":
+        H0 = system.dense(kernels, rank_one=False)
+        x = _cg_solve(system, H0, rhs, forcing)
+        if x is not None:
+            return x
+        H0 += system.w.T @ (system.rank_one[:, None] * system.w)
+        return _cholesky_solve(H0, rhs)
     return _cholesky_solve(system.dense(kernels), rhs)
 
 
-def _cg_solve(system: NewtonSystem, kernels: KernelTerm, rhs: np.ndarray, forcing: float) -> np.ndarray | None:
-    """Preconditioned CG on H x = rhs, column by column (see :func:`solve_newton_system`); None
-    when a column does not reach ``forcing`` relative residual within CG_MAX_ITER steps."""
-    n, k = rhs.shape[0], max(1, system.on.size)
-    columns = int(max(1, min(CG_PRECONDITIONER_COLUMNS, CG_PRECONDITIONER_SHARE * n / k)))
-    precondition = Woodbury(*system.low_rank(kernels, partial_columns=columns)).solve
+def _cg_solve(system: NewtonSystem, H0: np.ndarray, rhs: np.ndarray, forcing: float) -> np.ndarray | None:
+    """Jacobi-preconditioned CG on H x = rhs, H = H0 + sum_j rank_one_j w_j w_j^T (products
+    H0 p + W^T (rank_one * W p)), column by column, to the relative residual ``forcing``; None when
+    a column does not get there in CG_MAX_SHARE n steps."""
+    W, c = system.w, system.rank_one
+    inv_diag = 1.0 / np.maximum(np.diag(H0) + c @ W**2, 1e-300)
     B = rhs.reshape(rhs.shape[0], -1)
     X = np.empty_like(B)
+    max_iter = max(10, int(CG_MAX_SHARE * H0.shape[0]))
     for j in range(B.shape[1]):
         b = B[:, j]
         x, r = np.zeros_like(b), b.copy()
-        z = precondition(r)
+        z = inv_diag * r
         p, rz, target = z.copy(), float(r @ z), forcing * float(np.linalg.norm(b))
-        for _ in range(CG_MAX_ITER):
+        for _ in range(max_iter):
             if float(np.linalg.norm(r)) <= target:
                 break
-            Hp = system.matvec(kernels, p)
+            Hp = H0 @ p + (c * (W @ p)) @ W
             step = rz / float(p @ Hp)
             x += step * p
             r -= step * Hp
-            z = precondition(r)
+            z = inv_diag * r
             rz, rz_old = float(r @ z), rz
             p = z + (rz / rz_old) * p
         else:

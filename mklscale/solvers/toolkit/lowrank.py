@@ -16,9 +16,8 @@ import numpy as np
 import scipy.linalg
 
 
-def pivoted_cholesky(K: np.ndarray, tol: float, max_rank: int, partial: bool = False) -> np.ndarray | None:
-    """(n, r) float64 L with trace(K - L L^T) <= tol * trace(K), or None if r > ``max_rank``
-    (``partial``: the first ``max_rank`` columns instead, a preconditioner's truncated factor)."""
+def pivoted_cholesky(K: np.ndarray, tol: float, max_rank: int) -> np.ndarray | None:
+    """(n, r) float64 L with trace(K - L L^T) <= tol * trace(K), or None if r > ``max_rank``."""
     n = K.shape[0]
     diag = np.diagonal(K).astype(np.float64).copy()
     total = float(diag.sum())
@@ -29,7 +28,7 @@ def pivoted_cholesky(K: np.ndarray, tol: float, max_rank: int, partial: bool = F
         if float(np.sum(np.maximum(diag, 0.0))) <= tol * total:
             return L[:, :j].copy()
         if j >= L.shape[1]:
-            return L if partial else None
+            return None
         i = int(np.argmax(diag))
         pivot = diag[i]
         if pivot <= 0.0:

@@ -63,7 +63,6 @@ class HeldKernels:
         self.chunks: list[np.ndarray] = []    # (c, n, n) stacks (factor engine: (c, n, r)), in held order
         self.is_factor = getattr(engine, "representation", "dense") == "factor"
         self._dense_factors: dict[int, tuple[np.ndarray | None, int]] = {}  # id -> (L or None, rank cap)
-        self._partial_factors: dict[tuple[int, int], np.ndarray] = {}       # (id, columns) -> truncated L
 
     @property
     def size(self) -> int:
@@ -134,11 +133,8 @@ class HeldKernels:
                 chunks.append(chunk)
         self.chunks = chunks
         self.index = self.index[mask]
-        held = set(self.index.tolist())
-        for kernel in set(self._dense_factors) - held:
+        for kernel in set(self._dense_factors) - set(self.index.tolist()):
             del self._dense_factors[kernel]
-        for key in [key for key in self._partial_factors if key[0] not in held]:
-            del self._partial_factors[key]
 
     def reorder(self, order: np.ndarray) -> None:
         """Hold the kernels in the order ``order`` (positions), e.g. sorted by kernel id."""
@@ -200,44 +196,6 @@ class HeldKernels:
             stop = start + chunk.shape[0]
             each_matvec(chunk, A[start:stop], out[start:stop])
         return out[first:]
-
-    def weighted_matvec(self, sel: np.ndarray, weights: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """(n,) float64 sum_p weights[p] K_{sel[p]} u (one product per selected kernel, no copy of it)."""
-        u = np.ascontiguousarray(u, dtype=np.float64)
-        out = np.zeros(self.n)
-        sel = np.asarray(sel, dtype=np.int64)
-        if self.is_factor:
-            for L, w in zip(self._positions(sel), weights):
-                out += w * (L @ (L.T @ u))
-            return out
-        U, tmp = u.reshape(1, self.n), np.empty((1, 1, self.n))
-        starts = np.cumsum([0] + [c.shape[0] for c in self.chunks])
-        for p, w in zip(sel.tolist(), weights):
-            c = int(np.searchsorted(starts, p, side="right")) - 1
-            i = p - starts[c]
-            stack_matvec(self.chunks[c][i:i + 1], U, tmp)
-            out += w * tmp[0, 0]
-        return out
-
-    def partial_factors(self, sel, columns: int) -> list[np.ndarray]:
-        """Truncated pivoted Cholesky factors (at most ``columns`` each, DENSE_FACTOR_TOL) of the held
-        kernels at positions ``sel`` (factor storage: the stored factors), cached per kernel: the
-        leading part of each kernel, for preconditioners."""
-        if self.is_factor:
-            return self._positions(sel)
-        out = []
-        for p in np.asarray(sel, dtype=np.int64).tolist():
-            kernel = int(self.index[p])
-            exact, _ = self._dense_factors.get(kernel, (None, -1))
-            if exact is not None:
-                out.append(exact)
-                continue
-            key = (kernel, int(columns))
-            if key not in self._partial_factors:
-                self._partial_factors[key] = pivoted_cholesky(self._positions([p])[0], DENSE_FACTOR_TOL,
-                                                              int(columns), partial=True)
-            out.append(self._partial_factors[key])
-        return out
 
     def projections(self, A: np.ndarray, sel: np.ndarray) -> list[np.ndarray]:
         """[L_p^T A[j] for p = sel[j]] (factor storage; each (r,) float64): the coordinates of
