@@ -1,6 +1,7 @@
 """SpicyMKL's inner Newton back ends on dense banks (issue 17): old (dense Cholesky of the n x n
-Newton matrix) versus new ("auto": Woodbury on pivoted Cholesky factors when the active kernels'
-summed rank is below n/2, else the same Cholesky), in the same run, interleaved.
+Newton matrix, n^3/3 flops a Newton step) versus new ("auto": Woodbury on pivoted Cholesky factors
+when the active kernels' summed rank is at most min(n/2, 256), else Newton-CG on the formed matrix,
+an inexact Newton step at O(n^2) a CG step), in the same run, interleaved.
 
     python benchmarks/bench_spicy_newton.py                  # n = 1000, 2000 (M = 100)
     python benchmarks/bench_spicy_newton.py --ns 1000 2000 4000
@@ -34,7 +35,7 @@ from mklscale.datasets import load  # noqa: E402
 from mklscale.engine import Engine  # noqa: E402
 from mklscale.solvers import spicy  # noqa: E402
 
-BACKENDS = {"old": "cholesky", "new": "auto", "cg": "cg"}
+BACKENDS = {"old": "cholesky", "new": "auto"}
 SETTING = {"C": 0.05, "loss": "logistic", "penalty": "l1", "tol": 0.01}
 
 
