@@ -197,13 +197,6 @@ class HeldKernels:
             each_matvec(chunk, A[start:stop], out[start:stop])
         return out[first:]
 
-    def projections(self, A: np.ndarray, sel: np.ndarray) -> list[np.ndarray]:
-        """[L_p^T A[j] for p = sel[j]] (factor storage; each (r,) float64): the coordinates of
-        K_p a_p = L_p (L_p^T a_p) in the factor's columns."""
-        self._require_factors("projections")
-        held = self._positions(sel)
-        return [L.T @ a for L, a in zip(held, np.asarray(A, dtype=np.float64))]
-
     def factors(self, sel=None, weights=None, max_columns: int | None = None) -> np.ndarray | None:
         """F = [sqrt(w_1) L_{sel[1]}, ...] (n, R) float64 with K_p = L_p L_p^T, for the held kernels at
         positions ``sel`` (None: all) and weights w >= 0 (None: ones). Factor storage: the stored
@@ -230,14 +223,18 @@ class HeldKernels:
             return np.zeros((self.n, 0))
         return np.concatenate([np.sqrt(wp) * L for wp, L in zip(w, parts)], axis=1)
 
+    def _block(self, position: int) -> np.ndarray:
+        """The stored block at ``position`` (a view: K_p, or L_p on factor storage)."""
+        start = 0
+        for chunk in self.chunks:
+            if position < start + chunk.shape[0]:
+                return chunk[position - start]
+            start += chunk.shape[0]
+        raise IndexError(position)
+
     def _positions(self, sel) -> list[np.ndarray]:
         """The stored blocks at positions ``sel``, widened to float64 one by one."""
-        starts = np.cumsum([0] + [c.shape[0] for c in self.chunks])
-        out = []
-        for p in np.asarray(sel, dtype=np.int64).tolist():
-            c = int(np.searchsorted(starts, p, side="right")) - 1
-            out.append(self.chunks[c][p - starts[c]].astype(np.float64))
-        return out
+        return [self._block(p).astype(np.float64) for p in np.asarray(sel, dtype=np.int64).tolist()]
 
     def _dense_factor(self, position: int, cap) -> np.ndarray | None:
         """Cached pivoted Cholesky factor of the dense held kernel at ``position`` (None: rank > cap)."""
@@ -248,13 +245,9 @@ class HeldKernels:
         if tried >= min(cap, self.n):
             return None
         limit = int(min(cap, self.n))
-        L = pivoted_cholesky(self._positions([position])[0], DENSE_FACTOR_TOL, limit)
+        L = pivoted_cholesky(self._block(position), DENSE_FACTOR_TOL, limit)   # reads columns, widened
         self._dense_factors[kernel] = (L, limit)
         return L
-
-    def _require_factors(self, what: str) -> None:
-        if not self.is_factor:
-            raise InvalidInputError(f"HeldKernels.{what} needs factor storage; this engine is dense")
 
     def _refuse_factors(self, what: str) -> None:
         if self.is_factor:
