@@ -21,6 +21,11 @@ C_b (1^T rho)^2 with C_b = 1e5 instead); "none" has no bias. With a finite ``tau
 ||rho - center||^2 / (2 tau) is added (proximal method of multipliers, used for the
 piecewise-linear conjugates of hinge and eps-insensitive; see spicy.py).
 
+Newton systems (issue 17; :class:`NewtonSystem`, :func:`solve_newton_system`): the Hessian is kept
+in parts, D + gamma_b 1 1^T + sum_m L_m G_m L_m^T, and solved by the dense Cholesky (dense kernels),
+Woodbury on the stacked factors (factor kernels; dense kernels of small summed rank through
+pivoted Cholesky factors) or Jacobi-preconditioned CG on the formed H (dense kernels, ``newton_solver="cg"``).
+
 Line search (§3.5.1 + [CODE]): Armijo with constant 0.1 and halving from the largest step that
 keeps rho in the open domain of the loss conjugate. Along rho + c d the norms are
 n_m(c)^2 = n_m^2 + 2 c gamma_m d^T w_m + c^2 gamma_m^2 d^T K_m d from cached products, so
@@ -34,6 +39,7 @@ import dataclasses
 import numpy as np
 import scipy.linalg
 from mklscale.solvers.penalties import Penalty
+from mklscale.solvers.toolkit.lowrank import woodbury_solve
 from mklscale.solvers.toolkit.working_set import HeldKernels
 
 
@@ -166,21 +172,18 @@ class InnerProblem:
             return p.grad - (p.rho - self.center) / self.tau
         return p.grad
 
-    def hessian(self, p: Point) -> np.ndarray:
+    def hessian(self, p: Point) -> "NewtonSystem":
+        """The Newton matrix at p, kept in parts (:class:`NewtonSystem`) so that it can be solved
+        densely or as diagonal plus low rank."""
         k = self.kernels
-        H = np.diag(self.loss_term.hess_diag(p.rho))
-        if self.bias_mode == "al":
-            H += self.gamma_b
-        if np.isfinite(self.tau):
-            H[np.diag_indices_from(H)] += 1.0 / self.tau
+        prox = 1.0 / self.tau if np.isfinite(self.tau) else 0.0
         on = np.flatnonzero((p.norms > 0.0) & ((p.psi1 > 0.0) | (p.psi2 > 0.0)))
-        if on.size:
-            g2, nrm = k.gamma[on] ** 2, p.norms[on]
-            scale = g2 * p.psi1[on] / nrm
-            k.add_weighted(on, scale, H)
-            rank_one = g2 * (p.psi2[on] - p.psi1[on] / nrm) / nrm**2
-            H += p.w[on].T @ (rank_one[:, None] * p.w[on])
-        return H
+        g2, nrm = k.gamma[on] ** 2, p.norms[on]
+        scale = g2 * p.psi1[on] / nrm
+        rank_one = g2 * (p.psi2[on] - p.psi1[on] / nrm) / nrm**2
+        a = k.alpha[on] + k.gamma[on, None] * p.rho
+        return NewtonSystem(self.loss_term.hess_diag(p.rho), self.gamma_b if self.bias_mode == "al" else 0.0,
+                            prox, on, scale, rank_one, p.w[on], a)
 
     def direction(self, p: Point, d: np.ndarray) -> Direction:
         K_d = self.kernels.matvec(d)
@@ -195,7 +198,157 @@ class InnerProblem:
         return self.evaluate(p.rho + c * s.d, p.K_rho + c * s.K_d)
 
 
-def _solve_newton_system(H: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+@dataclasses.dataclass
+class NewtonSystem:
+    """The Newton matrix of phi ((27), (50)), in parts:
+
+        H = diag(loss_diag + prox) + bias 1 1^T + sum_{j} [scale_j K_{on_j} + rank_one_j w_j w_j^T],
+
+    w_j = K_{on_j} a_j with a_j = alpha_m + gamma_m rho. With K = L L^T and z = L^T a (so w = L z,
+    ||z|| = n_m) each kernel's part is L G L^T, G = scale I + rank_one z z^T, PSD with eigenvalues
+    gamma^2 psi'/n_m (orthogonal to z) and gamma^2 psi'' (along z): H = D + F F^T with
+    F = [sqrt(bias) 1, L_j G_j^{1/2}, ...], the form the Woodbury back end solves.
+    """
+
+    loss_diag: np.ndarray
+    bias: float              # gamma_b for the "al" bias term, else 0
+    prox: float              # 1/tau, else 0
+    on: np.ndarray           # positions in W of the kernels that enter
+    scale: np.ndarray
+    rank_one: np.ndarray
+    w: np.ndarray            # (len(on), n)
+    a: np.ndarray            # (len(on), n)
+
+    def dense(self, kernels: KernelTerm, rank_one: bool = True) -> np.ndarray:
+        """H as an (n, n) array (dense kernels); ``rank_one=False`` leaves out the terms
+        rank_one_j w_j w_j^T (applied as products by the CG back end)."""
+        H = np.diag(self.loss_diag)
+        if self.bias:
+            H += self.bias
+        if self.prox:
+            H[np.diag_indices_from(H)] += self.prox
+        if self.on.size:
+            kernels.add_weighted(self.on, self.scale, H)
+            if rank_one:
+                H += self.w.T @ (self.rank_one[:, None] * self.w)
+        return H
+
+    def low_rank(self, kernels: KernelTerm, max_columns: int | None = None):
+        """(D, F) with H = diag(D) + F F^T (class docstring), or None when the kernels' factors
+        have more than ``max_columns`` columns in all (dense kernels, see HeldKernels.factors)."""
+        n = self.loss_diag.size
+        held = kernels.held
+        bias_cols = 1 if self.bias else 0
+        cap = None if max_columns is None else max_columns - bias_cols
+        parts = []
+        if self.on.size:
+            if held.is_factor:
+                factors = [held.factors(np.array([p])) for p in self.on]
+            else:
+                stacked = held.factors(self.on, max_columns=cap)
+                if stacked is None:
+                    return None
+                sizes = [held.factors(np.array([p])).shape[1] for p in self.on]   # cached, no new work
+                factors = np.split(stacked, np.cumsum(sizes)[:-1], axis=1)
+            for L, s, r1, a in zip(factors, self.scale, self.rank_one, self.a):
+                z = L.T @ a
+                zz = float(z @ z)
+                along = max(s + r1 * zz, 0.0)                 # = gamma^2 psi'' (exactly, up to rounding)
+                col = np.sqrt(s) * L
+                if zz > 0.0:
+                    col += np.outer(L @ z, (np.sqrt(along) - np.sqrt(s)) * z / zz)
+                parts.append(col)
+        if self.bias:
+            parts.append(np.full((n, 1), np.sqrt(self.bias)))
+        F = np.concatenate(parts, axis=1) if parts else np.zeros((n, 0))
+        D = self.loss_diag + self.prox
+        floor = 1e-14 * max(float(np.max(D, initial=0.0)), float(np.max(np.einsum("ij,ij->i", F, F), initial=0.0)), 1e-300)
+        return np.maximum(D, floor), F
+
+
+#: Newton back ends: "auto" (Woodbury on factor kernels; on dense kernels with n >= LOW_RANK_MIN_N
+#: Woodbury when their summed rank is small, else Newton-CG; below, the dense Cholesky), "cholesky",
+#: "woodbury", "cg" (Jacobi-preconditioned conjugate gradients on the formed matrix).
+NEWTON_BACKENDS = ("auto", "cholesky", "woodbury", "cg")
+#: Newton-CG: the most CG steps, as a share of n, before falling back to the dense Cholesky (each
+#: step is one n x n product, 2 n^2 flops; the Cholesky costs n^3/3).
+CG_MAX_SHARE = 0.05
+#: Dense kernels are factored (pivoted Cholesky) for the Woodbury solve only from this n on: below
+#: it the n x n Cholesky costs less than factoring, and results stay those of the dense path.
+LOW_RANK_MIN_N = 512
+#: ... and only while the summed rank R stays below this share of n and LOW_RANK_MAX_COLUMNS (else
+#: Newton-CG: the pivoted Cholesky of a near full-rank kernel would cost more than it saves).
+LOW_RANK_SHARE = 0.5
+LOW_RANK_MAX_COLUMNS = 256
+
+
+def solve_newton_system(system: NewtonSystem, kernels: KernelTerm, rhs: np.ndarray,
+                        backend: str = "auto", forcing: float = 1e-12) -> np.ndarray:
+    """Solve H x = rhs (rhs (n,) or (n, k)) for the Newton matrix ``system`` (PSD).
+
+    Back ends: the dense Cholesky of H (n^3/3 flops, n x n memory; jitter if needed), or Woodbury
+    on H = D + F F^T (``toolkit.lowrank.woodbury_solve``: one R x R Cholesky, O(n R^2), R the summed
+    rank of the active kernels). Factor kernels always use Woodbury (H is never formed); dense
+    kernels use it under "auto" when n >= LOW_RANK_MIN_N and their pivoted Cholesky factors have
+    R < min(LOW_RANK_SHARE n, LOW_RANK_MAX_COLUMNS) columns in all, else "cg". "cg" (dense kernels):
+    H without its rank-one terms is formed as for the Cholesky (k n^2), then Jacobi-preconditioned
+    conjugate gradients (one n x n product a step, 2 n^2 flops, instead of the n^3/3 of the
+    factorisation; the rank-one terms as products), stopped at the relative residual ``forcing``
+    (inexact Newton: min(1e-2, ||grad||), so the last steps are exact to 1e-12); the Cholesky of
+    the same H when CG does not get there in CG_MAX_SHARE n steps. Every back end gives a descent
+    direction, and the line search and the stopping test use exact gradients, so the solution is
+    that of the Cholesky back end within the inner tolerance (bench_spicy_newton.py).
+    """
+    n = system.loss_diag.size
+    if kernels.held.is_factor or backend == "woodbury":
+        return woodbury_solve(*system.low_rank(kernels), rhs)
+    if backend == "auto" and n >= LOW_RANK_MIN_N:
+        parts = system.low_rank(kernels, max_columns=int(min(LOW_RANK_SHARE * n, LOW_RANK_MAX_COLUMNS)))
+        if parts is not None:
+            return woodbury_solve(*parts, rhs)
+        backend = "cg"
+    if backend == "cg":
+        H0 = system.dense(kernels, rank_one=False)
+        x = _cg_solve(system, H0, rhs, forcing)
+        if x is not None:
+            return x
+        H0 += system.w.T @ (system.rank_one[:, None] * system.w)
+        return _cholesky_solve(H0, rhs)
+    return _cholesky_solve(system.dense(kernels), rhs)
+
+
+def _cg_solve(system: NewtonSystem, H0: np.ndarray, rhs: np.ndarray, forcing: float) -> np.ndarray | None:
+    """Jacobi-preconditioned CG on H x = rhs, H = H0 + sum_j rank_one_j w_j w_j^T (products
+    H0 p + W^T (rank_one * W p)), column by column, to the relative residual ``forcing``; None when
+    a column does not get there in CG_MAX_SHARE n steps."""
+    W, c = system.w, system.rank_one
+    inv_diag = 1.0 / np.maximum(np.diag(H0) + c @ W**2, 1e-300)
+    B = rhs.reshape(rhs.shape[0], -1)
+    X = np.empty_like(B)
+    max_iter = max(10, int(CG_MAX_SHARE * H0.shape[0]))
+    for j in range(B.shape[1]):
+        b = B[:, j]
+        x, r = np.zeros_like(b), b.copy()
+        z = inv_diag * r
+        p, rz, target = z.copy(), float(r @ z), forcing * float(np.linalg.norm(b))
+        for _ in range(max_iter):
+            if float(np.linalg.norm(r)) <= target:
+                break
+            Hp = H0 @ p + (c * (W @ p)) @ W
+            step = rz / float(p @ Hp)
+            x += step * p
+            r -= step * Hp
+            z = inv_diag * r
+            rz, rz_old = float(r @ z), rz
+            p = z + (rz / rz_old) * p
+        else:
+            if float(np.linalg.norm(r)) > target:
+                return None
+        X[:, j] = x
+    return X.reshape(rhs.shape)
+
+
+def _cholesky_solve(H: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     """Solve H x = rhs (rhs (n,) or (n, k)) for a symmetric PSD H, adding jitter if needed."""
     scale = max(float(np.max(np.abs(np.diag(H)))), 1e-300)
     for jitter in (0.0, 1e-12, 1e-10, 1e-8, 1e-6):
@@ -215,7 +368,8 @@ class NewtonReport:
     converged: bool
 
 
-def newton(problem: InnerProblem, point: Point, max_iter: int, gtol: float = 1e-10) -> tuple[Point, NewtonReport]:
+def newton(problem: InnerProblem, point: Point, max_iter: int, gtol: float = 1e-10,
+           backend: str = "auto") -> tuple[Point, NewtonReport]:
     """Damped Newton on phi with Armijo backtracking ([CODE]: constant 0.1, halving).
 
     Converged when ||grad phi||_inf <= gtol * (1 + ||grad of the loss term||_inf). The gradient of
@@ -240,12 +394,13 @@ def newton(problem: InnerProblem, point: Point, max_iter: int, gtol: float = 1e-
     for it in range(1, max_iter + 1):
         H = problem.hessian(point)
         g = point.grad
+        forcing = min(1e-2, max(1e-12, float(np.linalg.norm(g))))   # inexact Newton (CG back end only)
         if equality:
-            x = _solve_newton_system(H, np.column_stack([g, np.ones(n)]))
+            x = solve_newton_system(H, problem.kernels, np.column_stack([g, np.ones(n)]), backend, forcing)
             d = -(x[:, 0] - (x[:, 0].sum() / x[:, 1].sum()) * x[:, 1])
             d -= d.mean()  # stay exactly on 1^T rho = const
         else:
-            d = -_solve_newton_system(H, g)
+            d = -solve_newton_system(H, problem.kernels, g, backend, forcing)
         if not np.all(np.isfinite(d)) or g @ d > 0.0:
             d = -(g - g.mean()) if equality else -g
         s = problem.direction(point, d)

@@ -29,7 +29,9 @@ similar kernels are active (tests/test_pfbs.py checks both numerically). So:
   step="lipschitz" (default): sigma = lambda_max(sum_{j in W} K_j)/n + mu over the working set W
       (the iteration never touches other blocks, so this is the exact constant of the iterated
       problem); lambda_max by Lanczos on the summed held blocks (dense for n <= 200), capped by
-      sum_{j in W} engine.lambda_max[j], which is a valid upper bound.
+      sum_{j in W} engine.lambda_max[j], which is a valid upper bound. On factor kernels
+      (K_j = L_j L_j^T, issue 17) it is lambda_max(F^T F) of the stacked factors F = [L_j] (R x R,
+      R the summed rank; Lanczos on F (F^T v) beyond FACTOR_EIG_MAX_R columns): no n x n matrix.
   step="paper": sigma = (1/2) max_j engine.lambda_max[j] + mu, raised to the Lipschitz value when
       it falls below it (``history[i]["sigma"]`` shows what was used).
 
@@ -109,7 +111,7 @@ import math
 
 import numpy as np
 import scipy.linalg
-from scipy.sparse.linalg import eigsh
+from scipy.sparse.linalg import LinearOperator, eigsh
 
 from mklscale.errors import InvalidInputError
 from mklscale.solvers._threads import single_blas_thread_for_small_n
@@ -128,6 +130,7 @@ INITIAL_WORKING_SET = 16
 MIN_ADDITIONS = 8
 INNER_TOL_FACTOR = 0.5        # the working-set gap target, relative to tol, before a certification
 DENSE_EIG_MAX_N = 200
+FACTOR_EIG_MAX_R = 2000
 #: The plug-ins of the forward-backward step (the solver needs Square.grad and L1.prox).
 _SQUARE, _BLOCK_L1 = Square(), L1()
 #: What to do when the working set does not fit in memory.
@@ -228,6 +231,8 @@ class _WorkingSet:
         self.K_alphas = self.held.each_matvec(self.alphas)
 
     def lambda_max_of_sum(self) -> float:
+        if self.held.is_factor:
+            return _lambda_max_of_factor(self.held.factors())
         S = self.held.total()
         n = S.shape[0]
         if n <= DENSE_EIG_MAX_N:
@@ -236,6 +241,21 @@ class _WorkingSet:
         vals, vecs = eigsh(S, k=1, which="LA", v0=v0, tol=1e-10)
         self._top_vector = vecs[:, 0]
         return float(vals[0]) * (1.0 + 1e-8)  # Ritz values approach lambda_max from below
+
+
+def _lambda_max_of_factor(F: np.ndarray) -> float:
+    """lambda_max(sum_j K_j) = lambda_max(F F^T) = lambda_max(F^T F) for the stacked factors F
+    (n, R) of the held kernels (issue 17): the R x R eigenproblem for R <= FACTOR_EIG_MAX_R, else
+    Lanczos with the products F (F^T v), never an n x n matrix."""
+    n, R = F.shape
+    if R == 0:
+        return 0.0
+    if R <= FACTOR_EIG_MAX_R:
+        G = F.T @ F
+        return float(scipy.linalg.eigh(G, eigvals_only=True, subset_by_index=[R - 1, R - 1])[0]) * (1.0 + 1e-12)
+    op = LinearOperator((n, n), matvec=lambda v: F @ (F.T @ v), dtype=np.float64)
+    vals = eigsh(op, k=1, which="LA", v0=np.ones(n), tol=1e-10, return_eigenvectors=False)
+    return float(vals[0]) * (1.0 + 1e-8)
 
 
 def _forward_backward(ws: _WorkingSet, z, Kz, y, tau, mu, sigma):

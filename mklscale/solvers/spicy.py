@@ -60,6 +60,12 @@ at most max(16, |W|) per round for the proximal method, max(16, 3 |W|) for one_s
 ``_Spicy._growth``) with warm start. Penalties without a threshold (block q-norm,
 elastic net with lam = 1) have every kernel in the model, so W is the whole bank.
 
+Factor banks (issue 17): on an engine storing K~_m = L_m L_m^T as L_m (n x r) the same problem is
+solved on the K~_m (f = sum_m L_m v_m + b, ||f_m|| = ||v_m||): W holds the factors, every product
+is K~_m u = L_m (L_m^T u), and the Newton systems are solved by Woodbury on the stacked factors of
+the kernels that enter (``_spicy_inner.solve_newton_system``): O(n R^2) per Newton step with R the
+summed rank, never an n x n array. Every loss and penalty runs there (tests/test_spicy_factor.py).
+
 Memory: W's kernels are held once, as the engine stores them (float32 for a float32 bank; the
 engine is asked not to keep a cache copy of them, ``blocks(idx, keep=False)``), and every product
 with them accumulates in float64 (``_spicy_inner.KernelTerm``). Their bytes are capped by
@@ -81,7 +87,7 @@ from mklscale.errors import InvalidInputError
 from mklscale.solvers._threads import single_blas_thread_for_small_n
 from mklscale.solvers import duality
 from mklscale.solvers import _validation as check
-from mklscale.solvers._spicy_inner import InnerProblem, KernelTerm, newton
+from mklscale.solvers._spicy_inner import NEWTON_BACKENDS, InnerProblem, KernelTerm, newton
 from mklscale.solvers._spicy_loss_terms import make_loss_term
 from mklscale.solvers.losses import LOSSES, Loss, make_loss
 from mklscale.solvers.penalties import PENALTIES, Penalty, make_penalty
@@ -109,12 +115,13 @@ _REMEDY = "raise working_set_bytes (or the engine's cache_bytes), or use a large
 
 class _Spicy:
     def __init__(self, engine, y, C, loss: Loss, penalty: Penalty, bias: bool, tol: float, max_outer: int,
-                 max_inner: int, working_set, method: str, verbose: bool, working_set_bytes: int | None = None):
+                 max_inner: int, working_set, method: str, verbose: bool, working_set_bytes: int | None = None,
+                 newton_solver: str = "auto"):
         self.n, self.M, lambda_max = check.check_engine(engine, allow_unavailable=True)
         self.y = check.check_targets(y, self.n, loss.is_classification, loss.name)
         self.C, self.loss, self.penalty, self.bias = C, loss, penalty, bias
         self.tol, self.max_outer, self.max_inner = tol, max_outer, max_inner
-        self.method = method
+        self.method, self.newton_solver = method, newton_solver
         self.log = RunLog(engine, "spicy", verbose)
         self.screen = Screening(engine, lambda_max)
         self.threshold = penalty.threshold(C)
@@ -368,7 +375,7 @@ class _Spicy:
         """Inner Newton solve, then the multiplier updates and the gamma schedule."""
         bias_mode = ("equality" if self.method == "one_step" else "al") if self.bias else "none"
         problem = InnerProblem(self.loss_term, self.kernels, bias_mode, self.b, self.gamma_b, rho.copy(), self.tau)
-        point, report = newton(problem, problem.evaluate(rho, K_rho), self.max_inner, INNER_GTOL)
+        point, report = newton(problem, problem.evaluate(rho, K_rho), self.max_inner, INNER_GTOL, self.newton_solver)
         self.tau = min(self.tau * TAU_FACTOR, GAMMA_MAX)
         kernel_viol = bias_viol = loss_viol = None
         if self.method == "proximal":
@@ -407,7 +414,7 @@ class _Spicy:
 @single_blas_thread_for_small_n
 def fit(engine, y, C, loss="logistic", penalty="l1", lam=0.5, q=1.5, eps=0.1, bias=True, tol=1e-3,
         max_outer=500, max_inner=50, working_set=None, method="auto", working_set_bytes=None,
-        verbose=False, checkpoint=None) -> MKLResult:
+        newton_solver="auto", verbose=False, checkpoint=None) -> MKLResult:
     """Solve problem (42) of SpicyMKL over the kernels of ``engine``; see the module docstring.
 
     Parameters
@@ -426,6 +433,9 @@ def fit(engine, y, C, loss="logistic", penalty="l1", lam=0.5, q=1.5, eps=0.1, bi
     working_set_bytes : cap on the bytes of dense kernels the working set holds (an int or a
         string like "2GB"); None: the engine's block-cache budget (``engine.cache.budget``), no cap
         for an engine without one. A fit whose violators no longer fit raises InvalidInputError.
+    newton_solver : how the inner Newton systems are solved (``_spicy_inner.solve_newton_system``):
+        "auto" (Woodbury on factor banks and on dense kernels of small summed rank, n >= 512; else
+        dense Cholesky), "cholesky" (dense only), "woodbury".
     verbose : print one line per outer iteration.
     checkpoint : None or a ``mklscale.runtime.checkpoint.Checkpoint``: the state (see ``_Spicy._state``)
         is saved at the top of outer iterations when due and on SIGTERM/SIGINT; a run started with a
@@ -437,7 +447,7 @@ def fit(engine, y, C, loss="logistic", penalty="l1", lam=0.5, q=1.5, eps=0.1, bi
     ``gap`` its relative duality gap certified over all kernels.
     """
     return _build(engine, y, C, loss, penalty, lam, q, eps, bias, tol, max_outer, max_inner, working_set,
-                  method, verbose, working_set_bytes).run(checkpoint)
+                  method, verbose, working_set_bytes, newton_solver).run(checkpoint)
 
 
 def _loss_multipliers(term) -> dict:
@@ -452,11 +462,12 @@ def _loss_multipliers(term) -> dict:
 
 
 def _build(engine, y, C, loss, penalty, lam, q, eps, bias, tol, max_outer, max_inner, working_set, method,
-           verbose, working_set_bytes=None) -> _Spicy:
+           verbose, working_set_bytes=None, newton_solver="auto") -> _Spicy:
     """Validate the arguments and set up a solver (tests use it to inspect the iterates)."""
     check.check_choice("loss", loss, LOSSES)
     check.check_choice("penalty", penalty, PENALTIES)
     check.check_choice("method", method, METHODS)
+    check.check_choice("newton_solver", newton_solver, NEWTON_BACKENDS)
     C = check.check_positive("C", C)
     tol = check.check_positive("tol", tol)
     max_outer = check.check_count("max_outer", max_outer)
@@ -472,12 +483,15 @@ def _build(engine, y, C, loss, penalty, lam, q, eps, bias, tol, max_outer, max_i
                                 "(elastic_net with lam > 0, or block_q); use method='proximal'")
     if working_set_bytes is not None:
         working_set_bytes = parse_bytes(working_set_bytes, "working_set_bytes")
+    if newton_solver == "cholesky" and getattr(engine, "representation", "dense") == "factor":
+        raise InvalidInputError("newton_solver='cholesky' would form n x n Newton matrices from a factor bank; "
+                                "use 'auto' or 'woodbury' (the Woodbury solve on the factors)")
     solver = _Spicy(engine, y, C, loss_obj, penalty_obj, bool(bias), tol, max_outer, max_inner,
-                    working_set, method, verbose, working_set_bytes)
+                    working_set, method, verbose, working_set_bytes, newton_solver)
     ws = solver.working_set_rule
     solver.params = {
         "loss": loss, "penalty": penalty, "C": C, "bias": bool(bias), "tol": tol, "method": method,
-        "max_outer": max_outer, "max_inner": max_inner, "working_set_bytes": solver.kernels.held.budget,
+        "newton_solver": newton_solver, "max_outer": max_outer, "max_inner": max_inner, "working_set_bytes": solver.kernels.held.budget,
         "working_set": ws.tolist() if isinstance(ws, np.ndarray) else ws,
         **loss_obj.params(), **penalty_obj.params(),
     }

@@ -1,0 +1,219 @@
+"""SpicyMKL on factor banks (issue 17): K~_m = L_m L_m^T stored as L_m (InMemoryFactorEngine).
+
+Every loss and penalty reaches the optimum of the same problem on the dense engine of the K~_m
+(InMemoryEngine(L L^T)) and the cvxpy oracle of tests/test_spicy.py; a full-rank factor (L from
+eigh of K) gives the dense result; the reported gap bounds the true suboptimality; the Woodbury
+back end of the Newton system agrees with the dense Cholesky; nothing n x n is allocated.
+"""
+
+from __future__ import annotations
+
+import time
+import tracemalloc
+
+import numpy as np
+import pytest
+from test_spicy import EPS, LAM, LOSSES, PENALTIES, Q, cvxpy_optimum, gaussian_bank, targets
+
+from mklscale.engine import InMemoryEngine
+from mklscale.engine.memory import InMemoryFactorEngine
+from mklscale.errors import InvalidInputError
+from mklscale.solvers import spicy
+from mklscale.solvers._spicy_inner import InnerProblem, KernelTerm, solve_newton_system
+from mklscale.solvers._spicy_loss_terms import make_loss_term
+from mklscale.solvers.losses import make_loss
+from mklscale.solvers.penalties import make_penalty
+from mklscale.solvers.toolkit.working_set import HeldKernels
+
+TOL = 1e-8
+
+
+def factor_bank(n=30, M=6, r=4, seed=0):
+    """(L (M, n, r), K~ = L L^T, X): random factors of mixed scales, unit-trace kernels."""
+    rng = np.random.default_rng(seed)
+    L = rng.normal(size=(M, n, r)) * rng.uniform(0.3, 3.0, size=(M, 1, r))
+    L /= np.sqrt(np.einsum("mir,mir->m", L, L))[:, None, None]
+    return L, np.einsum("mir,mjr->mij", L, L), rng.normal(size=(n, 3))
+
+
+@pytest.fixture(scope="module")
+def bank():
+    return factor_bank()
+
+
+def fit_both(L, K, y, **kwargs):
+    params = dict(lam=LAM, q=Q, eps=EPS, tol=TOL, max_outer=300) | kwargs
+    return spicy.fit(InMemoryFactorEngine(L), y, **params), spicy.fit(InMemoryEngine(K), y, **params)
+
+
+@pytest.mark.parametrize("penalty", PENALTIES)
+@pytest.mark.parametrize("loss", LOSSES)
+def test_every_loss_and_penalty_matches_dense_and_cvxpy(bank, loss, penalty):
+    L, K, X = bank
+    y = targets(X, loss, 1)
+    ours, dense = fit_both(L, K, y, C=0.1, loss=loss, penalty=penalty)
+    optimum = cvxpy_optimum(K, y, 0.1, loss, penalty)
+    assert ours.converged and dense.converged
+    assert ours.objective == pytest.approx(dense.objective, rel=1e-7)
+    assert ours.objective == pytest.approx(optimum, rel=1e-6)
+    np.testing.assert_allclose(ours.weights, dense.weights, atol=1e-4 * max(1.0, dense.weights.max()))
+    # the reported gap bounds the true relative suboptimality (cvxpy solves to ~1e-11)
+    assert (ours.objective - optimum) / abs(ours.objective) <= max(ours.gap, 0.0) + 1e-9
+
+
+@pytest.mark.parametrize("loss", ("logistic", "square", "hinge"))
+def test_without_bias_and_one_step_match_dense(bank, loss):
+    L, K, X = bank
+    y = targets(X, loss, 2)
+    for kwargs in ({"bias": False, "penalty": "l1"}, {"penalty": "elastic_net", "method": "one_step"},
+                   {"penalty": "elastic_net", "method": "proximal"}):
+        ours, dense = fit_both(L, K, y, C=0.1, loss=loss, **kwargs)
+        assert ours.converged and ours.objective == pytest.approx(dense.objective, rel=1e-7), kwargs
+        assert ours.objective == pytest.approx(
+            cvxpy_optimum(K, y, 0.1, loss, kwargs["penalty"], kwargs.get("bias", True)), rel=1e-6)
+
+
+@pytest.mark.parametrize("loss", ("logistic", "hinge"))
+def test_full_rank_factor_gives_the_dense_result(loss):
+    grams, X = gaussian_bank(32, 6, seed=2)
+    w, V = np.linalg.eigh(grams)
+    L = V * np.sqrt(np.maximum(w, 0.0))[:, None, :]              # r = n: K = L L^T up to rounding
+    y = targets(X, loss, 1)
+    ours = spicy.fit(InMemoryFactorEngine(L), y, 0.05, loss=loss, tol=TOL, max_outer=300)
+    dense = spicy.fit(InMemoryEngine(grams), y, 0.05, loss=loss, tol=TOL, max_outer=300)
+    assert ours.converged and ours.objective == pytest.approx(dense.objective, rel=1e-7)
+    np.testing.assert_allclose(ours.weights, dense.weights, atol=1e-5)
+    np.testing.assert_array_equal(ours.active, dense.active)
+
+
+def test_cut_short_gap_still_bounds_the_suboptimality(bank):
+    """Stopped after a few outer iterations, the gap is large but still an upper bound."""
+    L, K, X = bank
+    y = targets(X, "logistic", 3)
+    optimum = cvxpy_optimum(K, y, 0.1, "logistic", "l1")
+    for max_outer in (1, 2, 4):
+        res = spicy.fit(InMemoryFactorEngine(L), y, 0.1, loss="logistic", tol=1e-12, max_outer=max_outer)
+        assert (res.objective - optimum) / abs(res.objective) <= res.gap + 1e-12
+
+
+# ---- the Newton system ----------------------------------------------------------------------
+
+def _system(engine, seed, loss="logistic", bias_mode="al", tau=np.inf):
+    """A Newton system of a random inner problem state on ``engine`` (all kernels held)."""
+    rng = np.random.default_rng(seed)
+    n, M = engine.n, engine.M
+    y = np.where(rng.normal(size=n) > 0, 1.0, -1.0)
+    kernels = KernelTerm(HeldKernels(engine), make_penalty("l1", LAM, Q), 0.01, "proximal")
+    kernels.add(np.arange(M), 10.0, "remedy")
+    kernels.gamma = rng.uniform(1.0, 100.0, size=M)
+    rho = 0.5 * y * rng.uniform(0.1, 0.9, size=n) if loss == "logistic" else rng.normal(size=n)
+    problem = InnerProblem(make_loss_term(make_loss(loss, EPS), y), kernels, bias_mode, 0.3, 2.0,
+                           rho.copy(), tau)
+    point = problem.evaluate(rho, kernels.matvec(rho))
+    system = problem.hessian(point)
+    assert system.on.size > 0
+    return system, kernels, rng.normal(size=(n, 2))
+
+
+@pytest.mark.parametrize("loss, bias_mode, tau", [("logistic", "al", np.inf), ("logistic", "equality", np.inf),
+                                                  ("hinge", "none", 10.0), ("square", "al", 100.0)])
+def test_woodbury_agrees_with_dense_cholesky(bank, loss, bias_mode, tau):
+    L, K, _ = bank
+    dense_sys, dense_k, rhs = _system(InMemoryEngine(K), 5, loss, bias_mode, tau)
+    factor_sys, factor_k, _ = _system(InMemoryFactorEngine(L), 5, loss, bias_mode, tau)
+    H = dense_sys.dense(dense_k)
+    x_chol = solve_newton_system(dense_sys, dense_k, rhs, "cholesky")
+    np.testing.assert_allclose(H @ x_chol, rhs, atol=1e-8 * np.abs(rhs).max() * np.abs(H).max())
+    D, F = factor_sys.low_rank(factor_k)
+    np.testing.assert_allclose(np.diag(D) + F @ F.T, H, atol=1e-12 * np.abs(H).max())
+    for system, kernels, backend in ((factor_sys, factor_k, "auto"), (dense_sys, dense_k, "woodbury"),
+                                     (dense_sys, dense_k, "cg")):
+        x = solve_newton_system(system, kernels, rhs, backend)
+        np.testing.assert_allclose(x, x_chol, rtol=1e-7, atol=1e-9 * np.abs(x_chol).max())
+
+
+def test_newton_cg_is_inexact_newton_with_the_forcing_tolerance(bank, monkeypatch):
+    """CG stops at the relative residual ``forcing`` (a loose one gives a close, not equal,
+    direction that is still a descent direction); without convergence it falls back to Cholesky."""
+    from mklscale.solvers import _spicy_inner
+
+    _, K, _ = bank
+    system, kernels, rhs = _system(InMemoryEngine(K), 7)
+    H = system.dense(kernels)
+    g = rhs[:, 0]
+    for forcing in (1e-2, 1e-6, 1e-12):
+        x = solve_newton_system(system, kernels, g, "cg", forcing)
+        assert np.linalg.norm(H @ x - g) <= forcing * np.linalg.norm(g) * (1 + 1e-9)
+        assert g @ x > 0.0                                  # -x is a descent direction for gradient g
+    monkeypatch.setattr(_spicy_inner, "CG_MAX_SHARE", 0.0)   # 10 steps: not enough at 1e-14
+    np.testing.assert_allclose(solve_newton_system(system, kernels, g, "cg", 1e-14),
+                               solve_newton_system(system, kernels, g, "cholesky"), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("loss", ("logistic", "hinge", "square"))
+def test_every_dense_back_end_reaches_the_same_optimum(loss):
+    grams, X = gaussian_bank(32, 6, seed=2)
+    y = targets(X, loss, 1)
+    results = {b: spicy.fit(InMemoryEngine(grams), y, 0.05, loss=loss, tol=TOL, max_outer=300, newton_solver=b)
+               for b in ("cholesky", "cg", "woodbury", "auto")}
+    for backend, res in results.items():
+        assert res.converged, backend
+        assert res.objective == pytest.approx(results["cholesky"].objective, rel=1e-7), backend
+        np.testing.assert_allclose(res.weights, results["cholesky"].weights, atol=1e-5)
+    with pytest.raises(InvalidInputError, match="cholesky.*factor"):
+        spicy.fit(InMemoryFactorEngine(np.linalg.eigh(grams)[1][:, :, :3]), y, 0.05, loss=loss,
+                  newton_solver="cholesky")
+
+
+def test_dense_kernels_of_low_rank_use_woodbury_from_the_threshold(monkeypatch):
+    """On a dense engine with n >= LOW_RANK_MIN_N and low-rank kernels, "auto" takes Woodbury on
+    pivoted Cholesky factors (never forms H) and reaches the Cholesky solution; full-rank kernels
+    fall back to Cholesky."""
+    from mklscale.solvers import _spicy_inner
+
+    L, K, _ = factor_bank(n=40, M=3, r=3, seed=4)
+    monkeypatch.setattr(_spicy_inner, "LOW_RANK_MIN_N", 40)
+    system, kernels, rhs = _system(InMemoryEngine(K), 6)
+    x_chol = solve_newton_system(system, kernels, rhs, "cholesky")
+    monkeypatch.setattr(type(system), "dense", lambda *a: pytest.fail("formed the n x n Hessian"))
+    x = solve_newton_system(system, kernels, rhs, "auto")
+    np.testing.assert_allclose(x, x_chol, rtol=1e-7, atol=1e-9 * np.abs(x_chol).max())
+    assert sum(F.shape[1] for F, _ in kernels.held._dense_factors.values()) == 9
+    monkeypatch.undo()
+    monkeypatch.setattr(_spicy_inner, "LOW_RANK_MIN_N", 40)
+    full, _ = gaussian_bank(40, 3, seed=1)
+    system, kernels, rhs = _system(InMemoryEngine(full), 6)
+    assert system.low_rank(kernels, max_columns=20) is None
+
+
+# ---- no n x n -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("loss", ("logistic", "square"))
+def test_large_factor_bank_fits_fast_in_little_memory(loss):
+    """n = 20,000, r = 10, M = 5: an n x n float64 matrix would take 3.2 GB; the fit stays far below."""
+    n, r = 20_000, 10
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(n, 3))
+    L = np.stack([np.cos(s * X @ rng.normal(size=(3, r)) + rng.uniform(0, 2 * np.pi, size=r))
+                  for s in (0.3, 1.0, 3.0, 0.5, 2.0)]) * np.sqrt(2.0 / r)
+    y = np.where(X[:, 0] + 0.3 * rng.normal(size=n) > 0, 1.0, -1.0) if loss == "logistic" else X[:, 0]
+    engine = InMemoryFactorEngine(L)
+    tracemalloc.start()
+    start = time.perf_counter()
+    res = spicy.fit(engine, y, 1.0, loss=loss, tol=1e-6)
+    seconds = time.perf_counter() - start
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert res.converged and res.gap <= 1e-6
+    assert peak < 0.05 * n * n * 8, f"peak {peak / 1e6:.0f} MB"
+    assert seconds < 60.0
+
+
+def test_n_by_n_operations_are_refused_on_factors(bank):
+    L, _, _ = bank
+    held = HeldKernels(InMemoryFactorEngine(L), name="SpicyMKL")
+    held.fetch([0, 1], "remedy")
+    with pytest.raises(InvalidInputError, match="n x n matrix.*factors"):
+        held.total()
+    with pytest.raises(InvalidInputError, match="n x n matrix"):
+        held.add_weighted(np.array([0]), np.array([1.0]), np.zeros((30, 30)))
