@@ -107,10 +107,13 @@ def _write_npy_stream(zf: zipfile.ZipFile, name: str, shape: tuple, dtype, chunk
             f.write(np.ascontiguousarray(block, dtype=dtype).tobytes())
 
 
-def export_npz(bank, X_test, y_train, y_test, path: Path, chunk: int = 64) -> dict:
-    """K_train (M, n, n), K_test (M, n_test, n) float32, y_train, y_test -> path (no pickle)."""
+def export_npz(bank, X_test, y_train, y_test, path: Path, chunk_bytes: float = 2**30) -> dict:
+    """K_train (M, n, n), K_test (M, n_test, n) float32, y_train, y_test -> path (no pickle); kernels are
+    read in chunks of about chunk_bytes (64 kernels at n = 2000; one at n = 8000: a 20-kernel chunk at
+    n = 8000 drove this process to 22 GB and the OOM killer)."""
     t0 = time.perf_counter()
     M, n = len(bank), bank.n
+    chunk = int(max(1, min(64, chunk_bytes // (n * n * 4))))
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
         for key, arr in (("y_train", y_train), ("y_test", y_test)):
             with zf.open(key + ".npy", "w") as f:
