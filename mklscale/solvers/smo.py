@@ -98,7 +98,7 @@ from mklscale.solvers import _validation as check
 from mklscale.solvers.duality import relative_gap
 from mklscale.solvers.result import MKLResult
 from mklscale.solvers.toolkit import RunLog
-from mklscale.solvers.toolkit.working_set import MEMORY_SHARE, HeldKernels
+from mklscale.solvers.toolkit.working_set import HeldKernels
 
 #: What to do when the working set does not fit in memory.
 _REMEDY = "lower max_working_set, or use SpicyMKL, which streams the bank and holds only the kernels it can fit"
@@ -238,7 +238,7 @@ class _SMO:
         self.log = RunLog(engine, "smo", verbose)
         self.factor = engine.representation == "factor"
         # W's kernels as stored (K_l, or L_l on a factor engine), kept sorted by kernel id
-        self.held = _HeldFactors(engine) if self.factor else HeldKernels(engine, name="SMO-MKL")
+        self.held = HeldKernels(engine, name="SMO-MKL")  # factors (n, r) on a factor engine
 
     # ---- engine access --------------------------------------------------------------------------
     def _full_pass(self, alpha: np.ndarray, with_probes: bool) -> np.ndarray:
@@ -465,42 +465,3 @@ class _SMO:
         self.log.record(entry, f"kappa {kappa:.3e}  W {n_working:4d}  active {n_active:4d}  steps {steps:7d}  "
                                f"P {primal:.10g}  D {dual:.10g}  gap {gap:.2e}  opt4 {opt4:.2e}  eps1 {excess:.2e}")
 
-
-class _HeldFactors:
-    """The working set's factors L_l (n, r) on a factor engine, in the engine's storage dtype, one copy
-    each, with the calls of :class:`HeldKernels` that SMO-MKL makes (fetch, chunks, stack, reorder,
-    keep). The numba SMO steps index their rows and widen each entry to float64."""
-
-    def __init__(self, engine):
-        self.engine = engine
-        self.index = np.zeros(0, dtype=np.int64)
-        self.chunks: list[np.ndarray] = []    # (c, n, r) stacks in held order; new kernels come last
-
-    def fetch(self, idx, remedy: str) -> np.ndarray:
-        idx = np.asarray(idx, dtype=np.int64).reshape(-1)
-        idx = idx[~np.isin(idx, self.index)]
-        if idx.size:
-            import psutil
-
-            available = psutil.virtual_memory().available
-            if idx.size * self.engine.block_nbytes > MEMORY_SHARE * available:
-                raise InvalidInputError(
-                    f"the SMO-MKL working set would add {idx.size} factors "
-                    f"({idx.size * self.engine.block_nbytes / 1e9:.3g} GB) and this machine has "
-                    f"{available / 1e9:.3g} GB of memory available; {remedy}")
-            self.chunks.append(np.ascontiguousarray(self.engine.blocks(idx, keep=False)))
-            self.index = np.concatenate([self.index, idx])
-        return idx
-
-    def stack(self) -> np.ndarray:
-        if len(self.chunks) > 1:
-            self.chunks = [np.concatenate(self.chunks)]
-        return self.chunks[0] if self.chunks else np.empty((0, self.engine.n, self.engine.rank))
-
-    def reorder(self, order: np.ndarray) -> None:
-        self.chunks = [np.ascontiguousarray(self.stack()[order])] if self.index.size else []
-        self.index = self.index[order]
-
-    def keep(self, mask: np.ndarray) -> None:
-        self.chunks = [np.ascontiguousarray(self.stack()[mask])] if np.any(mask) else []
-        self.index = self.index[mask]
