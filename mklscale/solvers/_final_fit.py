@@ -139,21 +139,7 @@ def exact_segment_search(A: np.ndarray, B: np.ndarray, t: np.ndarray, lam: float
     def slope(eta):
         return -0.5 * float(np.sum(z2 * mu / (1.0 + eta * mu) ** 2))
 
-    if slope(1.0) <= 0.0:
-        return 1.0, value(1.0)
-    if slope(0.0) >= 0.0:
-        return 0.0, value(0.0)
-    lo, hi = 0.0, 1.0
-    for _ in range(100):
-        mid = 0.5 * (lo + hi)
-        if slope(mid) < 0.0:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo <= 1e-15:
-            break
-    eta = 0.5 * (lo + hi)
-    return eta, value(eta)
+    return _lowrank.root_of_increasing(slope, value)
 
 
 # ---- centred alignment ---------------------------------------------------------------------------

@@ -150,10 +150,17 @@ def segment_search(FA: np.ndarray, FB: np.ndarray, t: np.ndarray, lam: float) ->
         p, _ = state(eta)
         return -0.5 * (float(p[RA:] @ p[RA:]) - float(p[:RA] @ p[:RA]))
 
+    return root_of_increasing(slope, lambda eta: state(eta)[1])
+
+
+def root_of_increasing(slope, value) -> tuple[float, float]:
+    """(eta, value(eta)) at the minimiser over [0, 1] of a convex J with derivative ``slope``
+    (increasing): an endpoint where the slope does not change sign, else its root by bisection to 1e-15.
+    The line search of both segment searches (dense and on factors)."""
     if slope(1.0) <= 0.0:
-        return 1.0, state(1.0)[1]
+        return 1.0, value(1.0)
     if slope(0.0) >= 0.0:
-        return 0.0, state(0.0)[1]
+        return 0.0, value(0.0)
     lo, hi = 0.0, 1.0
     for _ in range(100):
         mid = 0.5 * (lo + hi)
@@ -164,4 +171,4 @@ def segment_search(FA: np.ndarray, FB: np.ndarray, t: np.ndarray, lam: float) ->
         if hi - lo <= 1e-15:
             break
     eta = 0.5 * (lo + hi)
-    return eta, state(eta)[1]
+    return eta, value(eta)
