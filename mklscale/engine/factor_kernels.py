@@ -89,22 +89,35 @@ def frobenius_with(L, T):
     """<L L^T, T>_F = sum_i sum_c L[i, c] (T L)[i, c] for a dense (n, n) T."""
     n, r = L.shape
     s = 0.0
+    t = np.empty(r)
     for i in range(n):
+        t[:] = 0.0
+        for l in range(n):          # (T L)[i, c] with l in order, for all c at once (vectorises)
+            a = T[i, l]
+            for c in range(r):
+                t[c] += a * L[l, c]
         for c in range(r):
-            t = 0.0
-            for l in range(n):
-                t += T[i, l] * L[l, c]
-            s += L[i, c] * t
+            s += L[i, c] * t[c]
     return s
 
 
-@njit(**_opts)
 def add_outer(L, w, out):
-    """out += w L L^T (n, n), entry by entry with c in order."""
-    n, r = L.shape
+    """out += w L L^T (n, n); each entry sums its r products with c in order (so the bits do not
+    depend on how the rows are split). The loop runs over l innermost on L^T (contiguous, no
+    reduction in the inner loop), which vectorises: the same sums, ~10x faster than the dot-product
+    order."""
+    _add_outer(np.ascontiguousarray(L.T), w, out)
+
+
+@njit(**_opts)
+def _add_outer(Lt, w, out):
+    r, n = Lt.shape
+    s = np.empty(n)
     for i in range(n):
+        s[:] = 0.0
+        for c in range(r):
+            a = np.float64(Lt[c, i])
+            for l in range(n):
+                s[l] += a * np.float64(Lt[c, l])
         for l in range(n):
-            s = 0.0
-            for c in range(r):
-                s += np.float64(L[i, c]) * np.float64(L[l, c])
-            out[i, l] += w * s
+            out[i, l] += w * s[l]
