@@ -503,6 +503,35 @@ def cvxpy_point(task: str, n: int, M: int, args) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ plot
+def plot_sides(results: dict, path: Path) -> None:
+    """--rank runs: per grid point, fit seconds and peak RSS of every method on each side (MKLpy, ours on
+    the dense bank, ours on the factor bank) as bars; a failed method is an empty bar labelled with
+    its status."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = results["grid"]
+    fig, axes = plt.subplots(len(rows), 2, figsize=(11, 3.8 * len(rows)), squeeze=False)
+    for g, (ax_t, ax_m) in zip(rows, axes):
+        bars = [(f"{label} {m}", x) for side, label in (("mklpy", "MKLpy"), ("ours", "ours dense"),
+                                                          ("ours_factor", f"ours r={g.get('factor', {}).get('rank')}"))
+                for m, x in g.get(side, {}).items()]
+        names = [b[0] for b in bars]
+        for ax, key, unit in ((ax_t, "fit_seconds", "fit seconds"), (ax_m, "peak_rss_GB", "peak RSS (GB)")):
+            vals = [x.get(key, 0.0) if x.get("status") == "ok" else 0.0 for _, x in bars]
+            ax.barh(names, vals, color=["tab:blue" if n.startswith("MKLpy") else "tab:green" for n in names])
+            for i, (_, x) in enumerate(bars):
+                if x.get("status") != "ok":
+                    ax.text(0, i, f" {x.get('status')}: {x.get('message', '')[:40]}", va="center", fontsize=8)
+            ax.set_xlabel(unit)
+            ax.set_title(f"{g['task']}, n = {g['n']:,}, M = {g['M']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot(results: dict, path: Path) -> None:
     import matplotlib
 
@@ -658,7 +687,7 @@ def main(argv=None) -> int:
     out = Path(args.out) if args.out else RESULTS / f"{stem}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1, default=float))
-    plot(results, out.with_suffix(".png"))
+    (plot_sides if args.rank else plot)(results, out.with_suffix(".png"))
     print(f"wrote {out} ({results['total_seconds']:.0f} s)")
     return 0
 
