@@ -1,5 +1,4 @@
 """The bad-input table (issue 9 item 5, issue 8's bad-input list).
-from mklscale.model import SCHEMA_VERSION as MODEL_SCHEMA_VERSION
 
 Every row feeds one bad input to the Python API, the ``mklscale`` command or a config file and
 asserts three things:
@@ -50,6 +49,7 @@ from mklscale.errors import (
     SpecError,
 )
 from mklscale.estimators import MKLClassifier, MKLRegressor
+from mklscale.model import SCHEMA_VERSION as MODEL_SCHEMA_VERSION
 from mklscale.pipeline import load_pipeline
 from mklscale.runtime.cluster import load_cluster_config, open_client
 from mklscale.solvers import spicy
