@@ -1,6 +1,6 @@
 """Issue 17: the baselines, FHeuristic, EasyMKL, Citi, SGD-1s and GCD (one- and two-stage) on factor
 engines (InMemoryFactorEngine, K~_m = L_m L_m^T) solve the same problem as on the dense engine of the
-K~_m, through the exact dense code below the dense cap of ``_lowrank`` and through the factor code
+K~_m, through the exact dense code below the dense cap of ``lowrank`` and through the factor code
 above it (forced here by setting the cap to 0); the LowRank operations against their dense formulas;
 liblinear's SVM on features against libsvm's exact SVM; a large-n smoke test without n x n memory."""
 
@@ -16,8 +16,9 @@ from test_baselines import cvxpy_alignment, one_stage_optimum
 from test_citi import elasticnet_oracle
 
 from mklscale.engine.memory import InMemoryEngine, InMemoryFactorEngine
-from mklscale.solvers import _final_fit, _lowrank, _svm, baselines, citi, easymkl, fheuristic, gcd, sgd
-from mklscale.solvers._lowrank import LowRank
+from mklscale.solvers import _final_fit, _svm, baselines, citi, easymkl, fheuristic, gcd, sgd
+from mklscale.solvers.toolkit import lowrank
+from mklscale.solvers.toolkit.lowrank import LowRank
 
 
 @pytest.fixture(autouse=True)
@@ -49,7 +50,7 @@ def bank():
 def path(request, monkeypatch):
     """Which code a factor engine runs: the dense code (below the cap) or the factor code (cap 0)."""
     if request.param == "factor-code":
-        monkeypatch.setattr(_lowrank, "DENSE_BYTES_CAP", 0)
+        monkeypatch.setattr(lowrank, "DENSE_BYTES_CAP", 0)
     return request.param
 
 
@@ -78,8 +79,8 @@ def test_lowrank_operations_equal_their_dense_formulas():
     np.testing.assert_allclose(c, c0, atol=1e-9)
     assert b == pytest.approx(b0, abs=1e-9)
     assert op.centred_alignment(y) == pytest.approx(_final_fit.centred_alignment(K, y), rel=1e-10)
-    assert _lowrank.frob_inner(F, G) == pytest.approx(np.sum(K * (G @ G.T)), rel=1e-10)
-    eta, J = _lowrank.segment_search(F, G, y, lam)
+    assert lowrank.frob_inner(F, G) == pytest.approx(np.sum(K * (G @ G.T)), rel=1e-10)
+    eta, J = lowrank.segment_search(F, G, y, lam)
     eta0, J0 = _final_fit.exact_segment_search(K, G @ G.T, y, lam)
     assert eta == pytest.approx(eta0, abs=1e-9) and J == pytest.approx(J0, rel=1e-10)
     assert 0.0 < eta < 1.0       # an interior minimiser: the bisection, not an endpoint, was tested
@@ -94,8 +95,8 @@ def test_combined_kernel_is_dense_below_the_cap_and_a_factor_above(bank, monkeyp
     below = _final_fit.combined_kernel(InMemoryFactorEngine(L), w)
     assert isinstance(below, np.ndarray)
     np.testing.assert_allclose(below, expected, atol=1e-12)
-    monkeypatch.setattr(_lowrank, "DENSE_BYTES_CAP", 8 * 49 * 49)
-    assert _lowrank.dense_ok(49) and not _lowrank.dense_ok(50)
+    monkeypatch.setattr(lowrank, "DENSE_BYTES_CAP", 8 * 49 * 49)
+    assert lowrank.dense_ok(49) and not lowrank.dense_ok(50)
     above = _final_fit.combined_kernel(InMemoryFactorEngine(L), w)
     assert isinstance(above, LowRank) and above.rank == 4 * L.shape[2]     # only the w_m > 0 kernels
     np.testing.assert_allclose(above.dense(), expected, atol=1e-12)
@@ -298,7 +299,7 @@ def test_gcd_two_stage(bank, path, criterion, task):
 def test_gcd_two_stage_names_constant_kernels_on_factors(bank, monkeypatch):
     from mklscale.errors import InvalidInputError
 
-    monkeypatch.setattr(_lowrank, "DENSE_BYTES_CAP", 0)
+    monkeypatch.setattr(lowrank, "DENSE_BYTES_CAP", 0)
     L, _, y, _ = bank
     const = np.zeros_like(L[:2])
     const[:, :, 0] = 3.0                                                   # K = 9 * 1 1^T: constant

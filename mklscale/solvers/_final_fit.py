@@ -12,8 +12,8 @@ Final fit (second stage of two-stage MKL, and of the baselines)
 
 Factor engines (issue 17). ``combined_kernel(engine, weights)`` is the one place that gives the
 combination sum_m w_m K_m: the (n, n) matrix (``engine.combine``) on a dense engine, or on a factor
-engine while ``_lowrank.dense_ok(n)`` (the same exact code as on the dense engine of the K~_m); above
-that cap a ``_lowrank.LowRank`` of ``engine.combine_factors(weights)``. Every function below takes
+engine while ``lowrank.dense_ok(n)`` (the same exact code as on the dense engine of the K~_m); above
+that cap a ``lowrank.LowRank`` of ``engine.combine_factors(weights)``. Every function below takes
 either: on a LowRank, kernel ridge and the ridge solves use Woodbury (O(n R^2)), the SVM runs on
 the features F with liblinear (``_svm.fit_linear_svc``: its bias handling and measured objective
 difference are stated there), alignment and the segment search work on F.
@@ -38,8 +38,9 @@ import numpy as np
 import scipy.linalg
 
 from mklscale.errors import InvalidInputError
-from mklscale.solvers import _lowrank, _svm
-from mklscale.solvers._lowrank import LowRank
+from mklscale.solvers import _svm
+from mklscale.solvers.toolkit import lowrank
+from mklscale.solvers.toolkit.lowrank import LowRank
 
 TASKS = ("regression", "classification")
 
@@ -47,7 +48,7 @@ TASKS = ("regression", "classification")
 def combined_kernel(engine, weights) -> np.ndarray | LowRank:
     """sum_m weights[m] K_m (weights >= 0): (n, n) float64, or a LowRank above the dense cap on a
     factor engine (module docstring)."""
-    if engine.representation == "factor" and not _lowrank.dense_ok(engine.n):
+    if engine.representation == "factor" and not lowrank.dense_ok(engine.n):
         return LowRank(engine.combine_factors(weights))
     return engine.combine(weights)
 
@@ -123,10 +124,10 @@ def exact_segment_search(A: np.ndarray, B: np.ndarray, t: np.ndarray, lam: float
     J(eta) = (1/2) sum_j z_j^2 / (1 + eta mu_j), convex in eta (1 + eta mu_j > 0 on [0, 1] because
     the matrix stays positive definite). J'(eta) = -(1/2) sum z_j^2 mu_j / (1 + eta mu_j)^2 is
     increasing; its root in [0, 1] (or the endpoint) is found by bisection to machine precision.
-    Returns (eta, J(eta)). Two LowRank ends: ``_lowrank.segment_search`` (the same search on factors).
+    Returns (eta, J(eta)). Two LowRank ends: ``lowrank.segment_search`` (the same search on factors).
     """
     if isinstance(A, LowRank):
-        return _lowrank.segment_search(A.F, B.F, t, lam)
+        return lowrank.segment_search(A.F, B.F, t, lam)
     L = np.linalg.cholesky(A + lam * np.eye(t.size))
     Linv_E = scipy.linalg.solve_triangular(L, B - A, lower=True)
     Mmat = scipy.linalg.solve_triangular(L, Linv_E.T, lower=True)
@@ -139,7 +140,7 @@ def exact_segment_search(A: np.ndarray, B: np.ndarray, t: np.ndarray, lam: float
     def slope(eta):
         return -0.5 * float(np.sum(z2 * mu / (1.0 + eta * mu) ** 2))
 
-    return _lowrank.root_of_increasing(slope, value)
+    return lowrank.root_of_increasing(slope, value)
 
 
 # ---- centred alignment ---------------------------------------------------------------------------

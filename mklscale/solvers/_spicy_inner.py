@@ -38,7 +38,7 @@ import dataclasses
 
 import numpy as np
 import scipy.linalg
-from mklscale.solvers._lowrank import dense_ok
+from mklscale.solvers.toolkit.lowrank import dense_ok
 from mklscale.solvers.penalties import Penalty
 from mklscale.solvers.toolkit.lowrank import woodbury_solve
 from mklscale.solvers.toolkit.working_set import HeldKernels
@@ -288,7 +288,7 @@ def solve_newton_system(system: NewtonSystem, kernels: KernelTerm, rhs: np.ndarr
     """Solve H x = rhs (rhs (n,) or (n, k)) for the Newton matrix ``system`` (PSD).
 
     Back ends: the dense Cholesky of H (also for factor kernels whose summed rank R exceeds n, while
-    an n x n matrix fits in ``_lowrank.DENSE_BYTES_CAP``) (n^3/3 flops, n x n memory; jitter if needed), or Woodbury
+    an n x n matrix fits in ``lowrank.DENSE_BYTES_CAP``) (n^3/3 flops, n x n memory; jitter if needed), or Woodbury
     on H = D + F F^T (``toolkit.lowrank.woodbury_solve``: one R x R Cholesky, O(n R^2), R the summed
     rank of the active kernels). Factor kernels always use Woodbury (H is never formed); dense
     kernels use it under "auto" when n >= LOW_RANK_MIN_N and their pivoted Cholesky factors have

@@ -5,7 +5,7 @@
   with v = alpha o y; ``dual_coef_`` holds v on the support vectors and the decision function is
   f = K v + intercept_ (so the bias of Citi's (1), which enters with a minus sign, is -intercept_).
 - ``fit_linear_svc``: the same SVM on features F (K = F F^T, a combined factor kernel too large to
-  materialise, ``_lowrank``) with liblinear (module docstring of that function: the bias, measured).
+  materialise, ``lowrank``) with liblinear (module docstring of that function: the bias, measured).
 - ``hinge_sum``, ``optimal_bias``: sum_i max(0, 1 - y_i (f0_i + b)) and its exact minimiser in b.
 - ``check_engine``, ``probe_vectors``, ``check_quad_forms``: the engine checks plus the cheap PSD test
   of the solvers (lambda_max < 0, then quadratic forms of the solver's vectors and seeded probes).

@@ -70,7 +70,7 @@ import numpy as np
 from mklscale.errors import InvalidInputError
 from mklscale.solvers._threads import single_blas_thread_for_small_n
 from mklscale.solvers import _final_fit, _svm, duality
-from mklscale.solvers._lowrank import LowRank
+from mklscale.solvers.toolkit.lowrank import LowRank
 from mklscale.solvers import _validation as check
 from mklscale.solvers.result import MKLResult
 from mklscale.solvers.toolkit import RunLog

@@ -97,7 +97,7 @@ from mklscale.errors import InvalidInputError
 from mklscale.solvers._threads import single_blas_thread_for_small_n
 from mklscale.solvers import _final_fit
 from mklscale.solvers._final_fit import centre
-from mklscale.solvers._lowrank import LowRank, frob_inner, weighted_factor
+from mklscale.solvers.toolkit.lowrank import LowRank, frob_inner, weighted_factor
 from mklscale.solvers._validation import check_choice, check_count, check_positive, check_targets
 from mklscale.solvers.baselines import resolve_task
 from mklscale.solvers import duality

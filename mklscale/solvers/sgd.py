@@ -59,7 +59,7 @@ relative gap) instead of sampling from an all-zero distribution. f = K_theta alp
 families, weights index the selected kernels in ``params["kernels"]`` (see ``sources``); polynomial
 multi-indices that are permutations of each other (the same kernel) are merged there.
 
-Factor engines (issue 17): below the dense cap of ``_lowrank`` the kernels are squared factors and
+Factor engines (issue 17): below the dense cap of ``lowrank`` the kernels are squared factors and
 everything above holds. Above it K_theta is a factor (``_FactorIterate``: [sqrt(theta_i / rho_i^2) L_i]
 over the sampled kernels, formed from theta each iteration), alpha* comes from a Woodbury solve
 (O(n R^2), R = r x the number of sampled kernels), q_I = ||L_I^T alpha*||^2; same draws, same problem.
@@ -86,7 +86,7 @@ from numba import njit
 from mklscale.errors import InvalidInputError
 from mklscale.solvers._threads import single_blas_thread_for_small_n
 from mklscale.solvers import _final_fit
-from mklscale.solvers._lowrank import LowRank, weighted_factor
+from mklscale.solvers.toolkit.lowrank import LowRank, weighted_factor
 from mklscale.solvers._validation import check_count, check_positive, check_targets
 from mklscale.solvers.result import MKLResult
 from mklscale.solvers.toolkit import RunLog

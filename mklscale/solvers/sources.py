@@ -14,7 +14,7 @@ tuple for a family):
 
 ``FiniteBank(engine)`` answers through the engine only (a full pass for argmax: ``quad_forms`` when
 A = alpha alpha^T, ``frobenius`` otherwise; ``blocks`` for single kernels). On a factor engine
-``block`` squares the stored factor (below the dense cap of ``_lowrank``) and ``factor`` returns it;
+``block`` squares the stored factor (below the dense cap of ``lowrank``) and ``factor`` returns it;
 ``factored`` says the solvers must use factors (issue 17). The families never
 materialise their index set:
 
@@ -45,7 +45,7 @@ import scipy.stats
 
 from mklscale.engine.contract import KernelEngine
 from mklscale.errors import InvalidInputError
-from mklscale.solvers._lowrank import dense_ok
+from mklscale.solvers.toolkit.lowrank import dense_ok
 from mklscale.solvers._validation import check_engine
 
 #: restarts of the 1-D width search (thesis 6.1.5 / 6.2: 10^{-3..5}), clipped to the interval
@@ -62,7 +62,7 @@ class FiniteBank:
         self.n, self.M, _ = check_engine(engine)
         self.engine = engine
         #: True on a factor engine above the dense cap: the solvers then work on ``factor(key)`` and
-        #: never form an (n, n) matrix (``_lowrank``); below it ``block`` squares the factor
+        #: never form an (n, n) matrix (``lowrank``); below it ``block`` squares the factor
         self.factored = engine.representation == "factor" and not dense_ok(self.n)
 
     def block(self, key) -> np.ndarray:

@@ -1,5 +1,6 @@
-"""Low-rank linear algebra of working sets: pivoted Cholesky factors of dense kernels, and solves
-with "diagonal plus low rank" matrices (Woodbury), issue 17.
+"""Low-rank linear algebra of the solvers (issue 17): kernels and Newton systems held as factors.
+
+Working sets and Newton systems (SpicyMKL, PFBS):
 
 * :func:`pivoted_cholesky`: K ~ L L^T (n x r) with greedy diagonal pivoting (Harbrecht, Peters and
   Schneider 2012), stopped when the trace of the residual K - L L^T (PSD) is <= ``tol`` trace(K);
@@ -8,6 +9,24 @@ with "diagonal plus low rank" matrices (Woodbury), issue 17.
   with F~ = D^{-1/2} F, (D + F F^T)^{-1} = D^{-1/2} (I - F~ (I + F~^T F~)^{-1} F~^T) D^{-1/2},
   one R x R Cholesky (O(n R^2 + R^3)), never an n x n matrix. The capacitance I + F~^T F~ has
   eigenvalues >= 1, so the solve is as accurate as the diagonal scaling allows.
+
+Combined kernels (the final fit, EasyMKL, Citi, SGD, GCD): :class:`LowRank`, a combined kernel held
+as its factor, K = F F^T with F (n, R) float64. On a factor engine the combination sum_m w_m K~_m of kernels K~_m = L_m L_m^T (w >= 0) is
+K = F F^T with F = [sqrt(w_m) L_m] (``engine.combine_factors``), R the summed rank. Every operation
+the solvers' driver-side algebra needs is written on F, never forming the (n, n) matrix:
+
+    matvec / quad                K v = F (F^T v),  v^T K v = ||F^T v||^2              O(n R)
+    diagonal, trace              diag(K)_i = ||F_i||^2,  tr K = ||F||_F^2              O(n R)
+    ridge solves (Woodbury)      (K + lam I)^{-1} b = (b - F (lam I_R + F^T F)^{-1} F^T b) / lam
+                                 one Cholesky of the (R, R) matrix                     O(n R^2)
+    centring                     H K H = F_c F_c^T,  F_c = H F = F - 1 mean(F)        O(n R)
+    Frobenius products           <F F^T, G G^T>_F = ||F^T G||_F^2                      O(n R R')
+    centred alignment            A_c(K, y y^T) = ||F_c^T y_c||^2 / (||F_c^T F_c||_F ||y_c||^2)
+
+``dense_ok(n)``: the solvers keep their exact dense code (an (n, n) float64 matrix) while that
+matrix fits in DENSE_BYTES_CAP bytes (1 GiB: n <= 11585); above it they use this module. So small
+problems on factor engines run the same dense code as on the dense engine of the K~_m, and the
+factor paths are exercised in tests by lowering the cap.
 """
 
 from __future__ import annotations
@@ -65,3 +84,154 @@ class Woodbury:
 def woodbury_solve(diag: np.ndarray, F: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     """(D + F F^T)^{-1} rhs, D = diag(``diag``) > 0, F (n, R), rhs (n,) or (n, k) (module docstring)."""
     return Woodbury(diag, F).solve(rhs)
+
+
+#: Largest (n, n) float64 matrix the solvers materialise on a factor engine (bytes).
+DENSE_BYTES_CAP = 1 << 30
+
+
+def dense_ok(n: int) -> bool:
+    """True when an (n, n) float64 matrix fits in DENSE_BYTES_CAP (read at call time)."""
+    return 8 * int(n) * int(n) <= DENSE_BYTES_CAP
+
+
+def frob_inner(F: np.ndarray, G: np.ndarray) -> float:
+    """<F F^T, G G^T>_F = ||F^T G||_F^2."""
+    P = F.T @ G
+    return float(np.sum(P * P))
+
+
+class LowRank:
+    """K = F F^T for F (n, R) (module docstring). Immutable; the (R, R) Gram F^T F is cached."""
+
+    def __init__(self, F: np.ndarray):
+        F = np.asarray(F, dtype=np.float64)
+        if F.ndim != 2:
+            raise ValueError(f"a factor must be (n, R); got shape {F.shape}")
+        self.F = F
+        self.n, self.rank = F.shape
+        self._gram = None
+
+    @property
+    def gram(self) -> np.ndarray:
+        """(R, R) F^T F."""
+        if self._gram is None:
+            self._gram = self.F.T @ self.F
+        return self._gram
+
+    # ---- products ------------------------------------------------------------------------------
+    def matvec(self, v: np.ndarray) -> np.ndarray:
+        """K v (v (n,) or (n, k))."""
+        return self.F @ (self.F.T @ v)
+
+    __matmul__ = matvec
+
+    def quad(self, v: np.ndarray) -> float:
+        """v^T K v = ||F^T v||^2."""
+        p = self.F.T @ v
+        return float(p @ p)
+
+    def diagonal(self) -> np.ndarray:
+        return np.einsum("ir,ir->i", self.F, self.F)
+
+    def trace(self) -> float:
+        return float(np.sum(self.F * self.F))
+
+    def frobenius_norm(self) -> float:
+        """||K||_F = ||F^T F||_F."""
+        return float(np.linalg.norm(self.gram))
+
+    def dense(self) -> np.ndarray:
+        """The (n, n) matrix (tests and small n only)."""
+        return self.F @ self.F.T
+
+    def centred(self) -> LowRank:
+        """H K H = F_c F_c^T, F_c = F - mean of the rows."""
+        return LowRank(self.F - self.F.mean(axis=0, keepdims=True))
+
+    # ---- ridge solves ----------------------------------------------------------------------------
+    def ridge_solve(self, B: np.ndarray, lam: float) -> np.ndarray:
+        """(K + lam I)^{-1} B by Woodbury: (B - F (lam I_R + F^T F)^{-1} F^T B) / lam (lam > 0)."""
+        if self.rank == 0:
+            return B / lam
+        S = self.gram + lam * np.eye(self.rank)
+        factor = scipy.linalg.cho_factor(S, lower=True, check_finite=False)
+        return (B - self.F @ scipy.linalg.cho_solve(factor, self.F.T @ B, check_finite=False)) / lam
+
+    def ridge_dual(self, t: np.ndarray, lam: float) -> tuple[np.ndarray, float]:
+        """(alpha*, J): alpha* = (K + lam I)^{-1} t, J = (1/2) t^T alpha* (``_final_fit.ridge_dual``)."""
+        alpha = self.ridge_solve(t, lam)
+        return alpha, 0.5 * float(t @ alpha)
+
+    def kernel_ridge(self, y: np.ndarray, lam: float) -> tuple[np.ndarray, float]:
+        """(c, b) minimising ||K c + b 1 - y||^2 + lam c^T K c: c = (K + lam I)^{-1} (y - b 1) with
+        1^T c = 0, so b = 1^T A^{-1} y / 1^T A^{-1} 1 (A = K + lam I; the bordered system of
+        ``_final_fit.kernel_ridge`` solved by elimination)."""
+        Z = self.ridge_solve(np.column_stack([y, np.ones(self.n)]), lam)
+        b = float(Z[:, 0].sum() / Z[:, 1].sum())
+        return Z[:, 0] - b * Z[:, 1], b
+
+    # ---- alignment -------------------------------------------------------------------------------
+    def centred_alignment(self, y: np.ndarray) -> float:
+        """A_c(K, y y^T) = y_c^T K_c y_c / (||K_c||_F ||y_c||^2) (``_final_fit.centred_alignment``)."""
+        Kc = self.centred()
+        yc = y - y.mean()
+        denom = Kc.frobenius_norm() * float(yc @ yc)
+        return Kc.quad(yc) / denom if denom > 0 else 0.0
+
+
+def weighted_factor(factors: dict, weights: dict, n: int) -> np.ndarray:
+    """(n, R) [sqrt(w_k) L_k] over the keys with w_k > 0 (in the order of ``weights``); ``factors`` maps
+    key -> L_k (n, r). F F^T = sum_k w_k L_k L_k^T ((n, 0) when no weight is positive)."""
+    cols = [np.sqrt(w) * factors[k] for k, w in weights.items() if w > 0.0]
+    return np.concatenate(cols, axis=1) if cols else np.zeros((n, 0))
+
+
+def segment_search(FA: np.ndarray, FB: np.ndarray, t: np.ndarray, lam: float) -> tuple[float, float]:
+    """argmin over eta in [0, 1] of J(eta) = (1/2) t^T ((1 - eta) A + eta B + lam I)^{-1} t for
+    A = FA FA^T, B = FB FB^T, in the R-space of F = [FA, FB] (``_final_fit.exact_segment_search`` on
+    factors). With D(eta) = diag((1 - eta) 1, eta 1), G = F^T F, z = F^T t and
+    S = lam I + D^{1/2} G D^{1/2}: (F D F^T + lam I)^{-1} t = (t - F D^{1/2} S^{-1} D^{1/2} z) / lam, and
+    J'(eta) = -(1/2) (||FB^T alpha||^2 - ||FA^T alpha||^2) increases with eta (J convex); its root is
+    found by bisection to 1e-15 as in the dense search. O(n R^2) once, then O(R^3) per evaluation.
+    Returns (eta, J(eta))."""
+    F = np.concatenate([FA, FB], axis=1)
+    RA = FA.shape[1]
+    G = F.T @ F
+    z = F.T @ t
+    tt = float(t @ t)
+    R = F.shape[1]
+
+    def state(eta):
+        d = np.concatenate([np.full(RA, 1.0 - eta), np.full(R - RA, eta)])
+        s = np.sqrt(d)
+        S = lam * np.eye(R) + s[:, None] * G * s[None, :]
+        w = s * np.linalg.solve(S, s * z)        # F^T alpha = (z - G w) / lam, t^T alpha = (tt - z^T w) / lam
+        return (z - G @ w) / lam, 0.5 * (tt - float(z @ w)) / lam
+
+    def slope(eta):
+        p, _ = state(eta)
+        return -0.5 * (float(p[RA:] @ p[RA:]) - float(p[:RA] @ p[:RA]))
+
+    return root_of_increasing(slope, lambda eta: state(eta)[1])
+
+
+def root_of_increasing(slope, value) -> tuple[float, float]:
+    """(eta, value(eta)) at the minimiser over [0, 1] of a convex J with derivative ``slope``
+    (increasing): an endpoint where the slope does not change sign, else its root by bisection to 1e-15.
+    The line search of both segment searches (dense and on factors)."""
+    if slope(1.0) <= 0.0:
+        return 1.0, value(1.0)
+    if slope(0.0) >= 0.0:
+        return 0.0, value(0.0)
+    lo, hi = 0.0, 1.0
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        if slope(mid) < 0.0:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-15:
+            break
+    eta = 0.5 * (lo + hi)
+    return eta, value(eta)
