@@ -40,3 +40,40 @@ def centred_alignment_terms(grams, y):
     b = np.einsum("i,mij,j->m", yc, Kc, yc)
     w, V = np.linalg.eigh(np.einsum("aij,bij->ab", Kc, Kc))
     return yc, b, np.sqrt(np.maximum(w, 0))[:, None] * V.T
+
+
+def build_killed_after(tmp_path, X, n_kernels: int, seed: int, after: int = 10, **build_kw):
+    """Run ``build_bank(X, families.random_subsets(d, n_kernels, seed), ...)`` in a child process and
+    SIGKILL it once ``after`` kernels are flagged complete; returns the bank's path (asserts the kill
+    landed mid-build). ``build_kw`` are build_bank's keyword arguments (numbers and strings)."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    from mklscale.bank import KernelBank
+
+    np.save(tmp_path / "X.npy", X)
+    script = textwrap.dedent(f"""
+        import numpy as np, sys
+        from mklscale.bank import build_bank, families
+        X = np.load({str(tmp_path / 'X.npy')!r})
+        build_bank(X, families.random_subsets({X.shape[1]}, {n_kernels}, seed={seed}), sys.argv[1], progress=False,
+                   flush_every_s=0, **{build_kw!r})
+    """)
+    target = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-c", script, str(target)])
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            done = int(KernelBank.open(target).complete.sum())
+        except Exception:
+            done = 0
+        if done >= after:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the build finished before it could be killed; make it larger"
+    return target

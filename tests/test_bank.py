@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
-import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _banks import build_killed_after
 
 from mklscale.bank import KernelBank, KernelSpec, build_bank, families
 from mklscale.errors import (
@@ -144,29 +142,7 @@ def test_verify_detects_flipped_byte(tmp_path, X):
 def test_resume_after_sigkill_recomputes_only_unfinished(tmp_path):
     X = np.random.default_rng(5).normal(size=(500, 6))
     specs = families.random_subsets(6, 120, seed=1)
-    script = textwrap.dedent(f"""
-        import numpy as np, sys
-        from mklscale.bank import build_bank, families
-        X = np.load({str(tmp_path / 'X.npy')!r})
-        build_bank(X, families.random_subsets(6, 120, seed=1), sys.argv[1], progress=False,
-                   chunk_mb=1, shard_mb=1, flush_every_s=0)
-    """)
-    np.save(tmp_path / "X.npy", X)
-    target = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-c", script, str(target)])
-    done_at_kill = 0
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            done_at_kill = int(KernelBank.open(target).complete.sum())
-        except Exception:
-            done_at_kill = 0
-        if done_at_kill >= 10:
-            proc.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.005)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the build finished before it could be killed; make it larger"
+    target = build_killed_after(tmp_path, X, 120, seed=1, chunk_mb=1, shard_mb=1)
     before = KernelBank.open(target).complete
     assert 0 < before.sum() < len(specs)
 

@@ -9,15 +9,13 @@ build) bit for bit; bad input refused before anything is written; the CLI.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
-import textwrap
-import time
 import warnings
 
 import numpy as np
 import pytest
+from _banks import build_killed_after
 
 from mklscale.bank import KernelBank, KernelSpec, build_bank, families
 from mklscale.errors import InvalidInputError
@@ -201,28 +199,7 @@ def test_killed_build_resumes_to_identical_checksums(tmp_path):
     X = np.random.default_rng(5).normal(size=(400, 6))
     specs = families.random_subsets(6, 150, seed=1)
     kw = dict(rank=16, chunk_mb=0.03, shard_mb=0.06, max_error=1.0)
-    script = textwrap.dedent(f"""
-        import numpy as np, sys
-        from mklscale.bank import build_bank, families
-        X = np.load({str(tmp_path / 'X.npy')!r})
-        build_bank(X, families.random_subsets(6, 150, seed=1), sys.argv[1], progress=False, flush_every_s=0,
-                   **{kw!r})
-    """)
-    np.save(tmp_path / "X.npy", X)
-    target = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-c", script, str(target)])
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            done = int(KernelBank.open(target).complete.sum())
-        except Exception:
-            done = 0
-        if done >= 10:
-            proc.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.005)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the build finished before it could be killed; make it larger"
+    target = build_killed_after(tmp_path, X, 150, seed=1, **kw)
     before = KernelBank.open(target).complete
     assert 0 < before.sum() < len(specs)
     resumed = build_bank(X, specs, target, progress=False, **kw)
