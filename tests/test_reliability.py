@@ -121,28 +121,20 @@ ONE_KERNEL = 200 * 200 * 4
 
 
 # ---- worker loss ---------------------------------------------------------------------------------
-def test_worker_killed_mid_pass_gives_identical_result(proc_client, kill_bank, tmp_path):
-    """quad_forms with 64 one-kernel tasks; a worker dies after its 8th task."""
-    bank, _, _ = kill_bank
+@pytest.mark.parametrize("rank", [None, 20])
+def test_worker_killed_mid_pass_gives_identical_result(proc_client, kill_bank, tmp_path, rank):
+    """quad_forms with 64 one-kernel tasks (dense kernels, or rank-20 factors: issue 17); a worker dies
+    after its 8th task."""
+    bank, X, _ = kill_bank
+    task_bytes = ONE_KERNEL
+    if rank is not None:
+        task_bytes = 200 * rank * 4  # one factor
+        bank = build_bank(X, families.gaussian(np.geomspace(0.2, 20, 64)), tmp_path / "factor", rank=rank,
+                          max_error=1.0, progress=False, shard_mb=task_bytes / 2**20, chunk_mb=task_bytes / 2**20)
     U = np.random.default_rng(1).standard_normal((1000, bank.n))
-    with Engine(bank, task_bytes=ONE_KERNEL) as eng:
+    with Engine(bank, task_bytes=task_bytes) as eng:
         ref = eng.quad_forms(U)
-    with Engine(bank, client=proc_client, task_bytes=ONE_KERNEL) as eng:
-        got = run_with_a_kill(proc_client, tmp_path, "mklscale-quad_forms", 8, lambda: eng.quad_forms(U))
-    assert got.shape == (64, 1000) and np.array_equal(got, ref)
-
-
-def test_worker_killed_mid_pass_on_a_factor_bank_gives_identical_result(proc_client, kill_bank, tmp_path):
-    """The same on a factor bank (issue 17): 64 one-factor tasks, a worker dies after its 8th task."""
-    _, X, _ = kill_bank
-    rank = 20
-    one_factor = 200 * rank * 4
-    bank = build_bank(X, families.gaussian(np.geomspace(0.2, 20, 64)), tmp_path / "factor", rank=rank, max_error=1.0,
-                      progress=False, shard_mb=one_factor / 2**20, chunk_mb=one_factor / 2**20)
-    U = np.random.default_rng(1).standard_normal((1000, bank.n))
-    with Engine(bank, task_bytes=one_factor) as eng:
-        ref = eng.quad_forms(U)
-    with Engine(bank, client=proc_client, task_bytes=one_factor) as eng:
+    with Engine(bank, client=proc_client, task_bytes=task_bytes) as eng:
         got = run_with_a_kill(proc_client, tmp_path, "mklscale-quad_forms", 8, lambda: eng.quad_forms(U))
     assert got.shape == (64, 1000) and np.array_equal(got, ref)
 
