@@ -238,27 +238,37 @@ def test_sgd(bank, path, nu):
     assert fact.params["objective_last"] == pytest.approx(dense.params["objective_last"], rel=1e-10)
 
 
-def test_sgd_checkpoint_resume_on_factors(bank, path, tmp_path):
-    from mklscale.runtime.checkpoint import Checkpoint
 
-    L, _, _, y = bank
-    full = sgd.fit(InMemoryFactorEngine(L), y, lam=0.1, T=60, seed=2)
+def _stopped_then_resumed(fit, ck, stop_at: int):
+    """fit(ck) interrupted right after the checkpoint step of iteration ``stop_at``, then fit(ck) again
+    (resuming from the checkpoint); returns the resumed result."""
 
     class Stop(Exception):
         pass
 
-    ck = Checkpoint(tmp_path / "ck.npz", {"case": "sgd"}, every_s=None, every_iter=1)
     real_step = ck.step
 
     def step(it, get_state):
         real_step(it, get_state)
-        if it == 30:
+        if it == stop_at:
             raise Stop
     ck.step = step
     with pytest.raises(Stop):
-        sgd.fit(InMemoryFactorEngine(L), y, lam=0.1, T=60, seed=2, checkpoint=ck)
+        fit(ck)
     ck.step = real_step
-    resumed = sgd.fit(InMemoryFactorEngine(L), y, lam=0.1, T=60, seed=2, checkpoint=ck)
+    return fit(ck)
+
+def test_sgd_checkpoint_resume_on_factors(bank, path, tmp_path):
+    from mklscale.runtime.checkpoint import Checkpoint
+
+    L, _, _, y = bank
+
+    def fit(checkpoint=None):
+        return sgd.fit(InMemoryFactorEngine(L), y, lam=0.1, T=60, seed=2, checkpoint=checkpoint)
+
+    full = fit()
+    resumed = _stopped_then_resumed(fit, Checkpoint(tmp_path / "ck.npz", {"case": "sgd"}, every_s=None, every_iter=1),
+                                    stop_at=30)
     np.testing.assert_allclose(resumed.weights, full.weights, atol=1e-12)
     assert resumed.objective == pytest.approx(full.objective, rel=1e-12)
 
@@ -358,22 +368,8 @@ def test_gcd_checkpoint_resume_on_factors(bank, path, tmp_path, stage):
                                  checkpoint=checkpoint)
 
     full = fit()
-
-    class Stop(Exception):
-        pass
-
-    ck = Checkpoint(tmp_path / "ck.npz", {"case": stage}, every_s=None, every_iter=1)
-    real_step = ck.step
-
-    def step(it, get_state):
-        real_step(it, get_state)
-        if it == 2:
-            raise Stop
-    ck.step = step
-    with pytest.raises(Stop):
-        fit(ck)
-    ck.step = real_step
-    resumed = fit(ck)
+    resumed = _stopped_then_resumed(fit, Checkpoint(tmp_path / "ck.npz", {"case": stage}, every_s=None, every_iter=1),
+                                    stop_at=2)
     assert len(resumed.history) == len(full.history)
     np.testing.assert_allclose(resumed.weights, full.weights, atol=1e-12)
     assert resumed.objective == pytest.approx(full.objective, rel=1e-12)
