@@ -238,7 +238,6 @@ def test_sgd(bank, path, nu):
     assert fact.params["objective_last"] == pytest.approx(dense.params["objective_last"], rel=1e-10)
 
 
-
 def _stopped_then_resumed(fit, ck, stop_at: int):
     """fit(ck) interrupted right after the checkpoint step of iteration ``stop_at``, then fit(ck) again
     (resuming from the checkpoint); returns the resumed result."""
@@ -257,6 +256,7 @@ def _stopped_then_resumed(fit, ck, stop_at: int):
         fit(ck)
     ck.step = real_step
     return fit(ck)
+
 
 def test_sgd_checkpoint_resume_on_factors(bank, path, tmp_path):
     from mklscale.runtime.checkpoint import Checkpoint
