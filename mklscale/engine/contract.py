@@ -46,6 +46,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from mklscale.engine import validate
 from mklscale.errors import InvalidInputError
 
 
@@ -112,9 +113,20 @@ class KernelEngine(ABC):
 
     def combine_factors(self, weights) -> np.ndarray:
         """(n, R) float64 F with F F^T = sum_m weights[m] K_m: the factors sqrt(w_m) L_m of the
-        kernels with w_m > 0, side by side in index order (factor engines only)."""
-        raise InvalidInputError(f"{type(self).__name__} stores dense kernels, which have no factors; "
-                                "use combine(weights) for the (n, n) combination")
+        kernels with w_m > 0, side by side in index order (factor engines only), read through
+        ``blocks`` (and any cache behind it)."""
+        if self.representation != "factor":
+            raise InvalidInputError(f"{type(self).__name__} stores dense kernels, which have no factors; "
+                                    "use combine(weights) for the (n, n) combination")
+        w = validate.weights(weights, self.M)
+        if np.any(w < 0):
+            raise InvalidInputError("combine_factors needs non-negative weights (sqrt(w_m) L_m); "
+                                    "use combine(weights) for signed combinations")
+        support = np.flatnonzero(w)
+        if not support.size:
+            return np.zeros((self.n, 0))
+        L = self.blocks(support)
+        return np.concatenate([np.sqrt(w[m]) * L[p].astype(np.float64) for p, m in enumerate(support)], axis=1)
 
     @abstractmethod
     def gram_of_kernels(self, kernels=None) -> np.ndarray:

@@ -402,21 +402,6 @@ class Engine(KernelEngine):
         r = int(self.rank)
         return int(max(1, min(GRAM_BLOCK, np.sqrt(GRAM_PANEL_BYTES / (r * r * 8)))))
 
-    def combine_factors(self, weights) -> np.ndarray:
-        """(n, R) float64 [sqrt(w_m) L_m] over the kernels with w_m > 0, in index order (factor banks);
-        F F^T = sum_m w_m K_m. The factors are read through ``blocks`` (and its cache)."""
-        if not self._factor:
-            return super().combine_factors(weights)
-        w = validate.weights(weights, self.M)
-        if np.any(w < 0):
-            raise InvalidInputError("combine_factors needs non-negative weights (sqrt(w_m) L_m); "
-                                    "use combine(weights) for signed combinations")
-        support = np.flatnonzero(w)
-        if not support.size:
-            return np.zeros((self.n, 0))
-        L = self.blocks(support)
-        return np.concatenate([np.sqrt(w[m]) * L[p].astype(np.float64) for p, m in enumerate(support)], axis=1)
-
     @property
     def block_nbytes(self) -> int:
         """Bytes of one kernel as ``blocks`` returns it and the cache holds it (n * n, or n * r for a
