@@ -192,14 +192,18 @@ class _MKLBase(BaseEstimator):
 
     def _bank_for(self, X: np.ndarray, specs: list[KernelSpec], client):
         from mklscale.bank.build import build_bank
+        from mklscale.bank.writer_lock import bank_writer
 
         cache = Path(self.cache_dir) if self.cache_dir is not None else default_cache_dir()
         cache.mkdir(parents=True, exist_ok=True)
         factor = {} if self.rank is None else {"rank": int(self.rank), "seed": self._seed() or 0}
         key = bank_key(X, specs, self.normalize, BANK_DTYPE, factor)
         t0 = time.perf_counter()
-        with _file_lock(cache / f".bank-{key[:24]}.lock"):
-            bank = build_bank(X, specs, cache / f"bank-{key[:24]}", normalize=self.normalize, dtype=BANK_DTYPE,
+        path = cache / f"bank-{key[:24]}"
+        # the bank's writer lock (build_bank takes it too): parallel fits (e.g. GridSearchCV n_jobs > 1)
+        # build one bank once, and the others wait for it
+        with bank_writer(path, "build (estimator cache)"):
+            bank = build_bank(X, specs, path, normalize=self.normalize, dtype=BANK_DTYPE,
                               client=client, progress=bool(self.progress), **factor)
         return bank, time.perf_counter() - t0
 
@@ -545,22 +549,6 @@ def _client(client):
 
     with open_client({"kind": "address", "address": client, "timeout_s": 30.0}, quiet=True) as opened:
         yield opened
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path):
-    """Exclusive lock so parallel fits (e.g. GridSearchCV n_jobs > 1) build one bank once."""
-    try:
-        import fcntl
-    except ImportError:  # no flock on this platform: builds of the same bank must not overlap
-        yield
-        return
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 # ---- fitted attributes and model files ---------------------------------------------------------------

@@ -368,6 +368,8 @@ def test_shard_results_do_not_depend_on_concurrency(tmp_path):
     X = _standardised(np.random.default_rng(4).normal(size=(90, 6)))
     specs = specs_to_json(families.random_subsets(6, 6, seed=2))
     run = lambda d: build_shard(str(tmp_path / d), specs, X, "trace", "float32", 0, (3, 6))[1]
+    for d in ("alone", "t1", "t2"):
+        (tmp_path / d).mkdir()  # shard tasks write only into a bank folder that exists
     alone = run("alone")
     with ThreadPoolExecutor(2) as pool:
         both = list(pool.map(run, ["t1", "t2"]))

@@ -41,7 +41,7 @@ from mklscale.bank.group import (
 from mklscale.bank.inputs import NORMALIZATIONS, validate_dtype, validate_features
 from mklscale.bank.shard_format import write_shard_file
 from mklscale.bank.stats import checksum, kernel_stats
-from mklscale.bank.store import KernelBank, VerifyReport, prepare_path
+from mklscale.bank.store import KernelBank, VerifyReport, prepare_path, writing
 from mklscale.errors import (
     BankCorruptError,
     BankMismatchError,
@@ -49,6 +49,7 @@ from mklscale.errors import (
     InvalidInputError,
     SpecError,
 )
+from mklscale.runtime.cluster import require_shared_folder
 from mklscale.runtime.liveness import POLL_S, SchedulerWatch
 
 
@@ -72,6 +73,7 @@ def build_bank(
     tol: float = 1e-6,
     seed: int = 0,
     max_error: float = 0.05,
+    wait: bool | float = True,
 ) -> KernelBank:
     """Compute K_m(X, X) for every spec and store them as a bank at ``path``.
 
@@ -99,6 +101,12 @@ def build_bank(
     fills up mid-build raises DiskFullError: shards are written whole (temporary file + rename), so
     the kernels already flagged complete stay intact, no partial shard is left or flagged, and the
     same call resumes once there is room (or after moving the bank elsewhere).
+
+    One process writes a bank at a time: the build holds the bank's writer lock (``writer_lock``)
+    from before it looks at ``path`` until it returns. ``wait``: True (default) waits for another
+    writer of the same bank to finish, saying once on stderr which process it is; False raises
+    BankLockedError naming it (pid and host) at once, a number after that many seconds. Two equal
+    builds started together therefore compute the kernels once: the second resumes the finished bank.
     """
     X = validate_features(X, "X")
     specs = _validate_specs(specs, X.shape[1])
@@ -115,7 +123,16 @@ def build_bank(
     Xs = X if mean is None else (X - mean) / scale
     fingerprint = _fingerprint(X, specs, normalize, dt.name, standardize, rows, factor)
     path = Path(path)
-    if not prepare_path(path, overwrite=overwrite, fingerprint=fingerprint):
+    with writing(path, "build", wait):
+        return _build_locked(path, X, Xs, specs, mean, scale, rows, normalize, dt, factor, fingerprint, overwrite,
+                             client, chunk_mb, shard_mb, progress, flush_every_s, max_error)
+
+
+def _build_locked(path, X, Xs, specs, mean, scale, rows, normalize, dt, factor, fingerprint, overwrite, client,
+                  chunk_mb, shard_mb, progress, flush_every_s, max_error) -> KernelBank:
+    """``build_bank`` from the moment it holds the bank's writer lock."""
+    action = prepare_path(path, overwrite=overwrite, fingerprint=fingerprint)
+    if action != "resume":
         attrs = {
             "normalize": normalize,
             "standardization": None if mean is None else json_attr({"mean": mean.tolist(), "scale": scale.tolist()}),
@@ -127,8 +144,9 @@ def build_bank(
         }
         if factor is not None:
             attrs["factor"] = json_attr(factor.to_attrs())
-        create_bank_group(path, specs=specs, n=X.shape[0], dtype=dt, attrs=attrs, X=Xs,
-                          chunk_mb=chunk_mb, shard_mb=shard_mb, rank=None if factor is None else factor.rank)
+        create_bank_group(path, specs=specs, n=X.shape[0], dtype=dt, attrs=attrs, X=Xs, chunk_mb=chunk_mb,
+                          shard_mb=shard_mb, rank=None if factor is None else factor.rank,
+                          replace=action == "replace")
 
     bank = KernelBank.open(path)
     done = bank.complete
@@ -187,7 +205,8 @@ def _compute_shards(bank: KernelBank, specs: Sequence[KernelSpec], Xs: np.ndarra
     todo = sum(len(range(*bank.shard_range(s))) for s in shards)
     with _progress(len(specs), len(specs) - todo, progress) as bar:
         try:
-            with contextlib.closing(runner(client, str(bank.path), specs, Xs, bank.normalize, bank.dtype.name,
+            # workers run in other folders: they get the path as the driver resolves it
+            with contextlib.closing(runner(client, os.path.abspath(bank.path), specs, Xs, bank.normalize, bank.dtype.name,
                                            layout, shards, expected, _factor_of(bank))) as results:
                 for first, stats in results:
                     writer.record(first, stats)
@@ -246,7 +265,7 @@ class RepairReport:
 
 
 def repair_bank(bank: KernelBank, kernels: Sequence[int] | None = None, client=None,
-                progress: bool = True) -> RepairReport:
+                progress: bool = True, wait: bool | float = True) -> RepairReport:
     """Recompute kernels of a bank built from features, from their specs and the stored X.
 
     ``kernels=None`` repairs what ``verify`` reports bad or unfinished (a full verify; it also
@@ -256,8 +275,16 @@ def repair_bank(bank: KernelBank, kernels: Sequence[int] | None = None, client=N
     checksums and ``complete`` flags are updated as shards finish and the recorded bad reasons
     dropped. Banks imported with ``from_arrays`` hold no features: repair raises SpecError saying
     to re-import them. A read-only store raises ReadOnlyStoreError before anything is read.
+    Damaged metadata (missing arrays, impossible attributes, unreadable specs) raises
+    BankCorruptError when the bank is opened: repair cannot fix it. The repair holds the bank's
+    writer lock throughout (``wait`` as in ``build_bank``).
     """
-    bank = KernelBank.open(bank.path if isinstance(bank, KernelBank) else bank, mode="r+")
+    path = bank.path if isinstance(bank, KernelBank) else Path(bank)
+    with writing(path, "repair", wait):
+        return _repair_locked(KernelBank.open(path, mode="r+"), kernels, client, progress)
+
+
+def _repair_locked(bank: KernelBank, kernels, client, progress: bool) -> RepairReport:
     Xs = bank.X_train
     if Xs is None:
         raise SpecError(f"bank {bank.path} was imported from Gram matrices (KernelBank.from_arrays) and holds no "
@@ -505,6 +532,7 @@ def _run_distributed(client, path, specs, Xs, normalize, dtype, layout, shards, 
     from distributed import wait
 
     S = layout[1]
+    require_shared_folder(client, path, f"the build of {path}")
     X_future = client.scatter(Xs, broadcast=True)
     futures = [
         client.submit(build_shard, path, specs_to_json(specs[s * S:(s + 1) * S]), X_future, normalize, dtype, s, layout,
@@ -538,11 +566,15 @@ def _run_distributed(client, path, specs, Xs, normalize, dtype, layout, shards, 
 
 # ---- driver-side metadata ------------------------------------------------------------------------
 class _MetadataWriter:
-    """Holds the per-kernel metadata arrays in memory and writes them every few seconds.
+    """Holds the per-kernel metadata of the kernels this build computed and writes them every
+    few seconds.
 
-    ``complete`` is written last, after the statistics, and each array write is atomic (zarr's
-    local store writes a temporary file and renames it), so a kernel flagged complete always has
-    its data and statistics on disk.
+    A flush rewrites only the entries of the kernels recorded here: each array is read back from
+    disk and just those entries replaced (the writer lock keeps other writers out meanwhile), so
+    what another writer recorded before, such as ``verify`` clearing the flag of a kernel it found
+    bad, is kept. ``complete`` is written last, after the statistics, and each array write is
+    atomic (zarr's local store writes a temporary file and renames it), so a kernel flagged
+    complete always has its data and statistics on disk.
     """
 
     #: a factor bank's per-kernel rows, chunked by shard: only the shards recorded since the last
@@ -556,6 +588,7 @@ class _MetadataWriter:
             whole += tuple(k for k in FACTOR_META if k not in self._BY_SHARD)
         self._whole = (*whole, "complete")  # complete last
         self._arrays = {k: self._group[k][:] for k in self._whole}
+        self._owned = np.zeros(bank.M, dtype=bool)  # kernels recorded by this writer
         self._rows: dict[int, dict] = {}  # first kernel -> {name: rows} not written yet
         self._every = every_s
         self._last = time.monotonic()
@@ -568,6 +601,7 @@ class _MetadataWriter:
             else:
                 self._arrays[name][first:first + k] = values
         self._arrays["complete"][first:first + k] = True
+        self._owned[first:first + k] = True
         if time.monotonic() - self._last >= self._every:
             self.flush()
 
@@ -576,8 +610,11 @@ class _MetadataWriter:
             for name, values in rows.items():
                 self._group[name][first:first + len(values)] = values
             del self._rows[first]
-        for name in self._whole:
-            self._group[name][:] = self._arrays[name]
+        if self._owned.any():
+            for name in self._whole:
+                on_disk = self._group[name][:]
+                on_disk[self._owned] = self._arrays[name][self._owned]
+                self._group[name][:] = on_disk
         self._last = time.monotonic()
 
 

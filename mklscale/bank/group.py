@@ -42,6 +42,7 @@ import zarr
 from mklscale.bank.fs_errors import raise_store_error
 from mklscale.bank.spec import KernelSpec
 from mklscale.errors import SchemaVersionError
+from mklscale.runtime.atomic import swap_into_place
 
 SCHEMA_VERSION = 1
 #: The per-kernel float64 statistics a bank records (``stats.kernel_stats``).
@@ -99,11 +100,14 @@ def create_bank_group(
     shard_mb: float,
     fill=None,
     rank: int | None = None,
+    replace: bool = False,
 ) -> None:
     """Create the bank's group and arrays in a temporary sibling folder and rename it into place,
     so ``path`` either does not exist or holds a well-formed bank. ``fill(group)`` may write data
     (``from_arrays``) before the rename. ``rank``: None for a dense bank (``gram``), r for a factor
-    bank (``factor`` (M, n, r) and the arrays of ``FACTOR_META``)."""
+    bank (``factor`` (M, n, r) and the arrays of ``FACTOR_META``). ``replace``: an existing store
+    at ``path`` is swapped out for the new one (``runtime.atomic.swap_into_place``) and then
+    removed; without it only a missing or empty folder is replaced."""
     M = len(specs)
     width = n if rank is None else int(rank)
     per_chunk, per_shard = layout_for(M, n, dtype.itemsize, chunk_mb, shard_mb, width)
@@ -138,7 +142,10 @@ def create_bank_group(
         })
         if fill is not None:
             fill(group)
-        os.replace(tmp, path) if not path.exists() else _replace_empty_dir(tmp, path)
+        if replace and path.exists():
+            swap_into_place(tmp, path)
+        else:
+            os.replace(tmp, path) if not path.exists() else _replace_empty_dir(tmp, path)
     except OSError as exc:
         raise_store_error(path, exc)
     finally:

@@ -27,7 +27,7 @@ import numpy as np
 import zarr
 
 from mklscale.bank.direct_io import write_direct
-from mklscale.errors import BankCorruptError
+from mklscale.errors import BankCorruptError, NotABankError
 
 _EMPTY = np.iinfo(np.uint64).max
 
@@ -71,7 +71,7 @@ def write_shard_file(bank_path: Path, s: int, block: np.ndarray, per_chunk: int,
     crc = np.array([google_crc32c.value(index_bytes)], dtype="<u4").tobytes()
     pad = n_chunks * per_chunk - k
     target = shard_path(bank_path, s, array)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    shard_folder(bank_path, target)
     tmp = target.with_name(f".0.{uuid.uuid4().hex[:8]}.partial")
     data = memoryview(block.astype(block.dtype.newbyteorder("<"), copy=False)).cast("B")
     try:
@@ -86,6 +86,26 @@ def write_shard_file(bank_path: Path, s: int, block: np.ndarray, per_chunk: int,
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def shard_folder(bank_path: Path, target: Path) -> None:
+    """Make the folder of shard file ``target`` inside the bank at ``bank_path``, refusing to write
+    where the bank is not (a worker that does not share the driver's file system, or runs in
+    another folder) or outside it (a symbolic link inside the store that leads out)."""
+    import platform
+
+    if not Path(bank_path).is_dir():
+        raise NotABankError(
+            f"no kernel bank at {bank_path} on host {platform.node()} (working directory {os.getcwd()}): this process "
+            "writes shards of a bank it cannot see; every Dask worker must see the bank at the same absolute path "
+            "(a shared file system, see cluster/README.md), or build without a cluster")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    root, folder = os.path.realpath(bank_path), os.path.realpath(target.parent)
+    if os.path.commonpath([root, folder]) != root:
+        raise BankCorruptError(
+            f"{target.parent} leads to {folder}, outside the bank {bank_path} (a symbolic link inside the store); "
+            "mklscale never writes through links that leave the store: replace the link by the folder it points to "
+            "and run again")
 
 
 def chunk_offsets(tail: bytes, file_size: int, *, n_kernels: int, per_chunk: int, per_shard: int,

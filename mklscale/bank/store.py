@@ -22,9 +22,12 @@ checks, group creation, filesystem errors) stay importable from here under their
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,12 +49,15 @@ from mklscale.bank.group import (
     layout_for,
     open_bank_group,
 )
+from mklscale.bank.metadata import read_metadata
 from mklscale.bank.inputs import DTYPES, NORMALIZATIONS, check_gram, validate_dtype, validate_features
 from mklscale.bank.normalize import normalize_block
 from mklscale.bank.shard_format import write_shard_file
 from mklscale.bank.spec import KernelSpec
 from mklscale.bank.stats import checksum, kernel_stats
+from mklscale.bank.writer_lock import bank_writer
 from mklscale.errors import (
+    BankCorruptError,
     BankIncompleteError,
     BankMismatchError,
     InvalidInputError,
@@ -61,7 +67,7 @@ from mklscale.errors import (
 )
 
 __all__ = [
-    "KernelBank", "VerifyReport", "prepare_path",
+    "KernelBank", "VerifyReport", "prepare_path", "writing",
     # moved to the modules named above; still importable from here
     "DIRECT_ALIGN", "DTYPES", "NORMALIZATIONS", "PER_KERNEL_FLOATS", "SCHEMA_VERSION", "aligned_empty",
     "checksum", "create_bank_group", "creation_info", "disk_full_message", "json_attr", "kernel_stats",
@@ -114,18 +120,19 @@ class KernelBank:
     def __init__(self, path: str | os.PathLike, group: zarr.Group):
         self.path = Path(path)
         self._group = group
-        attrs = group.attrs.asdict()
+        meta = read_metadata(self.path, group)  # BankCorruptError naming what is damaged
+        attrs = meta.attrs
         self._attrs = attrs
         self.n: int = int(attrs["n"])
         self.M: int = int(attrs["M"])
         self.dtype = np.dtype(attrs["dtype"])
         self.normalize: str | None = attrs["normalize"]
         self.kernels_per_shard: int = int(attrs["layout"]["kernels_per_shard"])
-        self.specs: list[KernelSpec] = [KernelSpec.from_json(s) for s in group["spec"][:]]
+        self.specs: list[KernelSpec] = meta.specs
         #: "dense" (every K_m stored, n x n) or "factor" (L_m stored, n x r, K~_m = L_m L_m^T);
         #: banks written before factor banks existed have no such attribute and are dense.
         self.representation: str = attrs.get("representation") or "dense"
-        self._data: zarr.Array = group[data_array_name(self.representation)]
+        self._data: zarr.Array = meta.data
         self._mode = "r"
 
     @property
@@ -168,6 +175,7 @@ class KernelBank:
         psd_tol: float = 1e-6,
         chunk_mb: float = 16,
         shard_mb: float = 64,
+        wait: bool | float = True,
     ) -> KernelBank:
         """Import precomputed Gram matrices (graph or string kernels computed elsewhere).
 
@@ -175,7 +183,8 @@ class KernelBank:
         for prediction. Each matrix must be square, finite, symmetric and PSD: its smallest
         eigenvalue must be >= -psd_tol * max(1, largest). ``normalize`` is None or "trace" (unit
         trace; the same factor scales the cross kernels). The bank appears atomically: either the
-        whole import is on disk or nothing is.
+        whole import is on disk or nothing is (``overwrite`` swaps the new store in for the old).
+        ``wait``: what to do while another process writes a bank at ``path`` (``writing``).
         """
         dt = validate_dtype(dtype)
         if normalize not in (None, "trace"):
@@ -199,7 +208,6 @@ class KernelBank:
             if not np.isfinite(crosses).all():
                 raise InvalidInputError("cross_grams contains NaN or inf")
         path = Path(path)
-        prepare_path(path, overwrite=overwrite, fingerprint=None)
         specs = [KernelSpec.precomputed(x) for x in names]
 
         def fill(group: zarr.Group) -> None:
@@ -220,8 +228,10 @@ class KernelBank:
 
         attrs = {"normalize": normalize, "standardization": None, "train_rows": list(range(n)),
                  "fingerprint": None, "source": "from_arrays", "created": creation_info()}
-        create_bank_group(path, specs=specs, n=n, dtype=dt, attrs=attrs, X=None,
-                          chunk_mb=chunk_mb, shard_mb=shard_mb, fill=fill)
+        with writing(path, "import (from_arrays)", wait):
+            action = prepare_path(path, overwrite=overwrite, fingerprint=None)
+            create_bank_group(path, specs=specs, n=n, dtype=dt, attrs=attrs, X=None, chunk_mb=chunk_mb,
+                              shard_mb=shard_mb, fill=fill, replace=action == "replace")
         return cls.open(path)
 
     # ---- opening ------------------------------------------------------------------------------
@@ -540,7 +550,7 @@ class KernelBank:
 
     # ---- integrity ----------------------------------------------------------------------------
     def verify(self, kernels: Sequence[int] | None = None, threads: int = 4, progress: bool = False,
-               mark_bad: bool = True) -> VerifyReport:
+               mark_bad: bool = True, wait: bool | float = True) -> VerifyReport:
         """Re-read every complete kernel, recompute its crc32c and compare with the recorded one.
 
         A missing, truncated or garbled shard file makes all of its kernels bad (the reason says
@@ -548,6 +558,9 @@ class KernelBank:
         docstring, "Integrity"): their ``complete`` flag is cleared, so solvers refuse them until
         ``repair``; on a read-only store this is skipped and ``report.marked`` is False. Kernels
         recorded bad by an earlier verify are reported bad again, with their recorded reason.
+        Marking takes the bank's writer lock (``writer_lock``); ``wait`` says what to do while another
+        process holds it (a build or repair): True waits, False or a number of seconds raise
+        BankLockedError when it is still held.
         """
         from tqdm.auto import tqdm
 
@@ -568,7 +581,7 @@ class KernelBank:
                             unit="shard", desc="verify"):
                 found += bad
         if found and mark_bad:
-            report.marked = self._mark_bad({m: why for m, _, why in found})
+            report.marked = self._mark_bad({m: why for m, _, why in found}, wait)
         report.bad = sorted(report.bad + found)
         return report
 
@@ -586,18 +599,20 @@ class KernelBank:
         return [(int(m), self.specs[m].name, "checksum mismatch")
                 for m in ms if checksum(block[m - s * S]) != int(expected[m])]
 
-    def _mark_bad(self, bad: dict[int, str]) -> bool:
-        """Record kernels found bad: the reason in ``attrs["integrity"]`` first, then clear their
-        ``complete`` flags (each write is atomic). Returns False when the store is read-only."""
+    def _mark_bad(self, bad: dict[int, str], wait: bool | float = True) -> bool:
+        """Record kernels found bad, holding the writer lock: the reason in ``attrs["integrity"]``
+        first, then clear their ``complete`` flags, reading the flags of the other kernels from disk
+        under the lock (each write is atomic). Returns False when the store is read-only."""
         try:
-            group = zarr.open_group(self.path, mode="r+")
-            record = dict((group.attrs.get("integrity") or {}).get("bad") or {})
-            record.update({str(m): why for m, why in bad.items()})
-            group.attrs["integrity"] = {"bad": record, "verified": creation_info()["time"]}
-            flags = group["complete"][:]
-            flags[list(bad)] = False
-            group["complete"][:] = flags
-        except OSError:  # read-only or full: report without marking
+            with bank_writer(self.path, "verify (marking bad kernels)", wait):
+                group = zarr.open_group(self.path, mode="r+")
+                record = dict((group.attrs.get("integrity") or {}).get("bad") or {})
+                record.update({str(m): why for m, why in bad.items()})
+                group.attrs["integrity"] = {"bad": record, "verified": creation_info()["time"]}
+                flags = group["complete"][:]
+                flags[list(bad)] = False
+                group["complete"][:] = flags
+        except (OSError, ReadOnlyStoreError):  # read-only or full: report without marking
             return False
         finally:
             self._reload()
@@ -664,10 +679,13 @@ def _param_column(specs: list[KernelSpec], name: str) -> np.ndarray:
     return np.array([float(dict(s.params).get(name, np.nan)) for s in specs])
 
 
-def prepare_path(path: Path, overwrite: bool, fingerprint: str | None) -> bool:
-    """Decide what to do with the target path. Returns True when an existing bank with the same
-    fingerprint should be resumed; removes an existing bank if ``overwrite``; refuses anything
-    else that exists (a non-empty folder that is not a bank is never deleted)."""
+def prepare_path(path: Path, overwrite: bool, fingerprint: str | None) -> str:
+    """Decide what to do with the target path (call it holding the writer lock, ``writing``):
+    "resume" when an existing bank with the same fingerprint should be resumed, "replace" when an
+    existing bank is to be replaced (``overwrite``; ``create_bank_group(..., replace=True)`` swaps
+    the new store in, so readers never see a half-deleted one), "create" when there is nothing
+    yet. Refuses anything else that exists (a non-empty folder that is not a bank is never
+    deleted)."""
     if not path.exists():
         parent = path.parent if str(path.parent) else Path(".")
         try:
@@ -676,19 +694,62 @@ def prepare_path(path: Path, overwrite: bool, fingerprint: str | None) -> bool:
             raise ReadOnlyStoreError(f"cannot create the folder {parent} ({exc.strerror or exc}); choose a "
                                      "writable path") from None
         require_writable(parent)
-        return False
+        return "create"
     if path.is_dir() and not any(path.iterdir()):
         require_writable(path)
-        return False
+        return "create"
     if not KernelBank.is_bank(path):
         raise NotABankError(f"{path} exists and is not an mklscale kernel bank; choose another path "
                             "(mklscale never deletes a folder it did not create)")
     if overwrite:
         require_writable(path)
-        shutil.rmtree(path)
-        return False
-    existing = KernelBank.open(path).attrs.get("fingerprint")
+        require_writable(path.parent)
+        return "replace"
+    try:
+        existing = KernelBank.open(path).attrs.get("fingerprint")
+    except BankCorruptError:
+        existing = None  # damaged metadata: only overwrite may replace it
     if fingerprint is not None and existing == fingerprint:
-        return True
+        return "resume"
     raise BankMismatchError(f"{path} holds a bank built from different data, kernel specs or settings; "
                             "pass overwrite=True (CLI: --overwrite) to replace it, or choose another path")
+
+
+@contextmanager
+def writing(path: str | os.PathLike, what: str, wait: bool | float = True) -> Iterator[None]:
+    """Hold the writer lock of the bank at ``path`` (``writer_lock.bank_writer``: one writer per
+    bank; ``wait`` as there) and make the store safe to write: temporary files a killed writer left
+    (``.partial`` shard files, half-created or half-replaced stores beside it) are removed, and a
+    store holding a symbolic link that leads out of it is refused (BankCorruptError): writers never
+    write outside the store."""
+    path = Path(path)
+    with bank_writer(path, what, wait):
+        _sweep_leftovers(path)
+        yield
+
+
+def _sweep_leftovers(path: Path) -> None:
+    for leftover in path.parent.glob(f".{glob.escape(path.name)}.*-*"):
+        if leftover.name.startswith((f".{path.name}.partial-", f".{path.name}.old-")):
+            if leftover.is_dir() and not leftover.is_symlink():
+                shutil.rmtree(leftover, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    leftover.unlink()
+    if not path.is_dir():
+        return
+    root = os.path.realpath(path)
+    for folder, dirs, files in os.walk(path):  # does not descend into symlinked folders
+        for name in dirs + files:
+            entry = os.path.join(folder, name)
+            if os.path.islink(entry):
+                target = os.path.realpath(entry)
+                if os.path.commonpath([root, target]) != root:
+                    raise BankCorruptError(
+                        f"{entry} is a symbolic link to {target}, outside the bank {path}; mklscale never writes "
+                        "through links that leave the store: replace the link by the folder or file it points to "
+                        "(or remove it; `mklscale bank repair` then rewrites what was there)")
+        for name in files:
+            if name.endswith(".partial") and name.startswith("."):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(folder, name))

@@ -25,8 +25,14 @@ def fsync_dir(path: Path) -> None:
 def swap_into_place(tmp: Path, final: Path) -> None:
     """Rename the finished folder ``tmp`` to ``final``. An existing ``final`` is moved aside first,
     restored if the rename fails and removed after it succeeds, so ``final`` holds either the old or
-    the new complete content, never a mixture."""
+    the new complete content, never a mixture. Where the kernel can swap two names in one step
+    (Linux ``renameat2(RENAME_EXCHANGE)``), ``final`` never goes missing in between either, so a
+    reader opening it meanwhile finds the old or the new content."""
     old = None
+    if final.is_dir() and not final.is_symlink() and tmp.is_dir() and _exchange(tmp, final):
+        fsync_dir(final.parent)
+        shutil.rmtree(tmp, ignore_errors=True)  # tmp now names the old content
+        return
     if final.exists() or final.is_symlink():
         old = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
         os.replace(final, old)
@@ -42,3 +48,18 @@ def swap_into_place(tmp: Path, final: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
         else:
             old.unlink(missing_ok=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the names ``a`` and ``b`` atomically (Linux renameat2 with RENAME_EXCHANGE); False
+    where the platform or file system cannot, and nothing was changed."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0

@@ -525,3 +525,39 @@ def _dashboard_link(client: Any, config: ClusterConfig) -> str | None:
             return link if response.status == 200 else None
     except (OSError, ValueError):
         return None
+
+
+def require_shared_folder(client: Any, folder: str | Path, what: str) -> None:
+    """Raise ClusterUnavailableError unless every worker of ``client`` sees ``folder``, the very
+    folder this process sees (not merely one at the same path): a probe file with a random token
+    is written there and each worker must read it back. ``what`` names the work for the message
+    (e.g. "the build of bank X"). Run on the driver before the first task that writes there."""
+    import os
+    import platform
+    import uuid
+
+    folder = Path(os.path.abspath(folder))
+    token = uuid.uuid4().hex
+    probe = folder / f".mklscale-probe-{token[:12]}"
+    probe.write_text(token)
+    try:
+        seen = client.run(_sees_probe, str(probe), token)
+    finally:
+        probe.unlink(missing_ok=True)
+    blind = sorted((addr, f"host {info[1]}") for addr, info in seen.items() if not info[0])
+    if blind:
+        who = ", ".join(f"{addr} ({host})" for addr, host in blind[:5]) + (" ..." if len(blind) > 5 else "")
+        raise ClusterUnavailableError(
+            f"{len(blind)} of {len(seen)} Dask worker(s) cannot see {folder} as this process on host "
+            f"{platform.node()} does: {who}; {what} needs every worker to see it at the same absolute path (a shared "
+            "file system mounted the same way on every node, cluster/README.md), or run without a cluster")
+
+
+def _sees_probe(probe: str, token: str) -> tuple[bool, str]:
+    """On a worker: (whether ``probe`` holds ``token``, this host's name)."""
+    import platform
+
+    try:
+        return Path(probe).read_text() == token, platform.node()
+    except OSError:
+        return False, platform.node()

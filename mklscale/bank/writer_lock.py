@@ -1,0 +1,195 @@
+"""One writer per bank: the exclusive lock every bank writer holds while it writes.
+
+Builds (``build_bank``, ``KernelBank.from_arrays``), repairs and ``verify``'s marking of bad
+kernels write a bank; each takes ``bank_writer(path, what)`` first. The lock is ``fcntl.flock``
+on the file ``.<name>.lock`` beside the store (``lock_path``), so it outlives the store being
+replaced (``overwrite``) and the estimators' bank cache (``cache_dir``) uses the very same file.
+The holder writes its pid, host, what it does and since when into the file; a second writer
+either waits, saying once on stderr who holds it, or (``wait=False``, or after ``wait`` seconds)
+raises ``BankLockedError`` naming the holder. Readers take no lock.
+
+The lock is reentrant within a thread (a repair takes it, then its verify marks under it) and
+excludes other threads of the same process as well as other processes: flock locks belong to an
+open file, and every acquisition that is not a re-entry opens the file anew.
+
+A lock dies with its holder (the kernel drops flock locks of a killed process), so a crashed
+build never leaves a stale lock. On NFS (Linux clients since 2.6.12, NFSv4 or lockd) flock is
+carried out as a whole-file POSIX lock that every client sees; on Lustre only when mounted with
+``-o flock`` (``localflock`` locks each node separately). A file system that refuses locks raises
+``BankLockedError`` saying so (cluster/README.md, "Concurrent use of a bank").
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import json
+import os
+import platform
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from mklscale.errors import BankLockedError
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no flock, writers are not serialised
+    fcntl = None  # type: ignore[assignment]
+
+#: seconds between tries while waiting for another writer
+POLL_S = 0.1
+
+_held: dict[str, tuple[int, int, int]] = {}  # lock file -> (owning thread, fd, depth)
+_guard = threading.Lock()
+
+
+def lock_path(bank_path: str | os.PathLike) -> Path:
+    """The lock file of the bank at ``bank_path``: ``.<name>.lock`` in the same folder."""
+    path = Path(os.path.abspath(bank_path))
+    # the real folder: a bank reached through a symlinked parent has one lock, whatever the name used
+    return Path(os.path.realpath(path.parent)) / f".{path.name}.lock"
+
+
+def holder(bank_path: str | os.PathLike) -> dict | None:
+    """What the current holder wrote into the lock file ({pid, host, what, since}); None when
+    nobody holds it or the file cannot be read."""
+    try:
+        text = lock_path(bank_path).read_text()
+        info = json.loads(text) if text.strip() else None
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def describe(info: dict | None) -> str:
+    """'pid 123 on host node7 (build since 2026-...)' from ``holder``'s record."""
+    if not info:
+        return "another process (it wrote no details)"
+    mine = " (this process)" if info.get("pid") == os.getpid() and info.get("host") == platform.node() else ""
+    return (f"pid {info.get('pid')} on host {info.get('host')}{mine} "
+            f"({info.get('what', 'writing')} since {info.get('since', '?')})")
+
+
+@contextmanager
+def bank_writer(bank_path: str | os.PathLike, what: str, wait: bool | float = True) -> Iterator[None]:
+    """Hold the exclusive writer lock of the bank at ``bank_path`` for the ``with`` block.
+
+    ``what`` says what the holder does ("build", "repair", ...), for the messages of others.
+    ``wait``: True waits as long as it takes (saying once on stderr who holds the lock), False
+    raises ``BankLockedError`` at once when another writer holds it, a number waits that many
+    seconds before raising. The folder holding the bank is created if missing.
+    """
+    if fcntl is None:  # pragma: no cover
+        yield
+        return
+    path = lock_path(bank_path)
+    key = str(path)
+    me = threading.get_ident()
+    with _guard:
+        if key in _held and _held[key][0] == me:
+            owner, fd, depth = _held[key]
+            _held[key] = (owner, fd, depth + 1)
+            reentered = True
+        else:
+            reentered = False
+    if reentered:
+        try:
+            yield
+        finally:
+            with _guard:
+                owner, fd, depth = _held[key]
+                _held[key] = (owner, fd, depth - 1)
+        return
+    fd = _open(path)
+    if fd is None:  # a read-only folder: no writer can run there
+        yield
+        return
+    try:
+        _acquire(fd, path, bank_path, what, wait)
+        _write_record(fd, what)
+        with _guard:
+            _held[key] = (me, fd, 1)
+        try:
+            yield
+        finally:
+            with _guard:
+                del _held[key]
+            try:
+                os.ftruncate(fd, 0)  # the holder's record goes with the lock
+            except OSError:
+                pass
+    finally:
+        os.close(fd)  # closing the last descriptor of the open file releases the lock
+
+
+def _open(path: Path) -> int | None:
+    """The lock file opened for flock; None when it can neither be created nor opened because
+    the folder is read-only (then nobody can write the bank there, and the caller's own first
+    write fails with ReadOnlyStoreError saying so). flock needs no write access: a lock file
+    another user created is opened read-only."""
+    flags = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(path, os.O_RDWR | os.O_CREAT | flags, 0o666)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise BankLockedError(f"the lock file {path} is a symbolic link; mklscale does not follow it: remove "
+                                  "it and run again") from None
+        if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise
+    try:
+        return os.open(path, os.O_RDONLY | flags)
+    except OSError:
+        return None
+
+
+def _acquire(fd: int, path: Path, bank_path, what: str, wait: bool | float) -> None:
+    deadline = None if wait is True else time.monotonic() + (0.0 if wait is False else float(wait))
+    said = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise BankLockedError(
+                    f"the file system holding {path} refuses file locks ({exc.strerror or exc}), so mklscale cannot "
+                    "make sure only one process writes the bank; on Lustre mount it with -o flock, on NFS enable "
+                    "locking (NFSv4 or lockd), or put the bank on a local disk (cluster/README.md, \"Concurrent use "
+                    "of a bank\")") from None
+        info = holder(bank_path)
+        if info is None:  # the holder may be writing its record right now
+            time.sleep(POLL_S)
+            info = holder(bank_path)
+        who = describe(info)
+        if deadline is not None and time.monotonic() >= deadline:
+            waited = "" if wait is False else f" after waiting {float(wait):g} s"
+            raise BankLockedError(f"bank {bank_path} is being written by {who}{waited}; only one process may "
+                                  f"write a bank at a time ({what} refused): wait for it to finish and run again, "
+                                  f"or stop it (its lock file: {path})")
+        if not said:
+            print(f"mklscale: bank {bank_path} is being written by {who}; {what} waits for it to finish "
+                  "(Ctrl-C to stop waiting)", file=sys.stderr, flush=True)
+            said = True
+        time.sleep(POLL_S)
+
+
+def _write_record(fd: int, what: str) -> None:
+    record = {"pid": os.getpid(), "host": platform.node(), "what": what,
+              "since": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(record).encode(), 0)
+    except OSError:  # a full disk: the lock holds without its record
+        pass
+
+
+def held_here(bank_path: str | os.PathLike) -> bool:
+    """True when this thread holds the writer lock of the bank at ``bank_path``."""
+    with _guard:
+        entry = _held.get(str(lock_path(bank_path)))
+    return entry is not None and entry[0] == threading.get_ident()
