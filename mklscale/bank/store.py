@@ -750,6 +750,6 @@ def _sweep_leftovers(path: Path) -> None:
                         "through links that leave the store: replace the link by the folder or file it points to "
                         "(or remove it; `mklscale bank repair` then rewrites what was there)")
         for name in files:
-            if name.endswith(".partial") and name.startswith("."):
+            if name.endswith(".partial"):  # a shard's (shard_format) or zarr's own temporary file
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(folder, name))
