@@ -140,7 +140,7 @@ def test_overwrite_swaps_the_store_in_one_step(X, tmp_path):
         stop.set()
         watcher.join()
     assert seen_missing == []
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".bank.lock", "bank"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bank"]  # nor the lock file, once let go
 
 
 # ---- item 2: verify's bad mark and a build's later flush ----------------------------------------------
@@ -228,7 +228,7 @@ def test_lock_is_reentrant_in_a_thread_and_excludes_other_threads(tmp_path):
         order.append("first")
     t.join(timeout=30)
     assert order == ["first", "other"]
-    assert writer_lock.holder(path) is None  # the record goes with the lock
+    assert writer_lock.holder(path) is None and not writer_lock.lock_path(path).exists()  # gone with the lock
 
 
 def test_a_killed_holder_leaves_no_stale_lock(tmp_path):

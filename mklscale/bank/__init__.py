@@ -4,7 +4,8 @@ Modules, each importing only those listed before it (``tests/test_layering.py`` 
 import cycle): ``_compute`` (numba kernels), ``spec`` and ``families`` (KernelSpec), ``factor`` (factor
 banks' math: Nystrom, pivoted Cholesky, ``factor_rows``), ``inputs`` (checks of user input), ``normalize`` (normalisation rules), ``stats`` (per-kernel statistics,
 crc32c), ``direct_io`` (O_DIRECT writes), ``shard_format`` (the shard files' bytes), ``fs_errors``
-(disk full, read-only store), ``group`` (the zarr group: layout, creation), ``store`` (KernelBank),
+(disk full, read-only store), ``writer_lock`` (one writer per bank), ``group`` (the zarr group: layout,
+creation), ``metadata`` (a bank's metadata checked on open), ``store`` (KernelBank),
 ``build`` (build_bank, repair_bank).
 """
 

@@ -14,6 +14,11 @@ on the rest. A recorded reason counts only while the kernel's ``complete`` flag 
 rebuild or ``repair`` (which set it again) retires it. ``repair`` recomputes bad kernels from their
 specs (banks built from features only).
 
+Writers. Everything that writes a bank (``from_arrays``, ``build.build_bank``, ``repair``,
+``verify``'s marking) holds its writer lock (``writer_lock``; ``writing`` also sweeps a killed
+writer's temporary files and refuses symbolic links leading out of the store). Opening a bank
+checks its metadata (``metadata.read_metadata``): damage raises BankCorruptError naming it.
+
 Nothing in a store is executed or unpickled: specs are JSON, everything else is numbers.
 
 The helpers this module held before it was split (shard writing, direct I/O, checksums, input
@@ -705,10 +710,7 @@ def prepare_path(path: Path, overwrite: bool, fingerprint: str | None) -> str:
         require_writable(path)
         require_writable(path.parent)
         return "replace"
-    try:
-        existing = KernelBank.open(path).attrs.get("fingerprint")
-    except BankCorruptError:
-        existing = None  # damaged metadata: only overwrite may replace it
+    existing = KernelBank.open(path).attrs.get("fingerprint")  # damaged metadata: BankCorruptError
     if fingerprint is not None and existing == fingerprint:
         return "resume"
     raise BankMismatchError(f"{path} holds a bank built from different data, kernel specs or settings; "
@@ -750,6 +752,7 @@ def _sweep_leftovers(path: Path) -> None:
                         "through links that leave the store: replace the link by the folder or file it points to "
                         "(or remove it; `mklscale bank repair` then rewrites what was there)")
         for name in files:
-            if name.endswith(".partial"):  # a shard's (shard_format) or zarr's own temporary file
+            # a shard's (shard_format) or zarr's own temporary file; a cluster build's probe (runtime.cluster)
+            if name.endswith(".partial") or name.startswith(".mklscale-probe-"):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(folder, name))

@@ -8,7 +8,9 @@ The holder writes its pid, host, what it does and since when into the file; a se
 either waits, saying once on stderr who holds it, or (``wait=False``, or after ``wait`` seconds)
 raises ``BankLockedError`` naming the holder. Readers take no lock.
 
-The lock is reentrant within a thread (a repair takes it, then its verify marks under it) and
+The holder removes the lock file as it lets go (a waiter whose file was removed so opens the new
+one: it checks that the file it locked is still the one at the path), so no file stays beside the
+bank. The lock is reentrant within a thread (a repair takes it, then its verify marks under it) and
 excludes other threads of the same process as well as other processes: flock locks belong to an
 open file, and every acquisition that is not a re-entry opens the file anew.
 
@@ -21,6 +23,7 @@ carried out as a whole-file POSIX lock that every client sees; on Lustre only wh
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import errno
 import json
@@ -104,12 +107,11 @@ def bank_writer(bank_path: str | os.PathLike, what: str, wait: bool | float = Tr
                 owner, fd, depth = _held[key]
                 _held[key] = (owner, fd, depth - 1)
         return
-    fd = _open(path)
+    fd = _lock(path, bank_path, what, wait)
     if fd is None:  # a read-only folder: no writer can run there
         yield
         return
     try:
-        _acquire(fd, path, bank_path, what, wait)
         _write_record(fd, what)
         with _guard:
             _held[key] = (me, fd, 1)
@@ -118,12 +120,37 @@ def bank_writer(bank_path: str | os.PathLike, what: str, wait: bool | float = Tr
         finally:
             with _guard:
                 del _held[key]
-            try:
-                os.ftruncate(fd, 0)  # the holder's record goes with the lock
-            except OSError:
-                pass
+            if _same_file(fd, path):  # removed while held: a waiter then finds its file gone and reopens
+                with contextlib.suppress(OSError):
+                    path.unlink()
     finally:
         os.close(fd)  # closing the last descriptor of the open file releases the lock
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        here, there = os.fstat(fd), os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
+def _lock(path: Path, bank_path, what: str, wait: bool | float) -> int | None:
+    """An open descriptor of the lock file ``path``, holding its flock (None: read-only folder)."""
+    deadline = None if wait is True else time.monotonic() + (0.0 if wait is False else float(wait))
+    said = False
+    while True:
+        fd = _open(path)
+        if fd is None:
+            return None
+        try:
+            held, said = _wait_for(fd, path, bank_path, what, deadline, wait, said)
+            if held and _same_file(fd, path):
+                return fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # the holder removed that file as it let go: lock the new one
 
 
 def _open(path: Path) -> int | None:
@@ -147,13 +174,14 @@ def _open(path: Path) -> int | None:
         return None
 
 
-def _acquire(fd: int, path: Path, bank_path, what: str, wait: bool | float) -> None:
-    deadline = None if wait is True else time.monotonic() + (0.0 if wait is False else float(wait))
-    said = False
+def _wait_for(fd: int, path: Path, bank_path, what: str, deadline: float | None, wait,
+              said: bool) -> tuple[bool, bool]:
+    """Take the flock of ``fd``, waiting until ``deadline`` (None: for ever); (held, whether the
+    waiting message was printed). Not held: the file at ``path`` was replaced meanwhile."""
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
+            return True, said
         except OSError as exc:
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise BankLockedError(
@@ -161,6 +189,8 @@ def _acquire(fd: int, path: Path, bank_path, what: str, wait: bool | float) -> N
                     "make sure only one process writes the bank; on Lustre mount it with -o flock, on NFS enable "
                     "locking (NFSv4 or lockd), or put the bank on a local disk (cluster/README.md, \"Concurrent use "
                     "of a bank\")") from None
+        if not _same_file(fd, path):
+            return False, said
         info = holder(bank_path)
         if info is None:  # the holder may be writing its record right now
             time.sleep(POLL_S)
