@@ -7,6 +7,11 @@ batches, and it marks a kernel complete only after the task that wrote its data 
 build killed at any moment therefore leaves complete kernels intact and, run again with the same
 arguments, recomputes exactly the unfinished shards. ``repair_bank`` (``KernelBank.repair``)
 reuses the same tasks to recompute shards holding kernels that ``verify`` found bad.
+
+Builds and repairs hold the bank's writer lock (``store.writing``, ``writer_lock``) from before
+they look at the path until they return, so one process writes a bank at a time. Shard tasks get
+the bank's absolute path; on a cluster every worker must first show that it sees the driver's
+folder (``runtime.cluster.require_shared_folder``), and a task never creates a bank folder.
 """
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ def read_metadata(path: Path, group: zarr.Group) -> BankMetadata:
         return arr
 
     data = array(data_array_name(representation), (M, n, width), attrs["dtype"])
-    shards = getattr(data, "shards", None) or data.chunks
+    shards = getattr(data, "shards", None) or (per_shard,)  # unsharded (not written by mklscale): chunks only
     if shards[0] != per_shard or data.chunks[0] != per_chunk:
         raise fail(f"the array {data.basename!r} is stored {shards[0]} kernels per "
                    f"shard in chunks of {data.chunks[0]}, but attribute layout says {per_shard} and {per_chunk}")
