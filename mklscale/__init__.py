@@ -19,3 +19,8 @@ def __getattr__(name):
 
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'mklscale' has no attribute {name!r}")
+
+
+def __dir__():
+    """The module's names and the lazily imported ones, for dir(), tab completion and help()."""
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,5 +1,6 @@
 """The ``mklscale`` command.
 
+    mklscale --version
     mklscale run pipelines/quickstart.toml [--cluster cluster/slurm.toml] [--out runs/quickstart] [--quiet]
     mklscale fit --dataset breast_cancer --family simplemkl --solver spicy --C 0.05 --out model/
     mklscale predict model/ --features X_new.npy [--proba] [--out predictions.npy]
@@ -28,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mklscale import __version__
 from mklscale.errors import InvalidInputError, MKLScaleError
 
 FAMILY_CHOICES = ("simplemkl", "gaussian", "polynomial", "linear", "random_subsets")
@@ -48,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mklscale", description="Multiple kernel learning over kernel banks on Dask.")
+    p.add_argument("--version", action="version", version=f"mklscale {__version__}")
     sub = p.add_subparsers(title="commands")
 
     r = sub.add_parser("run", help="run a pipeline: dataset -> bank -> solvers -> evaluation -> report")
