@@ -58,7 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--cluster", type=Path, default=None, help="a cluster TOML file (see cluster/); default: "
                    "an embedded LocalCluster with 2 worker processes")
     r.add_argument("--out", type=Path, default=None, help="run directory (default: runs/<pipeline name>)")
-    r.add_argument("--quiet", action="store_true", help="no progress bars or per-iteration lines")
+    r.add_argument("--quiet", action="store_true", help="no progress bars, per-iteration lines or kernel lists "
+                   "(each solver's result line and where the results went are still printed)")
     r.add_argument("--resume", action="store_true", help="continue an interrupted run in --out from its checkpoints")
     r.set_defaults(func=_cmd_run)
 
@@ -237,7 +238,7 @@ def _cmd_predict(args) -> int:
 def _cmd_report(args) -> int:
     from mklscale.report import write_report
 
-    print(f"report: {write_report(args.run_dir)}")
+    write_report(args.run_dir)  # prints where the report went (and what it lacks)
     return 0
 
 

@@ -85,3 +85,13 @@ def test_readme_examples_write_only_ignored_paths():
                        capture_output=True, text=True)
     not_ignored = [line.split("\t")[-1] for line in r.stdout.splitlines() if line.startswith("::")]
     assert not not_ignored, f"README examples write into the tracked tree: {not_ignored}"
+
+
+def test_report_command_prints_the_report_path_once(tmp_path, capsys):
+    from mklscale.cli import main
+
+    (tmp_path / "results.json").write_text('{"schema_version": 1, "solvers": [{"name": "bare"}]}')
+    assert main(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    index = tmp_path / "report" / "index.html"
+    assert index.is_file() and out.count(str(index)) == 1 and len(out.splitlines()) == 1, out
