@@ -95,3 +95,65 @@ def test_report_command_prints_the_report_path_once(tmp_path, capsys):
     out = capsys.readouterr().out
     index = tmp_path / "report" / "index.html"
     assert index.is_file() and out.count(str(index)) == 1 and len(out.splitlines()) == 1, out
+
+
+# ---- numba's first compilation is announced ----------------------------------------------------------
+_JITTED = "import numba\n\n\n@numba.njit(cache=True)\ndef plus_one(x):\n    return x + 1\n"
+
+
+def _jit_state(folder: Path, env: dict, call: bool) -> bool:
+    """will_compile([plus_one]) in a fresh interpreter (then call it, writing numba's cache, if ``call``)."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import jitted; from mklscale.runtime.jit import will_compile; "
+            "print(will_compile([jitted.plus_one])); jitted.plus_one(1) if sys.argv[2] == '1' else None")
+    r = subprocess.run([sys.executable, "-c", code, str(folder), "1" if call else "0"], capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip() == "True"
+
+
+def test_will_compile_reads_numbas_disk_cache(tmp_path, monkeypatch):
+    """True before the first call writes the cache, False after, True again once the source changes."""
+    import os
+
+    (tmp_path / "jitted.py").write_text(_JITTED)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"), "PYTHONPATH": os.pathsep.join(sys.path)}
+    assert _jit_state(tmp_path, env, call=False) is True   # looking compiles nothing
+    assert _jit_state(tmp_path, env, call=True) is True
+    assert _jit_state(tmp_path, env, call=False) is False
+    (tmp_path / "jitted.py").write_text(_JITTED + "\n# edited\n")
+    assert _jit_state(tmp_path, env, call=False) is True
+
+
+def _build_stderr(tmp_path: Path, env: dict, stop_at: str | None) -> str:
+    """stderr of `mklscale bank build` on 12 rows, read until ``stop_at`` appears (then the build is killed)."""
+    import os
+
+    X = tmp_path / "X.npy"
+    np.save(X, np.random.default_rng(0).normal(size=(12, 2)))
+    out = tmp_path / f"bank-{len(list(tmp_path.glob('bank-*')))}"
+    proc = subprocess.Popen([sys.executable, "-m", "mklscale", "bank", "build", "--features", str(X), "--family",
+                             "gaussian", "--widths", "1", "--out", str(out)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, env=env)
+    seen = b""
+    try:
+        while chunk := os.read(proc.stderr.fileno(), 4096):
+            seen += chunk
+            if stop_at is not None and stop_at.encode() in seen:
+                break
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+        proc.stderr.close()
+    return seen.decode(errors="replace")
+
+
+def test_build_bar_says_compiling_only_when_numba_will_compile(tmp_path):
+    import os
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    cold = _build_stderr(tmp_path, {**env, "NUMBA_CACHE_DIR": str(tmp_path / "cold-numba")},
+                         stop_at="build bank: compiling kernels (first run only)")
+    assert "build bank: compiling kernels (first run only)" in cold, cold
+    _build_stderr(tmp_path, env, stop_at=None)  # this checkout's own cache: compiled now at the latest
+    warm = _build_stderr(tmp_path, env, stop_at=None)
+    assert "build bank" in warm and "compiling" not in warm, warm
