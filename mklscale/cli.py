@@ -12,6 +12,7 @@
     mklscale bank info PATH
     mklscale bank verify PATH
     mklscale bank repair PATH [--quiet]
+    mklscale cache info|clear [--dir DIR]
 
 Exit codes: 0 success; 1 ``verify`` found problems (it marks bad kernels unfinished in the bank;
 ``bank repair`` recomputes them and exits 0 only when the bank verifies afterwards) or a pipeline solver failed (see results.json);
@@ -134,7 +135,20 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("path", type=Path)
     rp.add_argument("--quiet", action="store_true", help="no progress bars")
     rp.set_defaults(func=_cmd_repair)
+    _cache_parser(sub)
     return p
+
+
+def _cache_parser(sub) -> None:
+    cache = sub.add_parser("cache", help="show or empty the estimators' bank cache").add_subparsers(title="cache commands")
+    where = dict(type=Path, default=None, help="the cache folder (default: $MKLSCALE_CACHE or ~/.cache/mklscale/banks)")
+    i = cache.add_parser("info", help="print the cache's location, size and number of banks")
+    i.add_argument("--dir", **where)
+    i.add_argument("--json", action="store_true", help="machine-readable output")
+    i.set_defaults(func=_cmd_cache_info)
+    c = cache.add_parser("clear", help="remove every cached bank that no fit is using")
+    c.add_argument("--dir", **where)
+    c.set_defaults(func=_cmd_cache_clear)
 
 
 def _family_arguments(p: argparse.ArgumentParser) -> None:
@@ -352,6 +366,29 @@ def _cmd_info(args) -> int:
         print(f"  [{m}] {bank.specs[m].name}  lambda_max={lam[m]:.4g}")
     if len(bank) > 5:
         print(f"  ... {len(bank) - 5} more")
+    return 0
+
+
+def _cmd_cache_info(args) -> int:
+    from mklscale.bank import cache
+
+    info = cache.info(args.dir if args.dir is not None else cache.default_dir())
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    cap = "no cap" if info["max_bytes"] is None else f"cap {info['max_bytes'] / 1e9:.3f} GB"
+    print(f"bank cache: {info['path']}\n  size: {info['bytes'] / 1e9:.3f} GB in {info['n_banks']} bank(s)  "
+          f"({cap}, $MKLSCALE_CACHE_MAX)")
+    return 0
+
+
+def _cmd_cache_clear(args) -> int:
+    from mklscale.bank import cache
+
+    folder = args.dir if args.dir is not None else cache.default_dir()
+    removed, busy = cache.clear(folder)
+    print(f"bank cache: {folder}: removed {len(removed)} bank(s), {sum(b.nbytes for b in removed) / 1e9:.3f} GB"
+          + (f"; {len(busy)} in use by a running fit left in place" if busy else ""))
     return 0
 
 

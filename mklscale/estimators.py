@@ -9,8 +9,10 @@ the standardised features, normalised as the bank's ``normalize`` rule says), wi
 2. builds the kernel bank in ``cache_dir`` under a key that hashes the data (raw float64 bytes, from
    which the standardisation follows), the kernel specs, ``normalize`` and the storage dtype
    (float32) -- or REUSES it when a previous fit built the same bank (``fit_stats_["kernels_built"]``
-   is then 0). Banks stay in the cache until deleted (``$MKLSCALE_CACHE`` or ``~/.cache/mklscale/banks``
-   by default; every distinct training set, e.g. every cross-validation fold, gets its own bank);
+   is then 0). The cache (``$MKLSCALE_CACHE`` or ``~/.cache/mklscale/banks`` by default; every distinct
+   training set, e.g. every cross-validation fold, gets its own bank) is kept under
+   ``$MKLSCALE_CACHE_MAX`` (default 2GB) by evicting the least recently used banks no fit is using
+   (:mod:`mklscale.bank.cache`; ``mklscale cache info|clear``);
 3. opens an :class:`~mklscale.engine.Engine` on it (``client``: a ``distributed.Client`` or None for
    Dask's threaded scheduler) and runs the solver; multiclass classification is one-vs-rest, one
    solve per class on the same engine with targets +1 for the class and -1 for the rest;
@@ -64,13 +66,6 @@ from mklscale.solvers.result import json_safe
 
 #: storage dtype of the banks the estimators build (float32 storage, float64 accumulation)
 BANK_DTYPE = "float32"
-#: kernels of kernels="random_subsets"
-
-
-def default_cache_dir() -> Path:
-    """``$MKLSCALE_CACHE`` or ``~/.cache/mklscale/banks``."""
-    env = os.environ.get("MKLSCALE_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "mklscale" / "banks"
 
 
 #: the numpydoc Parameters section of both estimators (their class docstrings, so help() shows it)
@@ -210,23 +205,31 @@ class _MKLBase(BaseEstimator):
         t0 = time.perf_counter()
         params = self._check_solver()
         specs = families.resolve(self.kernels, X.shape[1], self._seed())
-        with _client(self.client) as client:
-            bank, seconds = self._bank_for(X, specs, client)
+        with _client(self.client) as client, self._cached_bank(X, specs, client) as (bank, seconds):
             self._solve(bank, y_targets, params, t0, client, build_seconds=seconds, resume=resume)
         return self
 
-    def _bank_for(self, X: np.ndarray, specs: list[KernelSpec], client):
+    @contextlib.contextmanager
+    def _cached_bank(self, X: np.ndarray, specs: list[KernelSpec], client):
+        """(bank, build seconds): the cached bank for X and specs, built if missing, marked in use (not
+        evicted) until the context ends; the least recently used other banks are evicted over the cap."""
+        from mklscale.bank import cache as bank_cache
         from mklscale.bank.build import build_bank
 
-        cache = Path(self.cache_dir) if self.cache_dir is not None else default_cache_dir()
+        limit = bank_cache.max_bytes()  # a bad $MKLSCALE_CACHE_MAX fails before any work
+        cache = Path(self.cache_dir) if self.cache_dir is not None else bank_cache.default_dir()
         cache.mkdir(parents=True, exist_ok=True)
         factor = {} if self.rank is None else {"rank": int(self.rank), "seed": self._seed() or 0}
-        key = bank_key(X, specs, self.normalize, BANK_DTYPE, factor)
+        name = bank_cache.name_for(bank_key(X, specs, self.normalize, BANK_DTYPE, factor))
         t0 = time.perf_counter()
-        with _file_lock(cache / f".bank-{key[:24]}.lock"):
-            bank = build_bank(X, specs, cache / f"bank-{key[:24]}", normalize=self.normalize, dtype=BANK_DTYPE,
-                              client=client, progress=bool(self.progress), **factor)
-        return bank, time.perf_counter() - t0
+        with bank_cache.using(cache, name):
+            with _file_lock(bank_cache.build_lock(cache, name)):
+                bank = build_bank(X, specs, cache / name, normalize=self.normalize, dtype=BANK_DTYPE,
+                                  client=client, progress=bool(self.progress), **factor)
+            seconds = time.perf_counter() - t0
+            bank_cache.touch(bank.path)
+            bank_cache.evict(cache, keep=bank.path, limit=limit)
+            yield bank, seconds
 
     def _solve(self, bank, y_targets: list[np.ndarray], params: dict, t0: float, client, build_seconds: float = 0.0,
                resume: bool = False):
