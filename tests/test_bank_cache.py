@@ -53,7 +53,10 @@ class _Holder:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
         self.proc = subprocess.Popen([sys.executable, "-c", code, str(cache), name], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env)
-        assert self.proc.stdout.readline().strip() == "held"
+        if self.proc.stdout.readline().strip() != "held":
+            self.proc.kill()
+            self.close()
+            pytest.fail("the holding process did not start")
 
     def close(self):
         self.proc.stdin.close()
@@ -120,3 +123,14 @@ def test_cache_info_and_clear_commands(three_banks, capsys):
     out = capsys.readouterr().out
     assert out.startswith(f"bank cache: {cache}: removed 2 bank(s), ") and "1 in use by a running fit left in place" in out
     assert [x.path for x in bank_cache.banks(cache)] == [paths[1]]
+
+
+def test_only_the_caches_own_bank_folders_are_counted_or_removed(three_banks):
+    cache, paths = three_banks
+    mine = [cache / "bank-mine", cache / "notes"]
+    for folder in mine:
+        folder.mkdir()
+        (folder / "data.txt").write_text("keep me")
+    assert [x.path for x in bank_cache.banks(cache)] == paths
+    assert bank_cache.evict(cache, limit=0) == paths
+    assert all((folder / "data.txt").is_file() for folder in mine)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,7 +31,8 @@ from mklscale.errors import InvalidInputError
 
 #: the cap when ``$MKLSCALE_CACHE_MAX`` is not set
 DEFAULT_MAX = "2GB"
-PREFIX = "bank-"
+#: the cache's bank folders; nothing else in the folder is counted or removed
+BANK_NAME = re.compile(r"bank-[0-9a-f]{24}")
 
 
 def default_dir() -> Path:
@@ -59,7 +61,7 @@ def max_bytes() -> int | None:
 
 def name_for(key: str) -> str:
     """The folder name of the bank with the estimators' hex ``key``."""
-    return f"{PREFIX}{key[:24]}"
+    return f"bank-{key[:24]}"
 
 
 def build_lock(cache: Path, name: str) -> Path:
@@ -84,7 +86,7 @@ def banks(cache: Path) -> list[CachedBank]:
         return []
     found = []
     for entry in os.scandir(cache):
-        if entry.name.startswith(PREFIX) and entry.is_dir(follow_symlinks=False):
+        if BANK_NAME.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
             with contextlib.suppress(FileNotFoundError):  # removed meanwhile by another process
                 size = _size(Path(entry.path)) + sum(_size(p) for p in cache.glob(f".{entry.name}.partial-*"))
                 found.append(CachedBank(Path(entry.path), size, entry.stat(follow_symlinks=False).st_mtime))
