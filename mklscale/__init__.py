@@ -3,7 +3,12 @@
 Layers (dependencies point one way): ``bank`` <- ``engine`` <- ``solvers`` <- estimators / cli.
 """
 
-__version__ = "0.1.0"
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("mklscale")           # the one version number is pyproject.toml's
+except PackageNotFoundError:                    # a source tree used without installing it
+    __version__ = "0+unknown"
 
 # The estimators pull in scikit-learn, pandas and the solvers: import them only when asked for, so
 # ``import mklscale`` stays cheap.
