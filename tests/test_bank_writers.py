@@ -140,7 +140,7 @@ def test_overwrite_swaps_the_store_in_one_step(X, tmp_path):
         stop.set()
         watcher.join()
     assert seen_missing == []
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["bank"]  # nor the lock file, once let go
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".bank.lock", "bank"]
 
 
 # ---- item 2: verify's bad mark and a build's later flush ----------------------------------------------

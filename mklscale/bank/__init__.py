@@ -6,7 +6,7 @@ banks' math: Nystrom, pivoted Cholesky, ``factor_rows``), ``inputs`` (checks of 
 crc32c), ``direct_io`` (O_DIRECT writes), ``shard_format`` (the shard files' bytes), ``fs_errors``
 (disk full, read-only store), ``writer_lock`` (one writer per bank), ``group`` (the zarr group: layout,
 creation), ``metadata`` (a bank's metadata checked on open), ``store`` (KernelBank),
-``build`` (build_bank, repair_bank).
+``build`` (build_bank, repair_bank), ``cache`` (the estimators' bank cache: locks, size cap, eviction).
 """
 
 from mklscale.bank import families
