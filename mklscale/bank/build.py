@@ -46,7 +46,7 @@ from mklscale.bank.group import (
 from mklscale.bank.inputs import NORMALIZATIONS, validate_dtype, validate_features
 from mklscale.bank.shard_format import write_shard_file
 from mklscale.bank.stats import checksum, kernel_stats
-from mklscale.bank.store import KernelBank, VerifyReport, prepare_path, writing
+from mklscale.bank.store import KernelBank, VerifyReport, prepare_path, refuse_target, writing
 from mklscale.errors import (
     BankCorruptError,
     BankMismatchError,
@@ -129,6 +129,7 @@ def build_bank(
     Xs = X if mean is None else (X - mean) / scale
     fingerprint = _fingerprint(X, specs, normalize, dt.name, standardize, rows, factor)
     path = Path(path)
+    refuse_target(path, overwrite, fingerprint)  # refused input leaves everything as it was, the lock file too
     with writing(path, "build", wait):
         return _build_locked(path, X, Xs, specs, mean, scale, rows, normalize, dt, factor, fingerprint, overwrite,
                              client, chunk_mb, shard_mb, progress, flush_every_s, max_error)

@@ -72,7 +72,7 @@ from mklscale.errors import (
 )
 
 __all__ = [
-    "KernelBank", "VerifyReport", "prepare_path", "writing",
+    "KernelBank", "VerifyReport", "prepare_path", "refuse_target", "writing",
     # moved to the modules named above; still importable from here
     "DIRECT_ALIGN", "DTYPES", "NORMALIZATIONS", "PER_KERNEL_FLOATS", "SCHEMA_VERSION", "aligned_empty",
     "checksum", "create_bank_group", "creation_info", "disk_full_message", "json_attr", "kernel_stats",
@@ -233,6 +233,7 @@ class KernelBank:
 
         attrs = {"normalize": normalize, "standardization": None, "train_rows": list(range(n)),
                  "fingerprint": None, "source": "from_arrays", "created": creation_info()}
+        refuse_target(path, overwrite, None)  # refused input leaves everything as it was, the lock file too
         with writing(path, "import (from_arrays)", wait):
             action = prepare_path(path, overwrite=overwrite, fingerprint=None)
             create_bank_group(path, specs=specs, n=n, dtype=dt, attrs=attrs, X=None, chunk_mb=chunk_mb,
@@ -703,12 +704,24 @@ def prepare_path(path: Path, overwrite: bool, fingerprint: str | None) -> str:
     if path.is_dir() and not any(path.iterdir()):
         require_writable(path)
         return "create"
+    action = refuse_target(path, overwrite, fingerprint)
+    if action == "replace":
+        require_writable(path)
+        require_writable(path.parent)
+    return action
+
+
+def refuse_target(path: Path, overwrite: bool, fingerprint: str | None) -> str:
+    """What ``prepare_path`` will do with the existing, non-empty ``path`` ("resume" or "replace"),
+    or the error it will raise (NotABankError, BankMismatchError, BankCorruptError), found without
+    writing anything: builds call it before they take the writer lock too, so that input refused
+    here leaves even the lock file untouched. A path that does not exist or is empty: "create"."""
+    if not path.exists() or (path.is_dir() and not any(path.iterdir())):
+        return "create"
     if not KernelBank.is_bank(path):
         raise NotABankError(f"{path} exists and is not an mklscale kernel bank; choose another path "
                             "(mklscale never deletes a folder it did not create)")
     if overwrite:
-        require_writable(path)
-        require_writable(path.parent)
         return "replace"
     existing = KernelBank.open(path).attrs.get("fingerprint")  # damaged metadata: BankCorruptError
     if fingerprint is not None and existing == fingerprint:

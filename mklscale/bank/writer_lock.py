@@ -8,8 +8,8 @@ The holder writes its pid, host, what it does and since when into the file; a se
 either waits, saying once on stderr who holds it, or (``wait=False``, or after ``wait`` seconds)
 raises ``BankLockedError`` naming the holder. Readers take no lock.
 
-The lock file stays beside the bank; where no bank is left at the path (a build refused bad input,
-the bank cache evicted it) the holder removes it as it lets go, and a waiter whose file was removed
+The lock file stays beside the bank; where no bank is left at the path (no ``zarr.json``: a build
+refused bad input, the bank cache evicted it) the holder removes it as it lets go, and a waiter whose file was removed
 opens the new one (it checks that the file it locked is still the one at the path). The lock is
 reentrant within a thread (a repair takes it, then its verify marks under it) and
 excludes other threads of the same process as well as other processes: flock locks belong to an
@@ -121,7 +121,7 @@ def bank_writer(bank_path: str | os.PathLike, what: str, wait: bool | float = Tr
         finally:
             with _guard:
                 del _held[key]
-            if not os.path.lexists(bank_path) and _same_file(fd, path):
+            if not os.path.lexists(os.path.join(bank_path, "zarr.json")) and _same_file(fd, path):
                 # no bank here (a build refused, an eviction): no lock file left beside nothing. Removed
                 # while held, so a waiter finds its file gone and reopens (``_lock``)
                 with contextlib.suppress(OSError):
