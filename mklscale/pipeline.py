@@ -10,7 +10,8 @@ A pipeline is a TOML file (see ``pipelines/``)::
     name = "breast_cancer"
     test_fraction = 0.25                # held-out rows (stratified for classification)
     max_train = 200                     # optional: keep at most this many training rows
-    options = { n_samples = 7400 }      # optional: passed to datasets.load (generated sets)
+    options = { n_samples = 7400 }      # optional: passed to datasets.load (generated sets); the run
+                                        # loads raw features: the bank standardises them, the models too
 
     [bank]                              # one family description or a list under `families`
     family = "simplemkl"                # + that family's parameters (see bank.families.resolve)
@@ -335,8 +336,12 @@ def _load_data(pipe: Pipeline) -> _Data:
     from mklscale.datasets import load
 
     cfg = pipe.dataset
+    if cfg["options"].get("standardise", False):
+        raise ConfigError("pipeline [dataset] options: standardise = true is not allowed: the run fits on the raw "
+                          "features (the bank standardises them and every saved model keeps that standardisation, "
+                          "so it predicts from raw features); remove standardise")
     try:
-        ds = load(cfg["name"], **cfg["options"])
+        ds = load(cfg["name"], **{**cfg["options"], "standardise": False})
     except InvalidInputError as exc:
         raise ConfigError(f"pipeline [dataset]: {exc}") from None
     task = "regression" if ds.task == "regression" else "classification"

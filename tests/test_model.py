@@ -17,7 +17,7 @@ import mklscale
 from mklscale import datasets
 from mklscale.bank import KernelBank, KernelSpec, build_bank, families
 from mklscale.errors import InvalidInputError, ModelFileError
-from mklscale.model import DENSE_SCHEMA_VERSION, SCHEMA_VERSION, MKLModel
+from mklscale.model import SCHEMA_VERSION, MKLModel
 from mklscale.solvers.result import MKLResult
 
 SPECS = (families.gaussian([0.5, 2.0]) + families.gaussian([1.0], features=[0, 2])
@@ -130,7 +130,7 @@ def test_save_load_predict_is_bit_identical(tmp_path, data):
     assert list(loaded.kernel_weights_.index) == est.selected_kernels_
     assert loaded.n_features_in_ == X.shape[1]
     doc = json.loads((path / "model.json").read_text())
-    assert doc["schema_version"] == DENSE_SCHEMA_VERSION and doc["mklscale_version"] == mklscale.__version__
+    assert doc["schema_version"] == SCHEMA_VERSION and doc["mklscale_version"] == mklscale.__version__
     assert doc["task"] == "classification" and doc["classes"] == [-1.0, 1.0]
     assert len(doc["specs"]) == len(est.selected_kernels_) and len(doc["heads"]) == 1
     assert doc["heads"][0]["bias"] == float(est.model_.bias[0])
