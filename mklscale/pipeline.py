@@ -90,7 +90,7 @@ from sklearn.exceptions import ConvergenceWarning
 from mklscale import __version__
 from mklscale.bank.factor import LANDMARK_RULES, METHODS
 from mklscale.config import Field, check_table, check_value, fraction, one_of, positive, read_toml
-from mklscale.errors import ClusterUnavailableError, ConfigError, InvalidInputError, MKLScaleError
+from mklscale.errors import ClusterUnavailableError, ConfigError, InvalidInputError, MKLScaleError, OutputWriteError
 from mklscale.solvers.result import json_safe
 
 SCHEMA_VERSION = 1
@@ -420,7 +420,10 @@ def _run_solver(entry: dict, bank, data: _Data, run_dir: Path, client, quiet: bo
     record["metrics"] = _metrics(estimator, data)
     record.update(_result_summary(estimator, bank))
     model_dir = run_dir / "models" / name
-    estimator.save(model_dir)
+    try:
+        estimator.save(model_dir)
+    except OutputWriteError as exc:  # a full disk stops the run; the bank and finished solvers are kept
+        raise OutputWriteError(f"{exc}; add --resume to keep the run's bank and finished solvers") from None
     record["model"] = str(model_dir.relative_to(run_dir))
     write_json_atomic(done, json_safe(record))
     _say_solver(say, record, len(bank))
