@@ -31,12 +31,20 @@ Model file (a directory)::
 
 A model fitted on a factor bank (K~_m = L_m L_m^T, ``build_bank(..., rank=r)``) predicts through the
 kept kernels' landmarks instead of the training rows S (``model_factor``): model.json says
-``"representation": "factor"`` (schema version 2) and arrays.npz holds factor_landmark_rows (p, d),
+``"representation": "factor"`` and arrays.npz holds factor_landmark_rows (p, d),
 factor_landmark_index (k, r), factor_transforms (k, r, r) and factor_coef (H, k, r) in place of rows,
 dual_coef and X_rows (empty there).
 
+Schema versions: 1 dense models, 2 factor models, 3 (written now) either; from 3 on, models fitted by
+`mklscale fit --dataset` and `mklscale run` take the dataset's raw features (mean/scale standardise
+them), older ones its standardised features (``MKLModel.dataset_features``). mean/scale are always the
+standardisation the fit applied to the features it was given.
+
 Everything is numbers, strings and JSON; ``arrays.npz`` is written and read with
-``allow_pickle=False``. Saving is atomic (temporary sibling folder, fsync, rename).
+``allow_pickle=False``. Every field is checked against the others (``model_checks``: shapes, dtypes,
+finiteness, index ranges) when a model is read, built from results or saved, before any compiled
+kernel sees it; a file that fails is refused with ModelFileError naming the field. Saving is atomic
+(temporary sibling folder, fsync, rename); a full disk raises OutputWriteError and keeps what was there.
 """
 
 from __future__ import annotations
