@@ -274,6 +274,9 @@ def test_distance_kernels_check_their_operands_shapes():
         _compute.base_row(Xt, 3, Zt, 0, 2, _compute.SQDIST, np.empty(2))  # i beyond X's points
     with pytest.raises(ValueError, match="operand shapes disagree"):
         _compute.base_row(Xt, 0, Zt, 0, 2, _compute.SQDIST, np.empty(1))  # out too short
+    params = np.array([[_compute.LINEAR, 0.0, 1.0]] * 2)
+    with pytest.raises(ValueError, match="_fill_grams"):
+        _compute.fill_grams(X, _compute.DOT, params, _compute.NO_NORM, np.empty((1, 3, 3)))  # room for 1 kernel of 2
     with pytest.raises(ValueError, match="_kernel_row"):
         _compute._kernel_row(np.ones(5), _compute.LINEAR, 0.0, 1, 1.0, np.ones(5), np.empty(3), False)
     with pytest.raises(ValueError, match="_cross_cols"):

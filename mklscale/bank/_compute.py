@@ -279,9 +279,12 @@ def _fill_grams(Xt, kind, fams, a, p, norm, out, single):
 
     One sweep over the upper triangle, _TILE rows at a time: each row of the base is computed
     once and mapped, scaled and cast into every kernel of the group, then the block of rows is
-    mirrored into the lower triangle (exact symmetry). Returns the normalisation factors.
+    mirrored into the lower triangle (exact symmetry). Returns the normalisation factors. Operands of
+    other shapes (out not (G, n, n), a or p not one entry per kernel) raise ValueError.
     """
     n, G = Xt.shape[1], fams.shape[0]
+    if out.shape[0] != G or out.shape[1] != n or out.shape[2] != n or a.shape[0] != G or p.shape[0] != G:
+        raise ValueError("_fill_grams: out must have shape (kernels, n, n) and a, p one entry per kernel")
     factors, scales = _normalisers(Xt, kind, fams, a, p, norm)
     buf = np.empty(n)
     for I in range(0, n, _TILE):
