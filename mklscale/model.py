@@ -318,7 +318,8 @@ class MKLModel:
         try:
             check_model(self)
         except ValueError as exc:
-            raise InvalidInputError(f"this model is not valid ({exc}); refit it instead of editing its fields") from None
+            raise InvalidInputError(f"this model is not valid ({exc}); refit it instead of editing its "
+                                    "fields") from None
         doc = self.to_json(extra)
         tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
         try:
@@ -364,7 +365,8 @@ class MKLModel:
                 X_rows=a.get("X_rows"), mean=a.get("mean"), scale=a.get("scale"), rows=a["rows"],
                 train_row_ids=a["train_row_ids"], bank_kernels=a["bank_kernels"], n_bank_kernels=doc["n_bank_kernels"],
                 n_train=doc["n_train"], n_features=doc["n_features"], heads=doc["heads"], info=doc.get("info", {}),
-                factor=factor, dataset_features="raw" if doc["schema_version"] >= RAW_FEATURES_SINCE else "standardised",
+                factor=factor,
+                dataset_features="raw" if doc["schema_version"] >= RAW_FEATURES_SINCE else "standardised",
             )
             check_model(model)
             if [h.get("bias") for h in model.heads] != model.bias.tolist():

@@ -27,6 +27,8 @@ def check_model(m) -> None:
     """Raise ValueError naming the first inconsistent field of MKLModel ``m`` (module docstring)."""
     if m.task not in TASKS:
         raise ValueError(f"task {m.task!r} is not one of {TASKS}")
+    if m.dataset_features not in ("raw", "standardised"):
+        raise ValueError(f"dataset_features {m.dataset_features!r} is not 'raw' or 'standardised'")
     if m.normalize not in NORMALIZATIONS:
         raise ValueError(f"normalize {m.normalize!r} is not one of {NORMALIZATIONS}")
     weights = _floats("weights", m.weights, 2)
