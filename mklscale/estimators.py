@@ -362,7 +362,8 @@ class MKLClassifier(ClassifierMixin, _MKLBase):
     model_ : MKLModel, what prediction needs.
     kernel_weights_ : pandas Series (binary) indexed by kernel name, or DataFrame (one-vs-rest)
         classes x kernels; KEPT kernels only (non-zero weight in some head), zeros where a class does
-        not use one.
+        not use one. Fitted on a DataFrame, the names show its column names instead of column
+        indices, e.g. ``gaussian(width=2)[mean radius]`` (``KernelSpec.label``).
     selected_kernels_ : names of the kept kernels.
     fit_stats_ : dict with passes, bytes_read, seconds, solve_seconds, build_seconds, bank (path),
         kernels_built (0 when the bank came from the cache), n_kernels, n_heads, converged (every head)
@@ -567,7 +568,8 @@ def _file_lock(path: Path):
 def _set_model_attributes(est, model: MKLModel) -> None:
     import pandas as pd
 
-    names = model.kernel_names
+    feature_names = getattr(est, "feature_names_in_", None)  # a DataFrame's columns at fit
+    names = [spec.label(feature_names) for spec in model.specs]
     if model.n_heads == 1:
         est.kernel_weights_ = pd.Series(model.weights[0], index=pd.Index(names, name="kernel"), name="weight")
     else:
