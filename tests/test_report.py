@@ -2,7 +2,8 @@
 
 The results.json is built here the way ``mklscale run`` writes it (schema_version 1): a small
 trace-normalised bank on 60 rows of breast_cancer, SpicyMKL (logistic, block 1-norm) with its
-history, a one-vs-rest style pair of SpicyMKL heads, a PFBS tau path, and one failed solver.
+history, a one-vs-rest style pair of SpicyMKL heads, a PFBS tau path, the uniform baseline (equal
+weights on every kernel) and one failed solver. Kernel names carry the dataset's feature names.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ from mklscale.report import write_report
 from mklscale.solvers.result import json_safe
 
 INJECTION = '<script>alert("x")</script>&'
+DESCRIPTION = "Gaussian and polynomial kernels on breast cancer rows: sparse SpicyMKL against PFBS and uniform weights."
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 # ---- building a results.json from real runs --------------------------------------------------------
 
-def _kernel_entries(result, specs, head=None) -> list[dict]:
-    return [{"index": int(m), "name": specs[m].name, "family": specs[m].family, "params": dict(specs[m].params),
+def _kernel_entries(result, specs, head=None, names=None) -> list[dict]:
+    return [{"index": int(m), "name": specs[m].label(names), "family": specs[m].family, "params": dict(specs[m].params),
              "features": None if specs[m].features is None else list(specs[m].features),
              "weight": float(result.weights[m]), "head": head} for m in result.active]
 
@@ -37,12 +39,12 @@ def _accuracy(result, bank, X, y) -> float:
     return float(np.mean(np.where(f >= 0.0, 1.0, -1.0) == y))
 
 
-def _solver_entry(name, algorithm, results, specs, bank, data, heads=(None,), path=None) -> dict:
+def _solver_entry(name, algorithm, results, specs, bank, data, heads=(None,), path=None, names=None) -> dict:
     """A results.json solver entry from one MKLResult per head (one-vs-rest heads are merged)."""
     X_tr, y_tr, X_te, y_te = data
     kernels, history = [], []
     for head, (res, sign) in zip(heads, results):
-        kernels += _kernel_entries(res, specs, head)
+        kernels += _kernel_entries(res, specs, head, names)
         history += [{**{k: e[k] for k in ("iteration", "primal", "dual", "gap", "n_active", "passes",
                                              "bytes_read", "seconds") if k in e}, "head": head} for e in res.history]
     first = results[0][0]
@@ -92,11 +94,18 @@ def build_results(run_dir, n_train: int = 60, n_test: int = 40, specs=None, name
     pfbs_last = tau_path.results[-1]
     for e in pfbs_last.history:       # PFBS entries keep no "dual" in this run: must still plot
         e.pop("dual", None)
+    names = ds.feature_names
     solvers = [
-        _solver_entry("spicy_l1", "spicy", [(l1, 1.0)], specs, bank, data),
-        _solver_entry("spicy_ovr", "spicy", ovr, specs, bank, data, heads=("1", "-1")),
+        _solver_entry("spicy_l1", "spicy", [(l1, 1.0)], specs, bank, data, names=names),
+        _solver_entry("spicy_ovr", "spicy", ovr, specs, bank, data, heads=("1", "-1"), names=names),
         _solver_entry("pfbs_path", "pfbs", [(pfbs_last, 1.0)], specs, bank, data,
-                      path=_path_entry(tau_path, specs)),
+                      path=_path_entry(tau_path, specs), names=names),
+        {"name": "uniform", "solver": "uniform", "params": {"C": None}, "status": "ok", "error": None,
+         "metrics": {"train_accuracy": 0.9, "test_accuracy": 0.85}, "converged": True, "gap": 0.0, "passes": 1,
+         "n_active": len(specs), "history": [{"iteration": 1, "n_active": len(specs), "seconds": 0.1, "head": None}],
+         "kernels": [{"index": m, "name": spec.label(names), "family": spec.family, "params": dict(spec.params),
+                      "features": None if spec.features is None else list(spec.features), "weight": 1.0 / len(specs),
+                      "head": None} for m, spec in enumerate(specs)], "path": None, "model": "models/uniform"},
         {"name": "smo_broken", "solver": "smo", "params": {"C": 1.0}, "status": "failed",
          "error": "InvalidInputError: C must be > 0 <and> finite", "metrics": None, "history": None,
          "kernels": [], "path": None, "model": None},
@@ -106,12 +115,14 @@ def build_results(run_dir, n_train: int = 60, n_test: int = 40, specs=None, name
         families_count[s.family] = families_count.get(s.family, 0) + 1
     results = {
         "schema_version": 1, "mklscale_version": "0.1.0",
-        "pipeline": {"name": name, "path": "pipelines/report-test.toml", "config": {"solvers": ["spicy"]}},
+        "pipeline": {"name": name, "description": DESCRIPTION, "path": "pipelines/report-test.toml",
+                     "config": {"solvers": ["spicy"], "description": DESCRIPTION}},
         "started": "2026-11-22T07:00:00+00:00", "finished": "2026-11-22T07:00:09+00:00", "seconds": 9.1,
         "machine": {"cpus": 2, "memory": 8_000_000_000, "python": sys.version.split()[0]},
-        "cluster": {"kind": "local", "dashboard": None, "workers": 1},
+        "cluster": {"kind": "local", "dashboard": "http://127.0.0.1:8787/status", "workers": 1},
         "dataset": {"name": "breast_cancer", "task": "classification", "n_train": int(tr.size),
-                    "n_test": int(te.size), "n_features": int(ds.X.shape[1]), "classes": [-1, 1]},
+                    "n_test": int(te.size), "n_features": int(ds.X.shape[1]), "classes": [-1, 1],
+                    "feature_names": list(names)},
         "bank": {"path": "bank.zarr", "M": len(specs), "n": int(tr.size), "dtype": "float32",
                  "normalize": "trace", "build_seconds": 0.5, "kernels_computed": len(specs),
                  "families": families_count},
@@ -179,12 +190,50 @@ def test_report_has_the_tables_and_a_figure_per_section(run_dir, report_index, r
     assert "breast_cancer" in page and "gaussian: 17, polynomial: 4" in page
     assert '<tr class="failed">' in page and "C must be &gt; 0 &lt;and&gt; finite" in page
     assert f"{results['solvers'][0]['metrics']['test_accuracy']:.4g}" in page
-    assert _pngs(index.parent) == ["active.png", "gap.png", "metrics.png", "path-02-pfbs_path.png",
-                                   "weights-00-spicy_l1.png", "weights-01-spicy_ovr.png",
-                                   "weights-02-pfbs_path.png"]
+    assert _pngs(index.parent) == ["convergence.png", "metrics.png", "path-02-pfbs_path.png", "weights-00-spicy_l1.png",
+                                   "weights-01-spicy_ovr.png", "weights-02-pfbs_path.png", "weights-heatmap.png"]
     assert sorted(re.findall(r'<img src="([^"]+)"', page)) == _pngs(index.parent)
-    assert "<script" not in page and "http" not in page.split("</style>")[1]   # static, nothing fetched
+    # static, nothing fetched, and no link to the run's Dask dashboard (gone once the run ended)
+    assert "<script" not in page and "http" not in page.split("</style>")[1] and "dashboard" not in page
+    assert "href=" not in page
     assert _leftovers(run_dir) == []
+
+
+def test_description_comes_first_and_features_are_named(report_index, results):
+    page = report_index.read_text()
+    body = page.split("<body>")[1]
+    assert re.match(rf'\s*<h1>mklscale report: report-test</h1>\s*<p class="description">{re.escape(DESCRIPTION)}</p>',
+                    body)
+    # a kernel on feature 7 is named by the dataset's column name in the kernel tables
+    assert "<td>gaussian(width=4)[mean concave points]</td>" in page and "<td>mean concave points</td>" in page
+    assert "<td>gaussian(width=4)[7]</td>" not in page
+
+
+def test_weights_are_shares_and_the_uniform_baseline_is_one_line(report_index, results):
+    """Every weighting solver's shares sum to 100 % (whatever the scale of its weights); the uniform
+    baseline is summarised in one line: no figure, no table of its kernels."""
+    from mklscale import plots
+
+    page = report_index.read_text()
+    M = len(results["solvers"][3]["kernels"])
+    assert (f"<li><b>uniform</b> (uniform): the same weight on each of its {M} kernels "
+            f"({100 / M:.3g} % each)</li>") in page
+    assert "<h3>uniform" not in page and "weights-03-uniform.png" not in page
+    assert page.count(f"<td>{1 / M:.4g}</td>") == 0
+    for solver in results["solvers"][:3]:
+        shares = plots.weight_shares(solver["kernels"])
+        heads = {k["head"] for k in solver["kernels"]}
+        assert sum(shares) == pytest.approx(len(heads))           # 1 per head
+    weighting = {s["name"]: s["kernels"] for s in results["solvers"][:3]}
+    ax = plots.weight_heatmap(weighting, feature_names=results["dataset"]["feature_names"])
+    grid = np.ma.filled(ax.images[0].get_array(), 0.0)
+    assert grid.shape[1] == 3 and np.allclose(grid.sum(axis=0), 100.0)   # every kept kernel shown: 100 %
+    assert [t.get_text() for t in ax.get_xticklabels()] == list(weighting)
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert "gaussian width=4 [mean concave points]" in labels
+    ax = plots.kernel_weights(results["solvers"][0]["kernels"], feature_names=results["dataset"]["feature_names"])
+    assert sum(p.get_width() for p in ax.patches) == pytest.approx(100.0)
+    assert ax.get_xlabel() == "share of the total weight (%)"
 
 
 def test_figures_are_valid_non_blank_pngs(report_index):
@@ -238,7 +287,7 @@ def test_second_run_replaces_the_report_whole(small_results, tmp_path, monkeypat
     with pytest.raises(RuntimeError, match="drawing failed"):
         write_report(run, quiet=True)
     assert "second-run" in (run / "report" / "index.html").read_text()
-    assert _pngs(run / "report") == ["active.png", "gap.png", "metrics.png", "weights-00-spicy_l1.png"]
+    assert _pngs(run / "report") == ["convergence.png", "metrics.png", "weights-00-spicy_l1.png"]
     assert _leftovers(run) == []
 
 
@@ -276,7 +325,7 @@ def test_missing_optional_fields_still_give_a_report(tmp_path):
     assert "<td>bare</td>" in page and "<td>k2</td>" in page
     assert "no path values recorded" in page
     # no gap recorded and an empty path: no figure for either
-    assert _pngs(tmp_path / "report") == ["active.png", "weights-01-no_gap.png"]
+    assert _pngs(tmp_path / "report") == ["convergence.png", "weights-01-no_gap.png"]
 
 
 def test_unconverged_solver_is_flagged_next_to_its_name(tmp_path):
@@ -297,17 +346,64 @@ def test_unconverged_solver_is_flagged_next_to_its_name(tmp_path):
     assert f'<td class="not-converged" title="{escaped}">no: NOT CONVERGED</td>' in page
     assert '<h3>stuck <small>(smo)</small> <span class="not-converged">NOT CONVERGED</span></h3>' in page
     assert f"<li><b>stuck</b>: NOT CONVERGED &mdash; {escaped}</li>" in page
-    assert page.count("NOT CONVERGED") == 3  # not for the converged solver nor the failed one
+    assert '<td>stuck <span class="not-converged">NOT CONVERGED</span></td>' in page    # in the metrics table
+    assert page.count("NOT CONVERGED") == 4  # not for the converged solver nor the failed one
     assert "<h3>fine <small>(uniform)</small></h3>" in page
 
 
-def test_without_matplotlib_the_tables_are_written_with_a_note(small_results, tmp_path, monkeypatch):
-    results = small_results
-    for module in ("matplotlib", "matplotlib.figure", "matplotlib.pyplot"):
-        monkeypatch.setitem(sys.modules, module, None)
+def test_matplotlib_is_a_runtime_dependency():
+    """The report (the main job's output) has figures on a plain install: no extra needed."""
+    import tomllib
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    assert any(re.match(r"matplotlib\b", d) for d in project["dependencies"])
+
+
+CLASSIFICATION_EXTRAS = {
+    "metrics": {"train_accuracy": 0.99, "test_accuracy": 0.62, "test_balanced_accuracy": 0.5, "test_roc_auc": 0.71,
+                "train_balanced_accuracy": 0.98, "train_roc_auc": 0.99},
+    "confusion_matrix": {"labels": [-1.0, 1.0], "counts": [[0, 15], [0, 25]]},
+    "model_selection": {"parameter": "C", "grid": [0.01, 0.1, 1.0, 10.0], "mean_score": [0.6, 0.8, 0.85, 0.84],
+                        "std_score": [0.05, 0.04, 0.031, 0.02], "chosen": 1.0, "folds": 5,
+                        "score_name": "balanced_accuracy"},
+    "majority_rate": 0.625, "constant_predictor": True,
+}
+
+
+def test_classification_metrics_model_selection_and_a_constant_predictor(tmp_path):
+    """Balanced accuracy, ROC AUC, the confusion matrix, the CV spread of the chosen value, the
+    majority-class rate and the constant-predictor flag are shown when results.json has them."""
+    results = {"schema_version": 1, "dataset": {"task": "classification", "classes": [-1.0, 1.0]}, "solvers": [
+        {"name": "picked", "solver": "spicy", "status": "ok", "converged": True,
+         "kernels": [{"name": "a", "weight": 2.0}, {"name": "b", "weight": 6.0}], **CLASSIFICATION_EXTRAS}]}
+    index = write_report(_copy_run(results, tmp_path), quiet=True)
+    page = index.read_text()
+    for header in ("test balanced accuracy", "test ROC AUC", "test accuracy", "CV score (mean ± std)",
+                   "train balanced accuracy"):
+        assert f"<th>{header}</th>" in page, header
+    assert '<td class="num">0.85 ± 0.031</td>' in page
+    assert "C = 1 chosen, 5 folds" in page and "<td>chosen</td>" in page
+    assert ('<tr><th>-1</th><td class="num hit">0</td><td class="num">15</td></tr>'
+            '<tr><th>1</th><td class="num">0</td><td class="num hit">25</td></tr>') in page
+    assert "majority-class rate (the accuracy of always predicting the most frequent class): 0.625" in page
+    assert '<td>picked <span class="constant">CONSTANT PREDICTOR</span></td>' in page
+    assert _pngs(tmp_path / "report") == ["metrics.png", "model-selection.png", "weights-00-picked.png"]
+    from mklscale import plots
+
+    fig = plots.model_selection({"picked": CLASSIFICATION_EXTRAS["model_selection"]})
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log" and ax.get_title() == "picked"
+    assert [line.get_xdata()[0] for line in ax.get_lines() if line.get_linestyle() == ":"] == [1.0]
+
+
+def test_regression_shows_r2_rmse_and_the_mean_predictor_error(tmp_path):
+    results = {"schema_version": 1, "solvers": [
+        {"name": "ridge", "solver": "pfbs", "status": "ok", "mean_predictor_error": 77.5,
+         "metrics": {"train_r2": 0.6, "test_r2": 0.45, "train_rmse": 50.1, "test_rmse": 57.25}}]}
     page = write_report(_copy_run(results, tmp_path), quiet=True).read_text()
-    assert "matplotlib is not installed" in page and "<img" not in page
-    assert "<td>spicy_l1</td>" in page and _pngs(tmp_path / "report") == []
+    assert "<th>test R²</th><th>test RMSE</th>" in page and '<td class="num">57.25</td>' in page
+    assert "error of predicting the training mean for every row: 77.5" in page
 
 
 # ---- the figures, from plain data ------------------------------------------------------------------
@@ -315,7 +411,7 @@ def test_without_matplotlib_the_tables_are_written_with_a_note(small_results, tm
 def test_convergence_figures_draw_one_line_per_solver_and_head(results):
     from mklscale import plots
 
-    histories = {s["name"]: s["history"] for s in results["solvers"] if s["history"]}
+    histories = {s["name"]: s["history"] for s in results["solvers"][:3]}
     ax = plots.duality_gap(histories)
     assert ax.get_yscale() == "log"
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [
@@ -325,6 +421,9 @@ def test_convergence_figures_draw_one_line_per_solver_and_head(results):
     assert len(ax.get_lines()) == 4
     n_active = [e["n_active"] for e in results["solvers"][0]["history"]]
     np.testing.assert_array_equal(ax.get_lines()[0].get_ydata(), n_active)
+    fig = plots.convergence_panels(histories, {"spicy_l1": 1e-4}, ncols=2)   # small multiples
+    assert len(fig.axes) == 6 and [a.get_title() for a in fig.axes[::2]] == list(histories)
+    assert [len(a.get_lines()) for a in fig.axes] == [1 + 1, 1, 2, 2, 1, 1]   # spicy_l1: gap + its tolerance
 
 
 def test_log_axes_skip_zero_negative_and_non_finite_values():
