@@ -234,7 +234,7 @@ def _cmd_predict(args) -> int:
 def _cmd_report(args) -> int:
     from mklscale.report import write_report
 
-    print(f"report: {write_report(args.run_dir)}")
+    print(f"report: {write_report(args.run_dir, quiet=True)}")
     return 0
 
 

@@ -149,11 +149,8 @@ def _new_axes(figsize: tuple[float, float], ax=None):
     """``ax`` itself, or the Axes of a fresh pyplot-free Figure of size ``figsize`` (inches)."""
     if ax is not None:
         return ax
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise ImportError("mklscale plots need matplotlib, which is not installed; install the 'plot' extra "
-                          "(pip install 'mklscale[plot]' or pip install matplotlib)") from None
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=figsize, layout="constrained")
     return fig.add_subplot()
 
@@ -257,13 +254,13 @@ def _draw_weight_bars(ax, rows: list[dict], heads: list, feature_names=None) -> 
         widths = [next(iter(r["weights"].values())) for r in rows]
         ax.barh(y, widths, height=0.7, color=[color[_family(r["kernel"])] for r in rows])
         for yi, w in zip(y, widths):
-            ax.annotate(f"{w:.2g}", (w, yi), xytext=(3, 0), textcoords="offset points", va="center",
+            ax.annotate(f"{w:.0f}" if w >= 10 else f"{w:.2g}", (w, yi), xytext=(3, 0), textcoords="offset points", va="center",
                         fontsize="x-small")
     else:
         bar = 0.8 / len(heads)
         for i, (head, c) in enumerate(zip(heads, _colors(len(heads)))):
             widths = [r["weights"].get(head, 0.0) for r in rows]
-            ax.barh(y - 0.4 + bar * (i + 0.5), widths, height=bar, color=c, label=f"head {head}")
+            ax.barh(y - 0.4 + bar * (i + 0.5), widths, height=bar, color=c, label=f"class {head}")
         _legend(ax, len(heads), max_entries=20, below=True)
     ax.set_yticks(y, [kernel_label(r["kernel"], feature_names) for r in rows], fontsize="small")
     ax.margins(x=0.12)
@@ -318,7 +315,8 @@ def weight_heatmap(solvers: Mapping[str, Sequence[Mapping]], ax=None, max_kernel
         if np.isfinite(v) and v >= 0.5:
             ax.text(j, i, f"{v:.0f}", ha="center", va="center", fontsize="x-small",
                     color="white" if v > 0.6 * np.nanmax(grid) else "black")
-    ax.set_xticks(range(len(labels)), labels, rotation=30 if len(labels) > 3 else 0, ha="right" if len(labels) > 3
+    short = [lab if len(lab) <= 24 else lab[:23] + "…" for lab in labels]
+    ax.set_xticks(range(len(labels)), short, rotation=30 if len(labels) > 3 else 0, ha="right" if len(labels) > 3
                   else "center", fontsize="small")
     ax.set_yticks(range(len(names)), [kernel_label(entries[n], feature_names, family=True) for n in names],
                   fontsize="small")
@@ -426,13 +424,21 @@ def convergence_panels(histories: Mapping[str, Sequence[Mapping]], tolerances: M
     for i, label in enumerate(labels):
         r, c = divmod(i, ncols)
         one = {label: histories[label]}
-        gap = duality_gap(one, fig.add_subplot(grid[2 * r, c]), {label: tolerances.get(label)}, title=label)
-        active_set(one, fig.add_subplot(grid[2 * r + 1, c]), title="")
-        for ax in fig.axes[-2:]:
+        title = label if len(label) <= 24 else label[:23] + "…"
+        gap = duality_gap(one, fig.add_subplot(grid[2 * r, c]), {label: tolerances.get(label)}, title=title)
+        active = active_set(one, fig.add_subplot(grid[2 * r + 1, c]), title="")
+        for ax in (gap, active):
             ax.xaxis.label.set_fontsize("small")
             ax.yaxis.label.set_fontsize("small")
             ax.tick_params(labelsize="small")
+            if ax.get_legend() is not None:   # one-vs-rest heads: a small legend inside, on the gap panel only
+                ax.get_legend().remove()
+                if ax is gap:
+                    handles, keys = ax.get_legend_handles_labels()
+                    ax.legend(handles, [k.split(" [", 1)[-1].rstrip("]") for k in keys], title="class",
+                              fontsize="x-small", title_fontsize="x-small", frameon=False)
         gap.title.set_fontweight("bold")
+        gap.title.set_fontsize("medium")
     return fig
 
 

@@ -247,10 +247,11 @@ p.description { font-size: 1.1em; margin: .2em 0 .6em; max-width: 60em; }
 .wrap { max-width: 100%; overflow-x: auto; }
 table { border-collapse: collapse; margin: .6em 0 1.2em; font-size: .9em; }
 th, td { border: 1px solid #ddd; padding: .25em .6em; text-align: left; vertical-align: top;
-         overflow-wrap: anywhere; }
+         overflow-wrap: break-word; }
 th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
-td.params { font-size: .85em; color: #444; max-width: 16em; }
+td.params { font-size: .85em; color: #444; min-width: 12em; max-width: 18em; overflow-wrap: anywhere; }
 tr.failed td { background: #fdecea; } .error { color: #a00; white-space: pre-wrap; }
+td.error { min-width: 16em; overflow-wrap: anywhere; }
 .not-converged, .constant { color: #a00; font-weight: bold; }
 .meta, .note, figcaption { color: #555; font-size: .9em; } .note { background: #fff8e1; padding: .6em; }
 .side { display: flex; flex-wrap: wrap; gap: 0 2.5em; align-items: flex-start; }
@@ -631,7 +632,8 @@ def _solver_kernels(i: int, solver: Mapping, figures: Mapping | None, names: lis
     cut = (f'<p class="meta">the {MAX_KERNEL_ROWS} heaviest of {len(kernels)} kept kernels are listed</p>'
            if len(kernels) > MAX_KERNEL_ROWS else "")
     return (title + _figures_html(figures, f"weights:{i}")
-            + f"<details><summary>the {len(kernels)} kept kernels and their weights</summary>"
+            + f"<details><summary>the {len({str(k.get('name')) for k in kernels})} kept kernels and their weights"
+            + (" (per class)" if with_head else "") + "</summary>"
             + _table(header, rows) + cut + "</details>")
 
 
