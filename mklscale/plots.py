@@ -575,7 +575,7 @@ def model_selection(selections: Mapping[str, Mapping], ncols: int = 3):
     """Small multiples of cross-validated scores: one panel per solver, the mean score per grid
     value with +-1 standard deviation across folds as error bars and the chosen value marked.
 
-    ``selections`` maps a solver label to its results.json ``model_selection`` entry (see
+    ``selections`` maps a solver label to its results.json ``cv`` entry (see
     :func:`selection_table`). A grid of positive numbers spanning more than a decade gets a log
     axis. Returns the figure.
     """
@@ -612,10 +612,11 @@ def model_selection(selections: Mapping[str, Mapping], ncols: int = 3):
 
 
 def selection_table(selection: Mapping) -> dict:
-    """A results.json ``model_selection`` entry read leniently: {parameter, values, mean, std, chosen,
-    folds, score_name}, missing parts as None or empty lists. Accepted keys: ``grid`` or ``values``
-    for the tried values, ``mean_score``/``mean``/``scores`` and ``std_score``/``std`` (one per value),
-    ``chosen`` (the value picked), ``folds``, ``score_name``/``metric``/``scoring``, ``parameter``."""
+    """A results.json ``cv`` entry (model selection by cross-validation; docs/design.md, "Model
+    selection and the null model") read leniently: {parameter, values, mean, std, chosen, folds,
+    score_name}, missing parts as None or empty lists. Read from ``grid`` (the tried values),
+    ``mean`` and ``std`` (one per value, over the folds), ``chosen``, ``folds``, ``metric`` and
+    ``parameter`` (also accepted: ``values``, ``mean_score``, ``std_score``, ``score_name``)."""
     def first(*keys, default=None):
         return next((selection[k] for k in keys if selection.get(k) is not None), default)
 

@@ -20,8 +20,10 @@ machine, cluster, dataset {name, task, n_train, n_test, n_features, classes, fea
 dtype, normalize, build_seconds, kernels_computed, families}, and solvers: a list of {name, solver,
 params, status, error, metrics, confusion_matrix, seconds, passes, bytes_read, converged, objective,
 gap, n_active, kernels (the kept ones), history, path, convergence_warning, model, and, where model
-selection ran, model_selection (see :func:`mklscale.plots.selection_table`), majority_rate
-(classification) or mean_predictor_error (regression), constant_predictor}. A solver with converged false
+selection ran, cv (see :func:`mklscale.plots.selection_table`), null_model {metric, solver, null,
+at_least_null} and constant_predictor {constant, value}}; dataset.null_model is the
+majority-class {kind: "majority_class", label, test_accuracy, ...} or training-mean {kind: "mean",
+value, test_r2, test_rmse, ...} predictor (docs/design.md, "Model selection and the null model"). A solver with converged false
 is flagged "NOT CONVERGED" (class ``not-converged``) in the converged column of the solver table and
 next to its name in the kept-kernels section, with the estimator's warning text (what to change)
 below the table. Only ``schema_version`` and ``solvers`` are
@@ -152,16 +154,16 @@ def _iterative(history: Any) -> bool:
 
 
 def _selection(solver: Mapping) -> Mapping | None:
-    ms = solver.get("model_selection")
+    """The solver's cross-validation entry ("cv"), when its C was chosen by model selection."""
+    ms = solver.get("cv")
     return ms if isinstance(ms, Mapping) and ms else None
 
 
-def _reference(solver: Mapping, key: str) -> Any:
-    """``key`` (e.g. majority_rate) from a solver entry or its metrics."""
-    if solver.get(key) is not None:
-        return solver.get(key)
-    metrics = solver.get("metrics")
-    return metrics.get(key) if isinstance(metrics, Mapping) else None
+def _null_model(results: Mapping) -> Mapping:
+    """``dataset.null_model``: the majority-class or training-mean predictor's scores (or {})."""
+    dataset = results.get("dataset") if isinstance(results.get("dataset"), Mapping) else {}
+    null = dataset.get("null_model")
+    return null if isinstance(null, Mapping) else {}
 
 
 # ---- figures ----------------------------------------------------------------------------------------
@@ -178,7 +180,7 @@ def render_figures(results: Mapping, out_dir: Path) -> dict[str, list[tuple[str,
     figures: dict[str, list[tuple[str, str]]] = {}
     metric = plots.main_test_metric(ok)
     if metric:
-        ref, ref_label = _constant_score(results, ok, metric)
+        ref, ref_label = _constant_score(results, metric)
         _save(plots.metrics(ok, metric=metric, reference=ref, reference_label=ref_label, label=_metric_label(metric)),
               out_dir, "metrics.png", figures, "metrics", f"{_metric_label(metric)} on the test rows per solver (lighter: "
               "on the training rows; dotted: what a constant prediction scores)")
@@ -213,15 +215,15 @@ def render_figures(results: Mapping, out_dir: Path) -> dict[str, list[tuple[str,
     return figures
 
 
-def _constant_score(results: Mapping, solvers: Sequence[Mapping], metric: str) -> tuple[Any, str]:
-    """What predicting one class for every row scores on ``metric``: 1/K for balanced accuracy (K
-    classes), the majority-class rate for accuracy (when recorded); else (None, "")."""
+def _constant_score(results: Mapping, metric: str) -> tuple[Any, str]:
+    """What predicting one class (or the training mean) for every row scores on ``metric``: 1/K for
+    balanced accuracy (K classes), else the null model's score when recorded; else (None, "")."""
     classes = (results.get("dataset") or {}).get("classes") if isinstance(results.get("dataset"), Mapping) else None
     if metric == "test_balanced_accuracy" and isinstance(classes, list) and len(classes) >= 2:
         return 1.0 / len(classes), "constant prediction"
-    if metric == "test_accuracy":
-        rate = next((_reference(s, "majority_rate") for s in solvers if _reference(s, "majority_rate") is not None), None)
-        return rate, "majority-class rate"
+    null = _null_model(results)
+    if null.get(metric) is not None:
+        return null[metric], "majority class" if null.get("kind") == "majority_class" else "training mean"
     return None, ""
 
 
@@ -366,7 +368,8 @@ def render_html(results: Mapping, figures: Mapping[str, list[tuple[str, str]]] |
         "<h2>Data and kernel bank</h2>",
         '<div class="side">', _key_values("Dataset", results.get("dataset")),
         _key_values("Kernel bank", results.get("bank")), "</div>",
-        "<h2>Solvers</h2>", "<h3>Test rows</h3>" if solvers else "", _quality_table(solvers, results), _flags(solvers),
+        "<h2>Solvers</h2>", "<h3>Test rows</h3>" if solvers else "", _quality_table(solvers, results),
+        _flags(solvers, results),
         _figures_html(figures, "metrics"), _confusion_matrices(solvers), _model_selection(solvers, figures),
         _cost_table(solvers),
         _convergence_section(solvers, figures),
@@ -416,7 +419,8 @@ def _metrics_of(solver: Mapping) -> Mapping:
 def _name_cell(solver: Mapping) -> str:
     """The solver's name, with the flags of an unconverged run or a constant predictor."""
     flags = (f' <span class="not-converged">{NOT_CONVERGED}</span>' if _not_converged(solver) else "") + \
-            (f' <span class="constant">{CONSTANT}</span>' if _constant(solver) else "")
+            (f' <span class="constant">{CONSTANT}</span>' if _constant(solver) else "") + \
+            (f' <span class="constant">{BELOW_NULL}</span>' if _below_null(solver) else "")
     return f"<td>{_e(solver.get('name'))}{flags}</td>"
 
 
@@ -480,6 +484,8 @@ def _cost_table(solvers: Sequence[Mapping]) -> str:
 NOT_CONVERGED = "NOT CONVERGED"
 #: the flag of a solver whose model predicts one value for every row
 CONSTANT = "CONSTANT PREDICTOR"
+#: the flag of a solver whose test score is below the null model's
+BELOW_NULL = "BELOW THE NULL MODEL"
 
 
 def _not_converged(solver: Mapping) -> bool:
@@ -488,26 +494,36 @@ def _not_converged(solver: Mapping) -> bool:
 
 
 def _constant(solver: Mapping) -> bool:
-    return _ok(solver) and _reference(solver, "constant_predictor") is True
+    """Whether the solver's model predicts one class / one value for every row (constant_predictor)."""
+    flag = solver.get("constant_predictor")
+    return _ok(solver) and isinstance(flag, Mapping) and flag.get("constant") is True
 
 
-def _flags(solvers: Sequence[Mapping]) -> str:
-    """What a constant predictor would score (majority-class rate or mean-predictor error) and which
-    solvers' models are constant."""
+def _below_null(solver: Mapping) -> bool:
+    """Whether the solver scores below the null model on the test rows (null_model.at_least_null false)."""
+    null = solver.get("null_model")
+    return _ok(solver) and isinstance(null, Mapping) and null.get("at_least_null") is False
+
+
+def _flags(solvers: Sequence[Mapping], results: Mapping) -> str:
+    """The null model's scores (majority class or training mean), and which solvers are constant
+    predictors or below the null model."""
+    null = _null_model(results)
     items = []
-    majority = next((_reference(s, "majority_rate") for s in solvers if _reference(s, "majority_rate") is not None), None)
-    if majority is not None:
-        items.append(f"majority-class rate (the accuracy of always predicting the most frequent class): "
-                     f"{_e(fmt(plots.number(majority)))}")
-    mean_error = next((_reference(s, "mean_predictor_error") for s in solvers
-                       if _reference(s, "mean_predictor_error") is not None), None)
-    if mean_error is not None:
-        items.append(f"error of predicting the training mean for every row: {_e(fmt(plots.number(mean_error)))}")
-    constant = [str(s.get("name")) for s in solvers if _constant(s)]
-    if constant:
-        items.append(f'<span class="constant">{CONSTANT}</span>: {_e(", ".join(constant))} predict(s) the same '
-                     "value for every row; its metrics are those of a constant (try a smaller regularisation or "
-                     "other kernels)")
+    if null.get("kind") == "majority_class":
+        items.append(f"null model: always predicting the training majority class {_e(fmt(null.get('label')))} "
+                     f"scores test accuracy {_e(fmt(null.get('test_accuracy')))} (the majority-class rate)")
+    elif null.get("kind") == "mean":
+        items.append(f"null model: predicting the training mean {_e(fmt(null.get('value')))} for every row scores "
+                     f"test R² {_e(fmt(null.get('test_r2')))}, test RMSE {_e(fmt(null.get('test_rmse')))}")
+    below = [str(s.get("name")) for s in solvers if _below_null(s)]
+    if below:
+        items.append(f'<span class="constant">{BELOW_NULL}</span>: {_e(", ".join(below))}')
+    constant = [(str(s.get("name")), s["constant_predictor"].get("value")) for s in solvers if _constant(s)]
+    for name, value in constant:
+        items.append(f'<span class="constant">{CONSTANT}</span>: {_e(name)} predicts {_e(fmt(value))} for every '
+                     "row; its metrics are those of a constant (a smaller regularisation, or C chosen by "
+                     "cross-validation, usually helps)")
     return f'<p class="note">{"<br>".join(items)}</p>' if items else ""
 
 
@@ -549,7 +565,7 @@ def _confusion_matrices(solvers: Sequence[Mapping]) -> str:
 
 
 def _model_selection(solvers: Sequence[Mapping], figures: Mapping | None) -> str:
-    """Per solver with a model_selection entry: its grid, the mean and std of the CV score per value
+    """Per solver with a cv entry: its grid, the mean and std of the CV score per value
     and the value chosen, in a collapsed table, below the figure of all of them."""
     blocks = []
     for s in solvers:

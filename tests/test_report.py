@@ -252,17 +252,21 @@ CLASSIFICATION_EXTRAS = {
     "metrics": {"train_accuracy": 0.99, "test_accuracy": 0.62, "test_balanced_accuracy": 0.5, "test_roc_auc": 0.71,
                 "train_balanced_accuracy": 0.98, "train_roc_auc": 0.99},
     "confusion_matrix": {"labels": [-1.0, 1.0], "counts": [[0, 15], [0, 25]]},
-    "model_selection": {"parameter": "C", "grid": [0.01, 0.1, 1.0, 10.0], "mean_score": [0.6, 0.8, 0.85, 0.84],
-                        "std_score": [0.05, 0.04, 0.031, 0.02], "chosen": 1.0, "folds": 5,
-                        "score_name": "balanced_accuracy"},
-    "majority_rate": 0.625, "constant_predictor": True,
+    # the fields of docs/design.md, "Model selection and the null model"
+    "cv": {"key": "C", "parameter": "C", "requested": "auto", "grid": [0.01, 0.1, 1.0, 10.0],
+           "mean": [0.6, 0.8, 0.85, 0.84], "std": [0.05, 0.04, 0.031, 0.02], "metric": "accuracy", "folds": 5,
+           "seed": 0, "chosen": 1.0},
+    "null_model": {"metric": "test_accuracy", "solver": 0.62, "null": 0.625, "at_least_null": False},
+    "constant_predictor": {"constant": True, "value": 1.0},
 }
+NULL_CLASSIFIER = {"kind": "majority_class", "label": 1.0, "train_accuracy": 0.63, "test_accuracy": 0.625}
 
 
 def test_classification_metrics_model_selection_and_a_constant_predictor(tmp_path):
     """Balanced accuracy, ROC AUC, the confusion matrix, the CV spread of the chosen value, the
     majority-class rate and the constant-predictor flag are shown when results.json has them."""
-    results = {"schema_version": 1, "dataset": {"task": "classification", "classes": [-1.0, 1.0]}, "solvers": [
+    results = {"schema_version": 1, "dataset": {"task": "classification", "classes": [-1.0, 1.0],
+                                                "null_model": NULL_CLASSIFIER}, "solvers": [
         {"name": "picked", "solver": "spicy", "status": "ok", "converged": True,
          "kernels": [{"name": "a", "weight": 2.0}, {"name": "b", "weight": 6.0}], **CLASSIFICATION_EXTRAS}]}
     index = write_report(_copy_run(results, tmp_path), quiet=True)
@@ -274,24 +278,31 @@ def test_classification_metrics_model_selection_and_a_constant_predictor(tmp_pat
     assert "C = 1 chosen, 5 folds" in page and "<td>chosen</td>" in page
     assert ('<tr><th>-1</th><td class="num hit">0</td><td class="num">15</td></tr>'
             '<tr><th>1</th><td class="num">0</td><td class="num hit">25</td></tr>') in page
-    assert "majority-class rate (the accuracy of always predicting the most frequent class): 0.625" in page
-    assert '<td>picked <span class="constant">CONSTANT PREDICTOR</span></td>' in page
+    assert ("null model: always predicting the training majority class 1 scores test accuracy 0.625 "
+            "(the majority-class rate)") in page
+    assert ('<td>picked <span class="constant">CONSTANT PREDICTOR</span> '
+            '<span class="constant">BELOW THE NULL MODEL</span></td>') in page
+    assert '<span class="constant">CONSTANT PREDICTOR</span>: picked predicts 1 for every row' in page
     assert _pngs(tmp_path / "report") == ["metrics.png", "model-selection.png", "weights-00-picked.png"]
     from mklscale import plots
 
-    fig = plots.model_selection({"picked": CLASSIFICATION_EXTRAS["model_selection"]})
+    fig = plots.model_selection({"picked": CLASSIFICATION_EXTRAS["cv"]})
     ax = fig.axes[0]
     assert ax.get_xscale() == "log" and ax.get_title() == "picked"
     assert [line.get_xdata()[0] for line in ax.get_lines() if line.get_linestyle() == ":"] == [1.0]
 
 
 def test_regression_shows_r2_rmse_and_the_mean_predictor_error(tmp_path):
-    results = {"schema_version": 1, "solvers": [
-        {"name": "ridge", "solver": "pfbs", "status": "ok", "mean_predictor_error": 77.5,
-         "metrics": {"train_r2": 0.6, "test_r2": 0.45, "train_rmse": 50.1, "test_rmse": 57.25}}]}
+    null = {"kind": "mean", "value": 151.2, "train_r2": 0.0, "test_r2": -0.01, "train_rmse": 77.0, "test_rmse": 77.5}
+    results = {"schema_version": 1, "dataset": {"task": "regression", "null_model": null}, "solvers": [
+        {"name": "ridge", "solver": "pfbs", "status": "ok",
+         "metrics": {"train_r2": 0.6, "test_r2": 0.45, "train_rmse": 50.1, "test_rmse": 57.25},
+         "null_model": {"metric": "test_r2", "solver": 0.45, "null": -0.01, "at_least_null": True},
+         "constant_predictor": {"constant": False, "value": None}}]}
     page = write_report(_copy_run(results, tmp_path), quiet=True).read_text()
     assert "<th>test R²</th><th>test RMSE</th>" in page and '<td class="num">57.25</td>' in page
-    assert "error of predicting the training mean for every row: 77.5" in page
+    assert "predicting the training mean 151.2 for every row scores test R² -0.01, test RMSE 77.5" in page
+    assert "CONSTANT PREDICTOR" not in page and "BELOW THE NULL MODEL" not in page
 
 
 # ---- the figures, from plain data ------------------------------------------------------------------

@@ -70,11 +70,10 @@ def crowded_report(tmp_path_factory):
         for k in twin["kernels"]:
             k["weight"] *= scale
         extra.append(twin)
-    spicy["model_selection"] = {"parameter": "C", "grid": [0.01, 0.1, 1.0, 10.0], "mean_score": [0.6, 0.8, 0.85, 0.84],
-                                "std_score": [0.05, 0.04, 0.03, 0.02], "chosen": 1.0, "folds": 5,
-                                "score_name": "balanced_accuracy"}
+    spicy["cv"] = {"parameter": "C", "grid": [0.01, 0.1, 1.0, 10.0], "mean": [0.6, 0.8, 0.85, 0.84],
+                   "std": [0.05, 0.04, 0.03, 0.02], "chosen": 1.0, "folds": 5, "metric": "accuracy"}
     spicy["confusion_matrix"] = {"labels": [-1.0, 1.0], "counts": [[12, 3], [2, 23]]}
-    spicy["majority_rate"] = 0.625
+    results["dataset"]["null_model"] = {"kind": "majority_class", "label": 1, "test_accuracy": 0.625}
     broken["error"] = "InvalidInputError: " + "a very long message without spaces_" * 12
     results["solvers"] = [spicy, ovr, pfbs, *extra, uniform, broken]
     (run / "results.json").write_text(json.dumps(results))
