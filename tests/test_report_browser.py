@@ -16,7 +16,6 @@ import copy
 import json
 import os
 import shutil
-from pathlib import Path
 
 import pytest
 
