@@ -15,19 +15,22 @@ shares of each solver's total weight (comparable across solvers) in a kernel x s
 per solver; baselines with equal weights on every kernel are summarised in one line, not listed.
 Feature indices are shown by name where results.json has the dataset's ``feature_names``.
 
-results.json (schema_version 1) holds: pipeline {name, description, path, config}, started, finished, seconds,
-machine, cluster, dataset {name, task, n_train, n_test, n_features, classes, feature_names}, bank {path, M, n,
-dtype, normalize, build_seconds, kernels_computed, families}, and solvers: a list of {name, solver,
-params, status, error, metrics, confusion_matrix, seconds, passes, bytes_read, converged, objective,
-gap, n_active, kernels (the kept ones), history, path, convergence_warning, model, and, where model
-selection ran, cv (see :func:`mklscale.plots.selection_table`), null_model {metric, solver, null,
-at_least_null} and constant_predictor {constant, value}}; dataset.null_model is the
-majority-class {kind: "majority_class", label, test_accuracy, ...} or training-mean {kind: "mean",
-value, test_r2, test_rmse, ...} predictor (docs/design.md, "Model selection and the null model"). A solver with converged false
-is flagged "NOT CONVERGED" (class ``not-converged``) in the converged column of the solver table and
-next to its name in the kept-kernels section, with the estimator's warning text (what to change)
-below the table. Only ``schema_version`` and ``solvers`` are
-required; every other field may be missing. Non-finite floats may be the strings "inf"/"-inf"/"nan".
+results.json (schema_version 1) holds: pipeline {name, description, path, config}, started,
+finished, seconds, machine, cluster, dataset {name, task, n_train, n_test, n_features, classes,
+feature_names, null_model}, bank {path, M, n, dtype, normalize, build_seconds, kernels_computed,
+families}, and solvers: a list of {name, solver, params, status, error, metrics, confusion_matrix,
+seconds, passes, bytes_read, converged, objective, gap, n_active, kernels (the kept ones), history,
+path, convergence_warning, model, cv (where model selection ran; see
+:func:`mklscale.plots.selection_table`), null_model {metric, solver, null, at_least_null},
+constant_predictor {constant, value}}. dataset.null_model is the majority-class {kind:
+"majority_class", label, test_accuracy, ...} or training-mean {kind: "mean", value, test_r2,
+test_rmse, ...} predictor (docs/design.md, "Model selection and the null model"). A solver with
+converged false is flagged "NOT CONVERGED" (class ``not-converged``) next to its name in the test
+table and the kept-kernels section and in the converged column, with the estimator's warning text
+(what to change) below the cost table; a constant predictor, or one below the null model, is
+flagged beside its name too. The Dask dashboard's address is not shown (it ends with the run).
+Only ``schema_version`` and ``solvers`` are required; every other field may be missing.
+Non-finite floats may be the strings "inf"/"-inf"/"nan".
 """
 
 from __future__ import annotations
