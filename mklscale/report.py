@@ -261,7 +261,7 @@ td.error { min-width: 16em; overflow-wrap: anywhere; }
 .meta, .note, figcaption { color: #555; font-size: .9em; } .note { background: #fff8e1; padding: .6em; }
 .side { display: flex; flex-wrap: wrap; gap: 0 2.5em; align-items: flex-start; }
 .side > div { min-width: 0; max-width: 100%; }
-table.kv th { white-space: nowrap; } table.kv td { max-width: 36em; }
+table.kv th { white-space: nowrap; } table.kv td { max-width: 24em; }
 table.confusion td { min-width: 3em; } table.confusion td.hit { background: #e3f0e3; }
 figure { margin: 1em 0; } img { max-width: 100%; height: auto; border: 1px solid #eee; }
 pre { background: #f7f7f7; padding: .6em; overflow-x: auto; font-size: .85em; white-space: pre-wrap; }
