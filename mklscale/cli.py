@@ -272,7 +272,7 @@ def _standardisation_is_identity(model) -> bool:
 def _cmd_report(args) -> int:
     from mklscale.report import write_report
 
-    write_report(args.run_dir)  # prints where the report went (and what it lacks)
+    write_report(args.run_dir)  # prints where the report went
     return 0
 
 
