@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from mklscale.bank import _compute
+from mklscale.bank import _compute, remote
 from mklscale.bank import factor as factor_math
 from mklscale.bank.spec import KernelSpec, specs_from_json, specs_to_json
 from mklscale.bank.direct_io import aligned_empty
@@ -38,6 +38,7 @@ from mklscale.bank.group import (
     data_array_name,
     json_attr,
 )
+from mklscale.bank.location import ObjectURL, bank_location
 from mklscale.bank.inputs import NORMALIZATIONS, validate_dtype, validate_features
 from mklscale.bank.shard_format import write_shard_file
 from mklscale.bank.stats import checksum, kernel_stats
@@ -72,6 +73,7 @@ def build_bank(
     tol: float = 1e-6,
     seed: int = 0,
     max_error: float = 0.05,
+    storage_options: dict | None = None,
 ) -> KernelBank:
     """Compute K_m(X, X) for every spec and store them as a bank at ``path``.
 
@@ -114,7 +116,7 @@ def build_bank(
     mean, scale = _standardisation(X) if standardize else (None, None)
     Xs = X if mean is None else (X - mean) / scale
     fingerprint = _fingerprint(X, specs, normalize, dt.name, standardize, rows, factor)
-    path = Path(path)
+    path = bank_location(path, storage_options)  # a folder, or s3://bucket/prefix (``remote``)
     if not prepare_path(path, overwrite=overwrite, fingerprint=fingerprint):
         attrs = {
             "normalize": normalize,
@@ -127,7 +129,7 @@ def build_bank(
         }
         if factor is not None:
             attrs["factor"] = json_attr(factor.to_attrs())
-        create_bank_group(path, specs=specs, n=X.shape[0], dtype=dt, attrs=attrs, X=Xs,
+        (remote.create_group if isinstance(path, ObjectURL) else create_bank_group)(path, specs=specs, n=X.shape[0], dtype=dt, attrs=attrs, X=Xs,
                           chunk_mb=chunk_mb, shard_mb=shard_mb, rank=None if factor is None else factor.rank)
 
     bank = KernelBank.open(path)
@@ -187,7 +189,7 @@ def _compute_shards(bank: KernelBank, specs: Sequence[KernelSpec], Xs: np.ndarra
     todo = sum(len(range(*bank.shard_range(s))) for s in shards)
     with _progress(len(specs), len(specs) - todo, progress) as bar:
         try:
-            with contextlib.closing(runner(client, str(bank.path), specs, Xs, bank.normalize, bank.dtype.name,
+            with contextlib.closing(runner(client, bank.path if bank.remote else str(bank.path), specs, Xs, bank.normalize, bank.dtype.name,
                                            layout, shards, expected, _factor_of(bank))) as results:
                 for first, stats in results:
                     writer.record(first, stats)
@@ -318,7 +320,7 @@ def build_shard(path: str, specs_json: str, Xs: np.ndarray, normalize, dtype: st
             stats["trace"][k], stats["fro"][k], stats["lambda_max"][k], stats["checksum"][k] = kernel_stats(block[k])
         _check_reproduced(s, s * per_shard, stats["checksum"], expected)
         with _off_the_worker_pool():
-            write_shard_file(Path(path), s, block, per_chunk, per_shard)
+            _write_shard(path, s, block, per_chunk, per_shard)
     return s * per_shard, stats
 
 
@@ -342,8 +344,16 @@ def _build_factor_shard(path: str, specs: list[KernelSpec], Xs: np.ndarray, norm
             stats["approx_error"][q], stats["exact_trace"][q] = f.approx_error, f.exact_trace
         _check_reproduced(s, first, stats["checksum"], expected)
         with _off_the_worker_pool():
-            write_shard_file(Path(path), s, block, per_chunk, per_shard, data_array_name("factor"))
+            _write_shard(path, s, block, per_chunk, per_shard, data_array_name("factor"))
     return first, stats
+
+
+def _write_shard(path, s: int, block: np.ndarray, per_chunk: int, per_shard: int, array: str = "gram") -> None:
+    """One shard file, or one verified object PUT for a bank on an object store (``remote``)."""
+    if isinstance(path, ObjectURL):
+        remote.write_shard(path, s, block, per_chunk, per_shard, array)
+    else:
+        write_shard_file(Path(path), s, block, per_chunk, per_shard, array)
 
 
 @contextmanager
@@ -508,7 +518,7 @@ def _run_distributed(client, path, specs, Xs, normalize, dtype, layout, shards, 
     X_future = client.scatter(Xs, broadcast=True)
     futures = [
         client.submit(build_shard, path, specs_to_json(specs[s * S:(s + 1) * S]), X_future, normalize, dtype, s, layout,
-                      expected[s], factor, key=f"mklscale-build-{os.path.basename(path)}-{s}-{os.getpid()}-{time.monotonic_ns()}", pure=False)
+                      expected[s], factor, key=f"mklscale-build-{os.path.basename(str(path))}-{s}-{os.getpid()}-{time.monotonic_ns()}", pure=False)
         for s in shards
     ]
     watch = SchedulerWatch(client, f"the build of {path}")
