@@ -99,13 +99,10 @@ class SeaweedServer:
                                  f"{self.root / 'weed.log'}")
 
     def stop(self) -> None:
+        """Kill the server at once (SIGKILL: as a crashed server; its data survives a restart)."""
         if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, 15)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, 9)
-                self.proc.wait(10)
+            os.killpg(self.proc.pid, 9)
+            self.proc.wait(30)
         self.proc = None
 
     def client(self):

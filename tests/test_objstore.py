@@ -195,3 +195,93 @@ def test_copy_between_folder_and_bucket_both_ways(s3_bucket, local_bank, tmp_pat
     assert main(["bank", "copy", str(local_bank.path), url, "--overwrite", "--quiet"]) == 0
     assert main(["bank", "info", url, "--json"]) == 0
     assert f'"path": "{url}"' in capsys.readouterr().out
+
+
+# ---- a cluster whose workers share no path with the driver --------------------------------------------
+@pytest.mark.cluster
+def test_two_workers_in_other_directories_build_and_read_from_the_server(s3_bucket, data, local_bank, tmp_path,
+                                                                         monkeypatch):
+    from distributed import Client, LocalCluster
+
+    X, specs = data
+    elsewhere = tmp_path / "workers"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # worker processes start in this directory, not the driver's
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                      local_directory=str(elsewhere)) as cluster:
+        monkeypatch.chdir(tmp_path)
+        with Client(cluster) as client:
+            cwds = set(client.run(os.getcwd).values())
+            assert cwds == {str(elsewhere)} and os.getcwd() != str(elsewhere)
+            url = f"s3://{s3_bucket}/cluster.zarr"
+            bank = build_bank(X, specs, url, client=client, progress=False, **LAYOUT)  # shards PUT by the workers
+            np.testing.assert_array_equal(bank.checksums, local_bank.checksums)
+            U = np.random.default_rng(3).normal(size=(2, 60))
+            engine = Engine(url, client=client, cache_bytes=0, task_bytes=60 * 60 * 4 * 2)
+            np.testing.assert_array_equal(engine.quad_forms(U), Engine(local_bank).quad_forms(U))
+            np.testing.assert_array_equal(engine.combine(np.arange(11.0)), Engine(local_bank).combine(np.arange(11.0)))
+    assert not any(p.name.endswith(".zarr") for p in elsewhere.rglob("*")) and not (tmp_path / "s3:").exists()
+
+
+# ---- faults -------------------------------------------------------------------------------------------
+@pytest.fixture
+def own_server(tmp_path):
+    """A server of this test's own (it is stopped and restarted), with the session's credentials."""
+    from _seaweed import SeaweedServer, SeaweedUnavailable
+
+    server = SeaweedServer(tmp_path / "own-seaweed")
+    try:
+        server.start()
+    except SeaweedUnavailable as exc:
+        pytest.skip(f"no S3 server: {exc}")
+    yield server
+    server.stop()
+
+
+@pytest.mark.slow
+def test_server_stopped_mid_build_and_mid_pass(own_server, s3_server, data, local_bank, tmp_path):
+    X, specs = data
+    bucket = own_server.new_bucket()
+    options = {"endpoint_url": own_server.endpoint, "retry_timeout_s": 3}
+    url = bank_location(f"s3://{bucket}/bank.zarr", options)
+    np.save(tmp_path / "X.npy", X)
+    script = textwrap.dedent(f"""
+        import time, numpy as np
+        from mklscale.bank import build, build_bank, families
+        slow = build._write_shard
+        def write(*a, **k):
+            time.sleep(0.5); slow(*a, **k)
+        build._write_shard = write
+        build.BUILD_THREADS = 1
+        X = np.load({str(tmp_path / 'X.npy')!r})
+        build_bank(X, families.random_subsets(4, 11, seed=1), {str(url)!r}, progress=False, flush_every_s=0,
+                   chunk_mb=0.02, shard_mb=0.05, storage_options={options!r})
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if KernelBank.open(url).complete.sum() >= 3:
+                break
+        except (NotABankError, ObjectStoreError):
+            pass
+        time.sleep(0.05)
+    own_server.stop()
+    _, err = proc.communicate(timeout=120)  # a bounded wait, then a clear error naming the URL
+    assert proc.returncode == 1, err
+    assert "ObjectStoreError" in err and str(url) in err and "cannot be reached" in err
+
+    own_server.start()
+    bank = KernelBank.open(url)
+    done = bank.complete
+    assert 0 < done.sum() < len(specs)
+    assert bank.verify(kernels=np.flatnonzero(done).tolist()).ok  # every kernel marked complete is stored
+    bank = build_bank(X, specs, url, progress=False, **LAYOUT)  # and the same call finishes it
+    np.testing.assert_array_equal(bank.checksums, local_bank.checksums)
+
+    engine = Engine(url, cache_bytes=0)
+    U = np.ones((1, 60))
+    np.testing.assert_array_equal(engine.quad_forms(U), Engine(local_bank).quad_forms(U))
+    own_server.stop()
+    with pytest.raises(ObjectStoreError, match=f"{url}.*cannot be reached"):
+        engine.quad_forms(U)

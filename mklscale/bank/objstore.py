@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from mklscale.bank.location import ObjectURL
-from mklscale.errors import ObjectStoreError
+from mklscale.errors import InvalidInputError, ObjectStoreError
 
 #: Seconds a request keeps being retried (5xx, slow-down, refused connections) before it fails.
 RETRY_TIMEOUT_S = 60.0
@@ -63,7 +63,11 @@ def _endpoint(options: dict) -> str | None:
 
 def s3_store(url: ObjectURL):
     """The obstore ``S3Store`` rooted at the bank's prefix (one per process and URL + options)."""
-    from obstore.store import S3Store
+    try:
+        from obstore.store import S3Store
+    except ImportError:
+        raise InvalidInputError(f"{url}: banks on object stores need obstore; install it with "
+                                "pip install 'mklscale[s3]' (or pip install obstore)") from None
 
     options = url.option_dict
     key = (url.bucket, url.prefix, url.options, _endpoint(options), os.environ.get("AWS_ACCESS_KEY_ID"))
