@@ -285,3 +285,17 @@ def test_server_stopped_mid_build_and_mid_pass(own_server, s3_server, data, loca
     own_server.stop()
     with pytest.raises(ObjectStoreError, match=f"{url}.*cannot be reached"):
         engine.quad_forms(U)
+
+
+def test_slow_down_responses_are_retried_with_backoff(s3_server, s3_bucket, data, local_bank):
+    from _slowdown_proxy import SlowDownProxy
+
+    X, specs = data
+    with SlowDownProxy(s3_server.s3_port, every=3) as proxy:
+        url = bank_location(f"s3://{s3_bucket}/throttled.zarr", {"endpoint_url": proxy.endpoint})
+        bank = build_bank(X, specs, url, progress=False, **LAYOUT)
+        U = np.random.default_rng(4).normal(size=(2, 60))
+        np.testing.assert_array_equal(Engine(url, cache_bytes=0).quad_forms(U), Engine(local_bank).quad_forms(U))
+        assert bank.verify().ok
+        np.testing.assert_array_equal(bank.checksums, local_bank.checksums)
+    assert proxy.refused > 10 and proxy.forwarded > 2 * proxy.refused - 2  # every third request was refused
