@@ -43,6 +43,10 @@ class BankCorruptError(BankError, RuntimeError):
     """Stored kernel data does not match its recorded checksum."""
 
 
+class BankLockedError(BankError, RuntimeError):
+    """Another process writes the bank (build, repair, verify's marking) and the caller did not wait."""
+
+
 class SchemaVersionError(BankError, ValueError):
     """A store or file was written by a newer mklscale schema than this one reads."""
 

@@ -299,3 +299,35 @@ def test_slow_down_responses_are_retried_with_backoff(s3_server, s3_bucket, data
         assert bank.verify().ok
         np.testing.assert_array_equal(bank.checksums, local_bank.checksums)
     assert proxy.refused > 10 and proxy.forwarded > 2 * proxy.refused - 2  # every third request was refused
+
+
+def test_one_writer_per_bank_url_with_an_expiring_lock(s3_server, s3_bucket, data, local_bank):
+    import json
+    import threading
+
+    from mklscale.bank import objlock
+    from mklscale.errors import BankLockedError
+
+    X, specs = data
+    url = bank_location(f"s3://{s3_bucket}/locked/bank.zarr")
+    with objlock.object_writer(url, "test holder"):
+        with pytest.raises(BankLockedError, match=rf"pid {os.getpid()} .*test holder"):
+            with objlock.object_writer(url, "second", wait=False):
+                pass
+        built = []
+        thread = threading.Thread(target=lambda: built.append(build_bank(X, specs, url, progress=False, **LAYOUT)))
+        thread.start()  # a second writer waits for the first
+        time.sleep(1.0)
+        assert thread.is_alive() and not built
+    thread.join(120)
+    np.testing.assert_array_equal(built[0].checksums, local_bank.checksums)
+    keys = [o["Key"] for o in s3_server.client().list_objects_v2(Bucket=s3_bucket)["Contents"]]
+    assert "locked/.bank.zarr.lock" not in keys  # released
+
+    # a writer that died leaves a lock that expires: the next one takes it over
+    stale = {"pid": 1, "host": "gone", "what": "build", "token": "x", "count": 0, "since": "then",
+             "expires": time.time() - 1}
+    s3_server.client().put_object(Bucket=s3_bucket, Key="locked/.bank.zarr.lock", Body=json.dumps(stale).encode())
+    with objlock.object_writer(url, "after a crash", wait=False):
+        body = s3_server.client().get_object(Bucket=s3_bucket, Key="locked/.bank.zarr.lock")["Body"].read()
+        assert json.loads(body)["what"] == "after a crash"

@@ -39,6 +39,7 @@ from mklscale.bank.group import (
     json_attr,
 )
 from mklscale.bank.location import ObjectURL, bank_location
+from mklscale.bank.objlock import object_writer
 from mklscale.bank.inputs import NORMALIZATIONS, validate_dtype, validate_features
 from mklscale.bank.shard_format import write_shard_file
 from mklscale.bank.stats import checksum, kernel_stats
@@ -117,29 +118,31 @@ def build_bank(
     Xs = X if mean is None else (X - mean) / scale
     fingerprint = _fingerprint(X, specs, normalize, dt.name, standardize, rows, factor)
     path = bank_location(path, storage_options)  # a folder, or s3://bucket/prefix (``remote``)
-    if not prepare_path(path, overwrite=overwrite, fingerprint=fingerprint):
-        attrs = {
-            "normalize": normalize,
-            "standardization": None if mean is None else json_attr({"mean": mean.tolist(), "scale": scale.tolist()}),
-            "train_rows": rows,
-            "fingerprint": fingerprint,
-            "source": "build_bank",
-            "arithmetic": _compute.ARITHMETIC,
-            "created": creation_info(),
-        }
-        if factor is not None:
-            attrs["factor"] = json_attr(factor.to_attrs())
-        (remote.create_group if isinstance(path, ObjectURL) else create_bank_group)(path, specs=specs, n=X.shape[0], dtype=dt, attrs=attrs, X=Xs,
-                          chunk_mb=chunk_mb, shard_mb=shard_mb, rank=None if factor is None else factor.rank)
+    with _writer(path, "build"):  # issue 20: one writer per bank on an object store (``objlock``)
+        if not prepare_path(path, overwrite=overwrite, fingerprint=fingerprint):
+            attrs = {
+                "normalize": normalize,
+                "standardization": None if mean is None else json_attr({"mean": mean.tolist(), "scale": scale.tolist()}),
+                "train_rows": rows,
+                "fingerprint": fingerprint,
+                "source": "build_bank",
+                "arithmetic": _compute.ARITHMETIC,
+                "created": creation_info(),
+            }
+            if factor is not None:
+                attrs["factor"] = json_attr(factor.to_attrs())
+            create = remote.create_group if isinstance(path, ObjectURL) else create_bank_group
+            create(path, specs=specs, n=X.shape[0], dtype=dt, attrs=attrs, X=Xs,
+                   chunk_mb=chunk_mb, shard_mb=shard_mb, rank=None if factor is None else factor.rank)
 
-    bank = KernelBank.open(path)
-    done = bank.complete
-    bank.last_build_computed = 0  # kernels computed by this call (tests check resumption with it)
-    if not done.all():
-        bank = KernelBank.open(path, mode="r+")  # ReadOnlyStoreError here, before any task runs
-        bank.last_build_computed = _compute_shards(bank, specs, Xs, _unfinished_shards(done, bank.kernels_per_shard),
-                                                   keep=done, client=client, progress=progress,
-                                                   flush_every_s=flush_every_s)
+        bank = KernelBank.open(path)
+        done = bank.complete
+        bank.last_build_computed = 0  # kernels computed by this call (tests check resumption with it)
+        if not done.all():
+            bank = KernelBank.open(path, mode="r+")  # ReadOnlyStoreError here, before any task runs
+            bank.last_build_computed = _compute_shards(bank, specs, Xs, _unfinished_shards(done, bank.kernels_per_shard),
+                                                       keep=done, client=client, progress=progress,
+                                                       flush_every_s=flush_every_s)
     if factor is not None:
         _warn_approximation(bank, max_error)
     return bank
@@ -259,7 +262,12 @@ def repair_bank(bank: KernelBank, kernels: Sequence[int] | None = None, client=N
     dropped. Banks imported with ``from_arrays`` hold no features: repair raises SpecError saying
     to re-import them. A read-only store raises ReadOnlyStoreError before anything is read.
     """
-    bank = KernelBank.open(bank.path if isinstance(bank, KernelBank) else bank, mode="r+")
+    path = bank.path if isinstance(bank, KernelBank) else bank_location(bank)
+    with _writer(path, "repair"):
+        return _repair_locked(KernelBank.open(path, mode="r+"), kernels, client, progress)
+
+
+def _repair_locked(bank: KernelBank, kernels, client, progress: bool) -> RepairReport:
     Xs = bank.X_train
     if Xs is None:
         raise SpecError(f"bank {bank.path} was imported from Gram matrices (KernelBank.from_arrays) and holds no "
@@ -346,6 +354,11 @@ def _build_factor_shard(path: str, specs: list[KernelSpec], Xs: np.ndarray, norm
         with _off_the_worker_pool():
             _write_shard(path, s, block, per_chunk, per_shard, data_array_name("factor"))
     return first, stats
+
+
+def _writer(path, what: str):
+    """The writer lock of a bank on an object store (``objlock.object_writer``); nothing for a folder."""
+    return object_writer(path, what) if isinstance(path, ObjectURL) else contextlib.nullcontext()
 
 
 def _write_shard(path, s: int, block: np.ndarray, per_chunk: int, per_shard: int, array: str = "gram") -> None:

@@ -84,7 +84,7 @@ def s3_store(url: ObjectURL):
         kwargs["region"] = "us-east-1"  # what S3-compatible servers accept; AWS redirects are not followed
     timeout = float(options.get("retry_timeout_s", RETRY_TIMEOUT_S))
     store = S3Store(
-        url.bucket, prefix=url.prefix,
+        url.bucket, prefix=url.prefix or None,
         client_options={"allow_http": bool(endpoint and endpoint.startswith("http://")),
                         "connect_timeout": timedelta(seconds=min(10.0, timeout)),
                         "timeout": timedelta(seconds=max(timeout, 30.0))},
@@ -127,11 +127,11 @@ class ObjectBank:
         self.store = s3_store(url)
 
     def _call(self, doing: str, fn, *args, **kwargs):
-        from obstore.exceptions import BaseError
+        from obstore.exceptions import AlreadyExistsError, BaseError, PreconditionError
 
         try:
             return fn(*args, **kwargs)
-        except FileNotFoundError:
+        except (FileNotFoundError, AlreadyExistsError, PreconditionError):  # answers, not failures
             raise
         except (BaseError, OSError, RuntimeError) as exc:
             raise describe_error(exc, self.url, doing) from None
