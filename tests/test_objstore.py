@@ -331,3 +331,45 @@ def test_one_writer_per_bank_url_with_an_expiring_lock(s3_server, s3_bucket, dat
     with objlock.object_writer(url, "after a crash", wait=False):
         body = s3_server.client().get_object(Bucket=s3_bucket, Key="locked/.bank.zarr.lock")["Body"].read()
         assert json.loads(body)["what"] == "after a crash"
+
+
+@pytest.mark.slow
+def test_pipeline_bank_on_s3_keeps_credentials_out_of_the_run(s3_server, s3_bucket, tmp_path):
+    import json
+
+    from mklscale.errors import ConfigError
+    from mklscale.pipeline import load_pipeline, run_pipeline
+
+    spec = tmp_path / "p.toml"
+    text = textwrap.dedent(f"""
+        name = "s3bank"
+        seed = 0
+        [dataset]
+        name = "breast_cancer"
+        test_fraction = 0.25
+        [bank]
+        family = "gaussian"
+        widths = [1.0, 4.0]
+        path = "s3://{s3_bucket}/run/bank.zarr"
+        storage_options = {{ secret_access_key = "{s3_server.env()['AWS_SECRET_ACCESS_KEY']}", retry_timeout_s = 20 }}
+        [[solver]]
+        name = "uniform"
+        solver = "uniform"
+        [report]
+        enabled = false
+    """)
+    spec.write_text(text)
+    run_pipeline(spec, out=tmp_path / "run", quiet=True)
+    bank = KernelBank.open(f"s3://{s3_bucket}/run/bank.zarr")
+    assert bank.complete.all() and not (tmp_path / "run" / "bank.zarr").exists()
+    secret = s3_server.env()["AWS_SECRET_ACCESS_KEY"]
+    for f in (tmp_path / "run").rglob("*"):
+        if f.is_file():
+            assert secret not in f.read_text(errors="replace"), f
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["bank"]["path"] == f"s3://{s3_bucket}/run/bank.zarr"
+
+    bad = spec.read_text().replace(f"s3://{s3_bucket}", "gs://elsewhere")
+    spec.write_text(bad)
+    with pytest.raises(ConfigError, match="unsupported URL scheme"):
+        load_pipeline(spec)

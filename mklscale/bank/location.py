@@ -34,6 +34,10 @@ STORAGE_OPTION_KEYS = {
     "max_retries": None,
 }
 
+#: Storage options that are secrets: never written into banks, results, logs or reports.
+SECRET_OPTION_KEYS = ("access_key_id", "secret_access_key", "session_token")
+_SECRET_TOML = re.compile(r"""\b(%s)(\s*=\s*)("[^"\n]*"|'[^'\n]*')""" % "|".join(SECRET_OPTION_KEYS))
+
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
@@ -156,3 +160,16 @@ def _check_options(options: dict) -> tuple[tuple[str, object], ...]:
         raise InvalidInputError(f"unknown storage option(s) {unknown}; known: {sorted(STORAGE_OPTION_KEYS)}")
     return tuple(sorted(options.items()))
 
+
+
+def redact_options(options: dict | None) -> dict | None:
+    """A copy of a storage-options table with the secrets replaced by "<redacted>"."""
+    if not isinstance(options, dict):
+        return options
+    return {k: ("<redacted>" if k in SECRET_OPTION_KEYS else v) for k, v in options.items()}
+
+
+def redact_toml(text: str) -> str:
+    """TOML text with the values of secret storage options replaced by "<redacted>" (for the copy of
+    a pipeline spec kept in a run directory)."""
+    return _SECRET_TOML.sub(lambda m: f'{m.group(1)}{m.group(2)}"<redacted>"', text)
