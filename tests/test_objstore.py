@@ -103,6 +103,14 @@ def test_bank_on_s3_equals_local_bit_for_bit(s3_bucket, data, local_bank):
     # a rebuilt bank: the same call resumes (nothing to do)
     assert build_bank(X, specs, url, progress=False, **LAYOUT).last_build_computed == 0
 
+    from mklscale.estimators import MKLClassifier
+
+    y = np.where(X[:, 0] + X[:, 1] > 0, 1, -1)
+    on_s3 = MKLClassifier(solver="spicy", C=0.1).fit_bank(url, y)
+    on_disk = MKLClassifier(solver="spicy", C=0.1).fit_bank(local_bank.path, y)
+    np.testing.assert_array_equal(on_s3.kernel_weights_.to_numpy(), on_disk.kernel_weights_.to_numpy())
+    assert on_s3.fit_stats_["bank"] == url
+
 
 def test_factor_bank_on_s3_equals_local(s3_bucket, data, tmp_path):
     X, specs = data
@@ -182,7 +190,13 @@ def test_verify_finds_deleted_and_truncated_objects_and_repair_reuploads_only_th
     np.testing.assert_array_equal(repaired.checksums, local_bank.checksums)
 
 
-def test_copy_between_folder_and_bucket_both_ways(s3_bucket, local_bank, tmp_path, capsys):
+def test_copy_between_folder_and_bucket_both_ways(s3_bucket, data, local_bank, tmp_path, capsys):
+    X, _ = data
+    np.save(tmp_path / "X.npy", X)
+    built = f"s3://{s3_bucket}/cli.zarr"
+    assert main(["bank", "build", "--features", str(tmp_path / "X.npy"), "--family", "gaussian", "--widths", "1", "2",
+                 "--out", built, "--quiet"]) == 0
+    assert f"bank: {built}" in capsys.readouterr().out and KernelBank.open(built).complete.all()
     url = f"s3://{s3_bucket}/copied.zarr"
     assert main(["bank", "copy", str(local_bank.path), url, "--quiet"]) == 0
     assert "OK" in capsys.readouterr().out

@@ -9,7 +9,7 @@ host, what it does, a random token and ``expires`` (Unix seconds).
 - held: a thread renews it every ``TTL_S / 3`` seconds by a PUT with If-Match: <its ETag>, so the
   expiry moves on while the holder lives; every record differs (token, counter), so ETags differ.
 - a lock whose ``expires`` has passed belongs to a holder that died (a crashed build cannot
-  renew it): it is taken over by a PUT with If-Match: <the stale ETag>; of two writers doing so at
+  renew it), as does one whose holder ran on this host and whose process is gone: it is taken over by a PUT with If-Match: <the stale ETag>; of two writers doing so at
   once, one wins.
 - release: DELETE when the ``with`` block ends.
 
@@ -83,7 +83,7 @@ def object_writer(url: ObjectURL, what: str, wait: bool | float = True) -> Itera
             info = json.loads(bytes(ob.get(key)))
         except (FileNotFoundError, ValueError):
             info = {}
-        if float(info.get("expires", 0)) < time.time():  # its holder died: take it over, once
+        if _dead(info):  # its holder died: take it over, once
             try:
                 etag = _put_if(ob, key, _record(what, token, 0), meta["e_tag"])
                 break
@@ -120,6 +120,22 @@ def object_writer(url: ObjectURL, what: str, wait: bool | float = True) -> Itera
             ob.delete(key)
         except Exception:  # noqa: BLE001 - the server went away: the lock expires by itself
             pass
+
+
+def _dead(info: dict) -> bool:
+    """True when the lock's holder is gone: its expiry has passed, or it ran on this host and its
+    process no longer exists (a killed build on this machine need not wait for the expiry)."""
+    if float(info.get("expires", 0)) < time.time():
+        return True
+    if info.get("host") != platform.node() or not isinstance(info.get("pid"), int):
+        return False
+    try:
+        os.kill(info["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def _put_if(ob: ObjectBank, key: str, data: bytes, etag: str) -> str:
