@@ -213,9 +213,10 @@ def test_copy_between_folder_and_bucket_both_ways(s3_bucket, data, local_bank, t
 
 # ---- a cluster whose workers share no path with the driver --------------------------------------------
 @pytest.mark.cluster
-def test_two_workers_in_other_directories_build_and_read_from_the_server(s3_bucket, data, local_bank, tmp_path,
+def test_two_workers_in_other_directories_build_and_read_from_the_server_and_survive_a_kill(s3_bucket, data, local_bank, tmp_path,
                                                                          monkeypatch):
     from distributed import Client, LocalCluster
+    from test_reliability import run_with_a_kill
 
     X, specs = data
     elsewhere = tmp_path / "workers"
@@ -231,9 +232,12 @@ def test_two_workers_in_other_directories_build_and_read_from_the_server(s3_buck
             bank = build_bank(X, specs, url, client=client, progress=False, **LAYOUT)  # shards PUT by the workers
             np.testing.assert_array_equal(bank.checksums, local_bank.checksums)
             U = np.random.default_rng(3).normal(size=(2, 60))
-            engine = Engine(url, client=client, cache_bytes=0, task_bytes=60 * 60 * 4 * 2)
+            engine = Engine(url, client=client, cache_bytes=0, task_bytes=60 * 60 * 4)  # one kernel per task
             np.testing.assert_array_equal(engine.quad_forms(U), Engine(local_bank).quad_forms(U))
             np.testing.assert_array_equal(engine.combine(np.arange(11.0)), Engine(local_bank).combine(np.arange(11.0)))
+            # a worker killed mid-pass: its tasks rerun elsewhere, the result is the same bit for bit
+            got = run_with_a_kill(client, tmp_path, "mklscale-quad_forms", 2, lambda: engine.quad_forms(U))
+            np.testing.assert_array_equal(got, Engine(local_bank).quad_forms(U))
     assert not any(p.name.endswith(".zarr") for p in elsewhere.rglob("*")) and not (tmp_path / "s3:").exists()
 
 
