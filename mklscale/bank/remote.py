@@ -25,7 +25,7 @@ from mklscale.bank import shard_format
 from mklscale.bank.group import create_bank_group, data_array_name, open_bank_group
 from mklscale.bank.location import ObjectURL
 from mklscale.bank.objstore import ObjectBank
-from mklscale.errors import BankCorruptError, BankMismatchError, InvalidInputError, NotABankError
+from mklscale.errors import BankCorruptError, BankMismatchError, NotABankError
 
 CREATING = ".mklscale-creating"
 
