@@ -202,7 +202,7 @@ def _cmd_fit(args) -> int:
     if args.dataset:
         from mklscale.datasets import load
 
-        ds = load(args.dataset)
+        ds = load(args.dataset, standardise=False)  # raw: the model's own standardisation maps them (issue 18)
         X, y = ds.X, ds.y
         task = args.task or ("regression" if ds.task == "regression" else "classification")
     else:
@@ -238,12 +238,18 @@ def _cmd_predict(args) -> int:
     import mklscale
 
     estimator = mklscale.load(args.model)
+    model = estimator.model_
     if args.dataset:
         from mklscale.datasets import load
 
-        X = load(args.dataset).X
+        X = load(args.dataset, standardise=model.dataset_features == "standardised").X
     else:
         X = _load_npy(args.features, "--features")
+        if model.dataset_features == "standardised" and _standardisation_is_identity(model):
+            print(f"mklscale: warning: model {args.model} was written by an older mklscale (model schema < 3) and "
+                  "fitted on features that were already standardised, e.g. a dataset of `mklscale fit --dataset` "
+                  "or `mklscale run`: it expects --features standardised the same way (mklscale.datasets.load(NAME).X"
+                  "), not raw ones; refit it with this mklscale to predict on raw features", file=sys.stderr)
     predict = estimator.predict
     if args.proba:
         try:
@@ -255,17 +261,31 @@ def _cmd_predict(args) -> int:
     values = predict(X)
     if args.out is None:
         np.savetxt(sys.stdout, np.atleast_1d(values), fmt="%s")
-    elif args.out.suffix == ".csv":
-        np.savetxt(args.out, np.atleast_1d(values), fmt="%s", delimiter=",")
-    else:
-        np.save(args.out, np.asarray(values), allow_pickle=False)
+        return 0
+    from mklscale.runtime.atomic import output_error, write_file
+
+    if args.out.suffix == ".csv":
+        out, write = args.out, lambda fh: np.savetxt(fh, np.atleast_1d(values), fmt="%s", delimiter=",")
+    else:  # numpy.save's rule: .npy is appended to any other name
+        out = args.out if args.out.suffix == ".npy" else args.out.with_name(args.out.name + ".npy")
+        write = lambda fh: np.save(fh, np.asarray(values), allow_pickle=False)  # noqa: E731
+    try:
+        write_file(out, write)
+    except OSError as exc:
+        raise output_error(out, exc, "the predictions") from None
     return 0
+
+
+def _standardisation_is_identity(model) -> bool:
+    """True when the model's stored standardisation does nothing: it was fitted on standardised features."""
+    return (model.mean is not None and np.allclose(model.mean, 0.0, atol=1e-8)
+            and np.allclose(model.scale, 1.0, atol=1e-8))
 
 
 def _cmd_report(args) -> int:
     from mklscale.report import write_report
 
-    write_report(args.run_dir)  # prints where the report went (and what it lacks)
+    write_report(args.run_dir)  # prints where the report went
     return 0
 
 
