@@ -57,6 +57,7 @@ from mklscale.errors import (
     BankMismatchError,
     InvalidInputError,
     NotABankError,
+    ObjectStoreError,
     ReadOnlyStoreError,
     SpecError,
 )
@@ -625,6 +626,8 @@ class KernelBank:
             flags = group["complete"][:]
             flags[list(bad)] = False
             group["complete"][:] = flags
+        except ObjectStoreError:  # an object store that cannot be reached is not a read-only one
+            raise
         except OSError:  # read-only or full: report without marking
             return False
         finally:
