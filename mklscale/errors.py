@@ -59,6 +59,11 @@ class DiskFullError(BankError, OSError):
     """The file system holding a bank ran out of space (ENOSPC/EDQUOT) while writing it."""
 
 
+class ObjectStoreError(BankError, ConnectionError):
+    """An object store (s3://) holding a bank cannot be reached, refuses the credentials, has no such
+    bucket, or kept failing past the retry deadline (issue 20, ``mklscale.bank.objstore``)."""
+
+
 class ConfigError(InvalidInputError):
     """A TOML config has unknown keys, wrong types or impossible values."""
 

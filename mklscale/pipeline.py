@@ -92,6 +92,7 @@ from sklearn.exceptions import ConvergenceWarning
 
 from mklscale import __version__
 from mklscale.bank.factor import LANDMARK_RULES, METHODS
+from mklscale.bank.location import bank_location, is_url, redact_options, redact_toml
 from mklscale.config import Field, check_table, check_value, fraction, one_of, positive, read_toml
 from mklscale.errors import ClusterUnavailableError, ConfigError, InvalidInputError, MKLScaleError, OutputWriteError
 from mklscale.solvers.result import json_safe
@@ -130,6 +131,8 @@ _BANK = {
     "landmarks": Field((str,), "kmeans++", one_of(*LANDMARK_RULES)),
     "tol": Field((float,), 1e-6, positive),
     "max_error": Field((float,), 0.05, positive),
+    # overrides of AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ... for a path s3://bucket/prefix (issue 20)
+    "storage_options": Field((dict,), None),
 }
 _FACTOR_KEYS = ("method", "landmarks", "tol", "max_error")
 _SOLVER_FIXED = {"name": Field((str,)), "solver": Field((str,)), "C": Field((float,), None, positive)}
@@ -226,8 +229,12 @@ def _check_bank(table, where: str) -> dict:
         raise ConfigError(f"{where}: {', '.join(k for k in _FACTOR_KEYS if k in table)} apply to factor banks only; "
                           "add rank = R (e.g. rank = 64) or remove them")
     factor = {} if fixed["rank"] is None else {k: fixed[k] for k in ("rank", *_FACTOR_KEYS)}
+    try:  # a URL scheme other than s3://, or storage options for a local path, are refused here
+        bank_location(fixed["path"], fixed["storage_options"])
+    except InvalidInputError as exc:
+        raise ConfigError(f"{where}.path: {exc}") from None
     return {"kernels": kernels, "normalize": fixed["normalize"], "dtype": fixed["dtype"], "path": fixed["path"],
-            "factor": factor}
+            "factor": factor, "storage_options": fixed["storage_options"]}
 
 
 def _check_solver(table, where: str) -> dict:
@@ -306,7 +313,7 @@ def run_pipeline(spec, out: str | os.PathLike | None = None, cluster=None, quiet
     results = {
         "schema_version": SCHEMA_VERSION, "mklscale_version": __version__,
         "pipeline": {"name": pipe.name, "description": pipe.description,
-                     "path": str(pipe.source) if pipe.source else None, "config": pipe.raw},
+                     "path": str(pipe.source) if pipe.source else None, "config": _redacted(pipe.raw)},
         "started": started, "finished": _now(), "seconds": time.perf_counter() - t0,
         "machine": _machine(), "cluster": cluster_info,
         "dataset": {"name": data.name, "task": data.task, "n_train": int(len(data.y_train)),
@@ -334,12 +341,21 @@ def _check_run_dir(run_dir: Path) -> None:
         raise InvalidInputError(f"--out {run_dir} exists and is not a directory; choose another run directory")
 
 
+def _redacted(raw: dict) -> dict:
+    """The parsed spec with the secrets of its bank's storage options replaced (results.json)."""
+    bank = raw.get("bank")
+    if not isinstance(bank, dict) or not isinstance(bank.get("storage_options"), dict):
+        return raw
+    return {**raw, "bank": {**bank, "storage_options": redact_options(bank["storage_options"])}}
+
+
 def _prepare_run_dir(run_dir: Path, pipe: Pipeline) -> None:
     """Create the run directory and keep a copy of the spec that produced it."""
     _check_run_dir(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if pipe.source is not None:
-        shutil.copyfile(pipe.source, run_dir / "pipeline.toml")
+        # the copy never holds credentials of a [bank.storage_options] table
+        (run_dir / "pipeline.toml").write_text(redact_toml(Path(pipe.source).read_text()))
 
 
 def _load_data(pipe: Pipeline) -> _Data:
@@ -373,7 +389,10 @@ def _build_bank(pipe: Pipeline, data: _Data, run_dir: Path, client, quiet: bool,
 
     cfg = pipe.bank
     specs = families.resolve(cfg["kernels"], data.X_train.shape[1])
-    path = Path(cfg["path"]) if Path(cfg["path"]).is_absolute() else run_dir / cfg["path"]
+    if is_url(cfg["path"]):  # a bank on an object store (its options never reach results or logs)
+        path = bank_location(cfg["path"], cfg.get("storage_options"))
+    else:
+        path = Path(cfg["path"]) if Path(cfg["path"]).is_absolute() else run_dir / cfg["path"]
     normalize = None if cfg["normalize"] == "none" else cfg["normalize"]
     say(f"[{pipe.name}] bank: {len(specs)} kernels, n = {len(data.y_train)} -> {path}")
     t0 = time.perf_counter()

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from mklscale.bank import shard_format
+from mklscale.bank import remote, shard_format
 from mklscale.bank.factor import factor_rows
 from mklscale.bank.direct_io import DIRECT_ALIGN, aligned_empty, write_direct
 from mklscale.bank.fs_errors import disk_full_message, raise_store_error, require_writable
@@ -54,6 +54,7 @@ from mklscale.bank.group import (
     layout_for,
     open_bank_group,
 )
+from mklscale.bank.location import ObjectURL, bank_location
 from mklscale.bank.metadata import read_metadata
 from mklscale.bank.inputs import DTYPES, NORMALIZATIONS, check_gram, validate_dtype, validate_features
 from mklscale.bank.normalize import normalize_block
@@ -67,6 +68,7 @@ from mklscale.errors import (
     BankMismatchError,
     InvalidInputError,
     NotABankError,
+    ObjectStoreError,
     ReadOnlyStoreError,
     SpecError,
 )
@@ -123,7 +125,9 @@ class KernelBank:
     repair: Callable[..., object]
 
     def __init__(self, path: str | os.PathLike, group: zarr.Group):
-        self.path = Path(path)
+        self.path = bank_location(path)  # a Path, or an ObjectURL for a bank on an object store
+        #: True for a bank on an object store (s3://; ``remote``)
+        self.remote: bool = isinstance(self.path, ObjectURL)
         self._group = group
         meta = read_metadata(self.path, group)  # BankCorruptError naming what is damaged
         attrs = meta.attrs
@@ -212,7 +216,7 @@ class KernelBank:
                 raise InvalidInputError(f"cross_grams must have shape ({len(mats)}, n_new, {n}), got {crosses.shape}")
             if not np.isfinite(crosses).all():
                 raise InvalidInputError("cross_grams contains NaN or inf")
-        path = Path(path)
+        path = bank_location(path)
         specs = [KernelSpec.precomputed(x) for x in names]
 
         def fill(group: zarr.Group) -> None:
@@ -236,15 +240,28 @@ class KernelBank:
         refuse_target(path, overwrite, None)  # refused input leaves everything as it was, the lock file too
         with writing(path, "import (from_arrays)", wait):
             action = prepare_path(path, overwrite=overwrite, fingerprint=None)
-            create_bank_group(path, specs=specs, n=n, dtype=dt, attrs=attrs, X=None, chunk_mb=chunk_mb,
-                              shard_mb=shard_mb, fill=fill, replace=action == "replace")
+            if isinstance(path, ObjectURL):
+                remote.create_group(path, specs=specs, n=n, dtype=dt, attrs=attrs, X=None, chunk_mb=chunk_mb,
+                                    shard_mb=shard_mb, fill=fill)
+            else:
+                create_bank_group(path, specs=specs, n=n, dtype=dt, attrs=attrs, X=None, chunk_mb=chunk_mb,
+                                  shard_mb=shard_mb, fill=fill, replace=action == "replace")
         return cls.open(path)
 
     # ---- opening ------------------------------------------------------------------------------
     @classmethod
-    def open(cls, path: str | os.PathLike, mode: str = "r") -> KernelBank:
-        """Open an existing bank (mode "r" or "r+"); errors say what is wrong with the path."""
-        path = Path(path)
+    def open(cls, path: str | os.PathLike, mode: str = "r", storage_options: dict | None = None) -> KernelBank:
+        """Open an existing bank (mode "r" or "r+") at a path or an s3:// URL (``storage_options``
+        override the AWS_* environment variables); errors say what is wrong with the path."""
+        path = bank_location(path, storage_options)
+        if isinstance(path, ObjectURL):  # issue 20: a bank on an object store
+            group = remote.open_group(path, mode)
+            if group is None:
+                raise NotABankError(f"no kernel bank at {path} (no zarr.json there); build one with build_bank or "
+                                    "`mklscale bank build`, or copy one there with `mklscale bank copy`")
+            bank = cls(path, group)
+            bank._mode = mode
+            return bank
         if not path.exists():
             raise NotABankError(f"no kernel bank at {path}: the path does not exist (build one with build_bank or `mklscale bank build`)")
         group = open_bank_group(path, mode)
@@ -259,6 +276,9 @@ class KernelBank:
 
     @staticmethod
     def is_bank(path: str | os.PathLike) -> bool:
+        path = bank_location(path)
+        if isinstance(path, ObjectURL):
+            return remote.is_bank(path)
         return Path(path).is_dir() and open_bank_group(Path(path), "r") is not None
 
     # ---- sizes and metadata -------------------------------------------------------------------
@@ -473,7 +493,19 @@ class KernelBank:
 
     def shard_file(self, s: int) -> Path:
         """The file holding shard s (zarr's default chunk key encoding)."""
+        if self.remote:
+            raise InvalidInputError(f"bank {self.path} is on an object store: its shards are objects, not files")
         return shard_format.shard_path(self.path, s, data_array_name(self.representation))
+
+    def _shard_raw(self, s: int) -> np.ndarray | None:
+        """The bytes of shard s's file or object (uint8), None when there is none."""
+        if self.remote:
+            return remote.read_shard_bytes(self, s)
+        file = self.shard_file(s)
+        return np.fromfile(file, dtype=np.uint8) if file.exists() else None
+
+    def _shard_exists(self, s: int) -> bool:
+        return remote.shard_size(self, s) is not None if self.remote else self.shard_file(s).exists()
 
     @property
     def shard_index_bytes(self) -> int:
@@ -506,10 +538,9 @@ class KernelBank:
         if not self.plain_layout:
             return self._data[first:stop]
         shape = self.block_shape
-        file = self.shard_file(s)
-        if not file.exists():
+        raw = self._shard_raw(s)
+        if raw is None:
             return np.zeros((stop - first,) + shape, self.dtype)
-        raw = np.fromfile(file, dtype=np.uint8)
         offsets = self.chunk_offsets(s, raw.size, raw[raw.size - self.shard_index_bytes:].tobytes())
         C = int(self._attrs["layout"]["kernels_per_chunk"])
         chunk_bytes = C * self._kernel_bytes
@@ -595,8 +626,10 @@ class KernelBank:
         """(kernel, name, reason) for the kernels ms (all of one shard) whose stored bytes are bad."""
         S = self.kernels_per_shard
         s = int(ms[0]) // S
-        if self.plain_layout and not self.shard_file(s).exists():
-            return [(int(m), self.specs[m].name, f"shard file {self.shard_file(s)} is missing") for m in ms]
+        if self.plain_layout and not self._shard_exists(s):
+            where = f"object {remote.shard_key(s, data_array_name(self.representation))}" if self.remote \
+                else f"file {self.shard_file(s)}"
+            return [(int(m), self.specs[m].name, f"shard {where} is missing") for m in ms]
         try:
             block = self.read_shard(s)
         except Exception as exc:  # a truncated or garbled shard fails to decode
@@ -610,15 +643,19 @@ class KernelBank:
         first, then clear their ``complete`` flags, reading the flags of the other kernels from disk
         under the lock (each write is atomic). Returns False when the store is read-only."""
         try:
-            with bank_writer(self.path, "verify (marking bad kernels)", wait):
-                group = zarr.open_group(self.path, mode="r+")
+            # on an object store the lock (objlock) is not re-entrant and a repair verifies under it: no lock
+            lock = contextlib.nullcontext() if self.remote else bank_writer(self.path, "verify (marking bad kernels)", wait)
+            with lock:
+                group = self._open_group("r+")
                 record = dict((group.attrs.get("integrity") or {}).get("bad") or {})
                 record.update({str(m): why for m, why in bad.items()})
                 group.attrs["integrity"] = {"bad": record, "verified": creation_info()["time"]}
                 flags = group["complete"][:]
                 flags[list(bad)] = False
                 group["complete"][:] = flags
-        except (OSError, ReadOnlyStoreError):  # read-only or full: report without marking
+        except ObjectStoreError:  # an object store that cannot be reached is not a read-only one
+            raise
+        except OSError:  # read-only or full: report without marking
             return False
         finally:
             self._reload()
@@ -626,7 +663,7 @@ class KernelBank:
 
     def forget_bad(self, kernels: Sequence[int]) -> None:
         """Drop the recorded reasons of ``kernels`` (after they were recomputed)."""
-        group = zarr.open_group(self.path, mode="r+")
+        group = self._open_group("r+")
         record = dict((group.attrs.get("integrity") or {}).get("bad") or {})
         if any(str(int(m)) in record for m in kernels):
             for m in kernels:
@@ -636,9 +673,14 @@ class KernelBank:
 
     def _reload(self) -> None:
         """Re-read the group's metadata (attributes written through another handle)."""
-        self._group = zarr.open_group(self.path, mode=self._mode)
+        self._group = self._open_group(self._mode)
         self._attrs = self._group.attrs.asdict()
         self._data = self._group[data_array_name(self.representation)]
+
+    def _open_group(self, mode: str) -> zarr.Group:
+        if self.remote:
+            return remote.open_group(self.path, mode)
+        return zarr.open_group(self.path, mode=mode)
 
     # ---- cross kernels ------------------------------------------------------------------------
     def standardize(self, X: np.ndarray) -> np.ndarray:
@@ -691,7 +733,11 @@ def prepare_path(path: Path, overwrite: bool, fingerprint: str | None) -> str:
     existing bank is to be replaced (``overwrite``; ``create_bank_group(..., replace=True)`` swaps
     the new store in, so readers never see a half-deleted one), "create" when there is nothing
     yet. Refuses anything else that exists (a non-empty folder that is not a bank is never
-    deleted)."""
+    deleted). On an object store ``remote.prepare`` decides (and removes a bank to overwrite)."""
+    if isinstance(path, ObjectURL):
+        resume = remote.prepare(path, overwrite, fingerprint,
+                                lambda fp: KernelBank.open(path).attrs.get("fingerprint") == fp)
+        return "resume" if resume else "create"
     if not path.exists():
         parent = path.parent if str(path.parent) else Path(".")
         try:
@@ -715,7 +761,10 @@ def refuse_target(path: Path, overwrite: bool, fingerprint: str | None) -> str:
     """What ``prepare_path`` will do with the existing, non-empty ``path`` ("resume" or "replace"),
     or the error it will raise (NotABankError, BankMismatchError, BankCorruptError), found without
     writing anything: builds call it before they take the writer lock too, so that input refused
-    here leaves even the lock file untouched. A path that does not exist or is empty: "create"."""
+    here leaves even the lock file untouched. A path that does not exist or is empty: "create";
+    a bank on an object store: "create" (``remote.prepare`` checks it under the lock)."""
+    if isinstance(path, ObjectURL):
+        return "create"
     if not path.exists() or (path.is_dir() and not any(path.iterdir())):
         return "create"
     if not KernelBank.is_bank(path):
@@ -736,11 +785,25 @@ def writing(path: str | os.PathLike, what: str, wait: bool | float = True) -> It
     bank; ``wait`` as there) and make the store safe to write: temporary files a killed writer left
     (``.partial`` shard files, half-created or half-replaced stores beside it) are removed, and a
     store holding a symbolic link that leads out of it is refused (BankCorruptError): writers never
-    write outside the store."""
+    write outside the store. A bank on an object store: its lock object (``objlock``), no sweep."""
+    if isinstance(path, ObjectURL):
+        with _writer_lock(path, what, wait):
+            yield
+        return
     path = Path(path)
     with bank_writer(path, what, wait):
         _sweep_leftovers(path)
         yield
+
+
+def _writer_lock(path, what: str, wait: bool | float = True):
+    """The writer lock of the bank at ``path``: flock beside a folder (``writer_lock``), the lock
+    object beside a bank on an object store (``objlock``)."""
+    if isinstance(path, ObjectURL):
+        from mklscale.bank.objlock import object_writer
+
+        return object_writer(path, what, wait)
+    return bank_writer(path, what, wait)
 
 
 def _sweep_leftovers(path: Path) -> None:
