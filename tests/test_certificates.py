@@ -90,7 +90,7 @@ CERTIFIED = {
     ("gcd", "regression"): [{"lam": 0.1, "max_iter": 3}, {"lam": 0.1, "max_iter": 400, "tol": 1e-6,
                                                            "variant": "away"},
                             {"stage": "two", "criterion": "euclidean", "max_iter": 40}],
-    ("easymkl", "classification"): [{"lam": 0.1}, {"lam": 0.6}],
+    ("easymkl", "classification"): [{"lam": 0.1}, {"lam": 0.6, "tol": 0.1}],
     ("sgd", "classification"): [{"lam": 0.1, "T": 200, "seed": 0}],
     ("sgd", "regression"): [{"lam": 0.1, "T": 200, "seed": 0}],
 }
