@@ -226,6 +226,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", help="JSON file for the results")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per mutant's test run")
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument("--survivors-of", help="a results JSON: run only its surviving mutants (a mutant "
+                        "killed by a test stays killed when tests are only added), copying the killed rows")
     args = parser.parse_args(argv)
     names = set(args.targets.split(",")) if args.targets else None
     targets = [t for t in TARGETS if names is None or t.name in names]
@@ -236,6 +238,9 @@ def main(argv=None) -> int:
         return 0
     box = _sandbox(args.tests_from)
     results = {"tests_from": args.tests_from or "working tree", "targets": {}}
+    earlier = json.loads(Path(args.survivors_of).read_text())["targets"] if args.survivors_of else None
+    if earlier is not None:
+        targets = [t for t in targets if "rows" in earlier.get(t.name, {})]
     try:
         for t in targets:
             path = box / t.file
@@ -246,7 +251,12 @@ def main(argv=None) -> int:
                 results["targets"][t.name] = {"error": "tests fail without a mutation"}
                 continue
             rows = []
-            for index, what in mutation_points(original, t):
+            for position, (index, what) in enumerate(mutation_points(original, t)):
+                before = None if earlier is None else earlier[t.name]["rows"][position]
+                assert before is None or before["mutant"] == what, "the mutants differ from the earlier run's"
+                if before is not None and before["status"] != "survived":     # killed before: kept as it was
+                    rows.append({**before, "from": args.survivors_of})
+                    continue
                 try:
                     path.write_text(mutate(original, index, what))
                     status, seconds = _run_tests(box, t.tests, args.timeout)
