@@ -80,7 +80,8 @@ CERTIFIED = {
                                   {"C": 0.5, "tol": 1e-6}],
     ("spicy", "regression"): [{"C": 0.5, "max_outer": 2}, {"C": 0.5, "loss": "eps_insensitive", "max_outer": 2},
                               {"C": 0.5, "tol": 1e-6}],
-    ("smo", "classification"): [{"C": 1.0, "max_steps": 100}, {"C": 1.0, "tol": 1e-4}],
+    ("smo", "classification"): [{"C": 1.0, "max_steps": 100}, {"C": 1.0, "tol": 1e-4},
+                                {"C": 1.0, "max_steps": 100, "d": [0.6, 0.8, 1.0, 1.2, 1.4, 1.6]}],
     ("citi", "classification"): [{"C": 1.0, "max_iter": 2}, {"C": 1.0, "eta": 1.0, "max_iter": 4},
                                  {"C": 1.0, "tol": 1e-5, "max_iter": 100}],
     ("pfbs", "classification"): [{"max_iter": 3}, {"max_iter": 3, "mu": 0.01, "accelerated": True},
@@ -170,10 +171,11 @@ def _truth_smo(res, y, task, params):
 
     from mklscale.solvers import smo
 
+    d = np.asarray(params.get("d", np.ones(len(GRAMS))), dtype=np.float64)     # per-kernel d_j of (P)
     q = np.einsum("i,mij,j->m", res.dual_coef, GRAMS, res.dual_coef)
     f = np.einsum("m,mij,j->i", res.weights, GRAMS, res.dual_coef) + res.bias
-    primal = smo.primal_value(res.weights, q, np.ones(len(GRAMS)), y, params["C"], f)
-    optimum = _cached(("smo",), lambda: lanckriet_oracle(GRAMS, y, params["C"]))
+    primal = smo.primal_value(res.weights, q, d, y, params["C"], f)
+    optimum = _cached(("smo", tuple(d)), lambda: lanckriet_oracle(GRAMS, y, params["C"], d))
     return primal, optimum, _history_duals(res) + [res.params["dual"]]
 
 
