@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from mklscale.errors import CheckpointError, InvalidInputError, Preempted
-from mklscale.runtime.atomic import fsync_dir
+from mklscale.runtime.atomic import write_file
 
 EXIT_PREEMPTED = 75
 FORMAT_VERSION = 1
@@ -175,19 +175,10 @@ def write_atomic(path: Path, write: Callable[[Any], None]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise CheckpointError(_os_message(path, exc)) from None
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
+        write_file(path, write)
     except OSError as exc:
         raise CheckpointError(_os_message(path, exc)) from None
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
 
 
 def _os_message(path: Path, exc: OSError) -> str:
