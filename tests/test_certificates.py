@@ -215,24 +215,38 @@ def _truth_one_stage(res, y, task, params, nu):
 def _truth_gcd(res, y, task, params):
     if params.get("stage", "one") == "one":
         return _truth_one_stage(res, y, task, params, nu=1)
-    # Algorithm 8: J(mu) = ||sum_i mu_i K_{i,c} - y_c y_c^T||_F^2 / (2 n^2) over the cone mu >= 0 (beta=None
-    # doubles beta so the simplex never binds). The returned weights are normalised: P is J at the best
-    # scale of their direction, which is at most J of the solver's iterate, so the bound still has to hold.
-    yc, b, F = centred_alignment_terms(GRAMS, y)
+    return _algorithm8_truth(GRAMS, y, res.weights, task)
+
+
+def _algorithm8_truth(grams, y, w, key):
+    """(P, P*) of Algorithm 8: J(mu) = ||sum_i mu_i K_{i,c} - y_c y_c^T||_F^2 / (2 n^2) over the cone mu >= 0
+    (beta=None doubles beta so the simplex never binds). The returned weights w are normalised: P is J at
+    the best scale of their direction, at most J of the solver's iterate, so the bound still has to hold."""
+    yc, b, F = centred_alignment_terms(grams, y)
     n, const = y.size, float(yc @ yc) ** 2
-    w = res.weights
     quad, lin = float(np.sum((F @ w) ** 2)), float(b @ w)
     primal = (const - lin * lin / quad) / (2 * n * n) if quad > 0 else const / (2 * n * n)
 
     def oracle():
         import cvxpy as cp
 
-        mu = cp.Variable(len(GRAMS), nonneg=True)
+        mu = cp.Variable(len(grams), nonneg=True)
         prob = cp.Problem(cp.Minimize(cp.sum_squares(F @ mu) - 2 * b @ mu))
         prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-12, tol_gap_rel=1e-12, tol_feas=1e-12)
         return (const + float(prob.value)) / (2 * n * n)
 
-    return primal, _cached(("gcd-two", task), oracle), []
+    return primal, _cached(("gcd-two", key), oracle), []
+
+
+@pytest.mark.parametrize("max_iter", [2, 3, 5])
+def test_algorithm8_gap_with_a_large_beta(max_iter):
+    """Algorithm 8's gap (<K, K - K*_c> + beta max_i <K_i, K*_c - K>) / n^2 on kernels scaled by 1e-2:
+    beta = 2 val / ||K_{I,c}||^2 is then ~1e2 times larger, so a gap that dropped beta would
+    under-report (on unit-scale kernels the Frank-Wolfe gap is 10-30x the truth and hides it)."""
+    grams = 1e-2 * GRAMS
+    res = gcd.fit_two_stage(DenseEngine(grams), Y_REG, criterion="euclidean", max_iter=max_iter, task="regression")
+    primal, optimum, _ = _algorithm8_truth(grams, Y_REG, res.weights, ("scaled", max_iter))
+    _check(primal, optimum, res.gap)
 
 
 def _truth_sgd(res, y, task, params):
