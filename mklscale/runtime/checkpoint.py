@@ -51,7 +51,8 @@ def stop_on_signals(signums=(signal.SIGTERM, signal.SIGINT)) -> Iterator[None]:
     """Within the block, SIGTERM/SIGINT set a flag that the next ``Checkpoint.step`` acts on.
 
     Only the main thread can install handlers; elsewhere this is a no-op (signals keep their
-    default action). Previous handlers are restored on exit.
+    default action). Previous handlers are restored on exit; a signal caught after the last step
+    (the block ended without a step acting on it) is then raised again for the handler outside.
     """
     global _stop_signal
     if threading.current_thread() is not threading.main_thread():
@@ -67,9 +68,12 @@ def stop_on_signals(signums=(signal.SIGTERM, signal.SIGINT)) -> Iterator[None]:
     try:
         yield
     finally:
+        pending = _stop_signal
         for s, h in previous.items():
             signal.signal(s, h)
         _stop_signal = None
+    if pending is not None:  # caught after the last step: hand it to the handler outside the block
+        signal.raise_signal(pending)
 
 
 def stop_requested() -> int | None:
