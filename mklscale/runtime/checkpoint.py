@@ -127,9 +127,11 @@ class Checkpoint:
     # ---- writing ------------------------------------------------------------------------------
     def step(self, iteration: int, get_state: Callable[[], dict]) -> None:
         """Called once per outer iteration: save on a caught signal (then raise Preempted) or when due."""
+        global _stop_signal
         signum = stop_requested()
         if signum is not None:
             self.save(iteration, get_state())
+            _stop_signal = None  # acted on
             raise Preempted(signum, self.path)
         due_time = self.every_s is not None and time.monotonic() - self._last_time >= self.every_s
         due_iter = self.every_iter is not None and iteration - self._last_iter >= self.every_iter
