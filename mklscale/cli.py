@@ -62,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
 def _run_command(args) -> int:
     """Run a command; every way it can end becomes one exit code (see the module docstring)."""
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader that went away (`| head`) shows here, not at interpreter exit
+        return code
     except (Stopped, Preempted) as exc:
         if isinstance(exc, Preempted) or str(exc) == f"stopped by {exc.signal_name}":  # no command-specific news
             exc = Stopped(exc.signum, f"stopped by {signal.Signals(exc.signum).name}: {args.saved}; run the "
@@ -289,21 +291,37 @@ def _cmd_report(args) -> int:
     return 0
 
 
-def _load_npy(path: Path, what: str) -> np.ndarray:
+def _load_npy(path: Path, what: str, rows: int | None = None) -> np.ndarray:
+    """The array in a .npy file; with ``rows``, only its first rows are read (memory-mapped)."""
     if not path.is_file():
         raise InvalidInputError(f"{what} {path}: no such file; give the path of an existing .npy file "
                                 "(write one with numpy.save)")
+    if _holds_objects(path):
+        raise InvalidInputError(f"{what} {path}: holds Python objects (dtype object), which mklscale does not load "
+                                "(that would run pickle); save plain numbers or strings instead, e.g. "
+                                "numpy.save(path, np.asarray(values, dtype=str)) or .astype(float)")
     try:
-        array = np.load(path, allow_pickle=False)
+        array = np.load(path, allow_pickle=False, mmap_mode=None if rows is None else "r")
     except (ValueError, OSError, EOFError) as exc:
-        reason = "not in .npy format, or it holds Python objects" if "pickle" in str(exc) else str(exc)
-        raise InvalidInputError(f"{what} {path}: not a plain .npy array ({reason}); save the array with "
+        raise InvalidInputError(f"{what} {path}: not a plain .npy array ({exc}); save the array with "
                                 "numpy.save(path, array) (numbers only, no objects)") from None
     if not isinstance(array, np.ndarray):  # an .npz archive
         array.close()
         raise InvalidInputError(f"{what} {path}: is an .npz archive, not one array; save the array alone with "
                                 "numpy.save(path, array)")
-    return array
+    return array if rows is None else np.array(array[:rows])
+
+
+def _holds_objects(path: Path) -> bool:
+    """Whether a .npy file's header declares an object dtype (False when it has no readable header)."""
+    try:
+        with open(path, "rb") as fh:
+            major, _ = np.lib.format.read_magic(fh)
+            read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+            _, _, dtype = read_header(fh)
+    except (ValueError, OSError, EOFError):
+        return False
+    return dtype.hasobject
 
 
 def _load_features(args) -> np.ndarray:
@@ -312,19 +330,21 @@ def _load_features(args) -> np.ndarray:
 
         X = load(args.dataset).X
     else:
-        X = _load_npy(args.features, "--features")
-    if args.rows is not None:
-        if args.rows < 2:
-            raise InvalidInputError(f"--rows must be >= 2, got {args.rows}; give --rows 2 or more (or leave it out "
-                                    "for all rows)")
-        X = X[: args.rows]
-    return X
+        X = None
+    if args.rows is not None and args.rows < 2:
+        raise InvalidInputError(f"--rows must be >= 2, got {args.rows}; give --rows 2 or more (or leave it out "
+                                "for all rows)")
+    if X is None:  # only the rows asked for are read from the file
+        return _load_npy(args.features, "--features", rows=args.rows)
+    return X if args.rows is None else X[: args.rows]
 
 
 def _cmd_build(args) -> int:
     from mklscale.bank import build_bank, families
+    from mklscale.bank.size import check_fits, count_kernels
 
     X = _load_features(args)
+    check_fits(args.out, count_kernels(_kernels(args), X.shape[1]), X.shape[0], args.dtype, args.rank)
     specs = families.resolve(_kernels(args), X.shape[1])
     normalize = None if args.normalize == "none" else args.normalize
     kw = dict(normalize=normalize, dtype=args.dtype, overwrite=args.overwrite, progress=not args.quiet)

@@ -49,10 +49,16 @@ path is absolute), ``models/<name>/`` (one model file per solver, see ``mklscale
 ``results.json`` (schema below, written atomically when the run ends), ``report/`` and
 ``checkpoints/``: each solver's state while it runs (see ``mklscale.runtime.checkpoint``) and, for
 each finished solver, its results entry (``<name>.done.json``). On SIGTERM/SIGINT (preemption,
-walltime) the running solver saves its state and the run stops with exit code 75;
+walltime, Ctrl-C) in any stage the run stops with ``Stopped`` (exit code 75), whose one line says
+what was saved (bank kernels, finished solvers, the running solver's checkpoint) and the command
+that resumes; a checkpointed solver saves its state first, Citi and the baselines start over.
 ``run_pipeline(..., resume=True)`` (``mklscale run ... --resume``) reuses the bank (builds resume
 kernel by kernel), the finished solvers' entries and models, and continues the interrupted solver
-from its checkpoint, giving the same results as an uninterrupted run.
+from its checkpoint, giving the same results as an uninterrupted run; on a finished run it changes
+nothing. A run directory holding an earlier run is refused unless ``resume`` or ``overwrite``.
+
+Before any work (the cluster, the bank) every [[solver]]'s values are checked as the estimators
+check them, the split must leave 2 training rows per class, and the bank must fit on its disk.
 
 results.json: ``schema_version``, ``mklscale_version``, ``pipeline`` {name, path, config},
 ``started``/``finished``/``seconds``, ``machine``, ``cluster`` {kind, dashboard, workers},
@@ -497,10 +503,14 @@ def _build_bank(pipe: Pipeline, data: _Data, run_dir: Path, client, quiet: bool,
     from mklscale.bank import build_bank, families
     from mklscale.errors import BankMismatchError
 
+    from mklscale.bank.size import check_fits, count_kernels
+
     cfg = pipe.bank
-    specs = families.resolve(cfg["kernels"], data.X_train.shape[1])
     shared = Path(cfg["path"]).is_absolute()
     path = Path(cfg["path"]) if shared else run_dir / cfg["path"]
+    check_fits(path, count_kernels(cfg["kernels"], data.X_train.shape[1]), len(data.y_train), cfg["dtype"],
+               (cfg.get("factor") or {}).get("rank"))
+    specs = families.resolve(cfg["kernels"], data.X_train.shape[1])
     if stage is not None:
         stage.doing, stage.bank = "building the bank", path
     normalize = None if cfg["normalize"] == "none" else cfg["normalize"]

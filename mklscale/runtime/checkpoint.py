@@ -181,6 +181,7 @@ def write_atomic(path: Path, write: Callable[[Any], None]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise CheckpointError(_os_message(path, exc)) from None
+    _sweep_temp_files(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as fh:
@@ -194,6 +195,26 @@ def write_atomic(path: Path, write: Callable[[Any], None]) -> None:
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink()
+
+
+def _sweep_temp_files(path: Path) -> None:
+    """Remove the temp files of ``path`` left by writers that were killed (SIGKILL, a node lost): those
+    named by the PID of a process that no longer exists on this machine."""
+    for tmp in path.parent.glob(f".{path.name}.tmp-*"):
+        pid = tmp.name.rsplit("-", 1)[1]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 def _os_message(path: Path, exc: OSError) -> str:
