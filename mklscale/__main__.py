@@ -1,4 +1,4 @@
-"""``python -m mklscale ...``: the same as the ``mklscale`` command (see ``mklscale.cli``)."""
+"""``python -m mklscale``: the ``mklscale`` command (see :mod:`mklscale.cli`)."""
 
 import sys
 

@@ -1,5 +1,6 @@
 """The ``mklscale`` command.
 
+    mklscale --version
     mklscale run pipelines/quickstart.toml [--cluster cluster/slurm.toml] [--out runs/quickstart] [--quiet]
     mklscale fit --dataset breast_cancer --family simplemkl --solver spicy --C 0.05 --out model/
     mklscale predict model/ --features X_new.npy [--proba] [--out predictions.npy]
@@ -11,6 +12,7 @@
     mklscale bank info PATH
     mklscale bank verify PATH
     mklscale bank repair PATH [--quiet]
+    mklscale cache info|clear [--dir DIR]
 
 Exit codes: 0 success; 1 ``verify`` found problems (it marks bad kernels unfinished in the bank;
 ``bank repair`` recomputes them and exits 0 only when the bank verifies afterwards) or a pipeline solver failed (see results.json);
@@ -36,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mklscale import __version__
 from mklscale.errors import InvalidInputError, MKLScaleError, Preempted, Stopped
 from mklscale.runtime.interrupt import EXIT_STOPPED, stop_cleanly
 
@@ -67,8 +70,9 @@ def _run_command(args) -> int:
         return code
     except (Stopped, Preempted) as exc:
         if isinstance(exc, Preempted) or str(exc) == f"stopped by {exc.signal_name}":  # no command-specific news
-            exc = Stopped(exc.signum, f"stopped by {signal.Signals(exc.signum).name}: {args.saved}; run the "
-                                     f"same command again to continue: {_command_line(args)}")
+            saved = getattr(args, "saved", "nothing was saved")
+            exc = Stopped(exc.signum, f"stopped by {signal.Signals(exc.signum).name}: {saved}; run the same command "
+                                      f"again to continue: {_command_line(args)}")
         print(f"mklscale: {exc}", file=sys.stderr, flush=True)
         return EXIT_STOPPED
     except MKLScaleError as exc:
@@ -103,6 +107,7 @@ def _save_traceback(exc: BaseException) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mklscale", description="Multiple kernel learning over kernel banks on Dask.")
+    p.add_argument("--version", action="version", version=f"mklscale {__version__}")
     sub = p.add_subparsers(title="commands")
 
     r = sub.add_parser("run", help="run a pipeline: dataset -> bank -> solvers -> evaluation -> report")
@@ -110,7 +115,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--cluster", type=Path, default=None, help="a cluster TOML file (see cluster/); default: "
                    "an embedded LocalCluster with 2 worker processes")
     r.add_argument("--out", type=Path, default=None, help="run directory (default: runs/<pipeline name>)")
-    r.add_argument("--quiet", action="store_true", help="no progress bars or per-iteration lines")
+    r.add_argument("--quiet", action="store_true", help="no progress bars, per-iteration lines or kernel lists "
+                   "(each solver's result line and where the results went are still printed)")
     r.add_argument("--resume", action="store_true", help="continue an interrupted run in --out from its checkpoints "
                    "(a finished run is left as it is)")
     r.add_argument("--overwrite", action="store_true", help="replace an earlier run in --out (without it, or "
@@ -189,7 +195,20 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("path", type=Path)
     rp.add_argument("--quiet", action="store_true", help="no progress bars")
     rp.set_defaults(func=_cmd_repair, saved="the kernels recomputed so far are saved in the bank")
+    _cache_parser(sub)
     return p
+
+
+def _cache_parser(sub) -> None:
+    cache = sub.add_parser("cache", help="show or empty the estimators' bank cache").add_subparsers(title="cache commands")
+    where = dict(type=Path, default=None, help="the cache folder (default: $MKLSCALE_CACHE or ~/.cache/mklscale/banks)")
+    i = cache.add_parser("info", help="print the cache's location, size and number of banks")
+    i.add_argument("--dir", **where)
+    i.add_argument("--json", action="store_true", help="machine-readable output")
+    i.set_defaults(func=_cmd_cache_info)
+    c = cache.add_parser("clear", help="remove every cached bank that no fit is using")
+    c.add_argument("--dir", **where)
+    c.set_defaults(func=_cmd_cache_clear)
 
 
 def _family_arguments(p: argparse.ArgumentParser) -> None:
@@ -224,7 +243,7 @@ def _cmd_fit(args) -> int:
     if args.dataset:
         from mklscale.datasets import load
 
-        ds = load(args.dataset)
+        ds = load(args.dataset, standardise=False)  # raw: the model's own standardisation maps them (issue 18)
         X, y = ds.X, ds.y
         task = args.task or ("regression" if ds.task == "regression" else "classification")
     else:
@@ -260,12 +279,18 @@ def _cmd_predict(args) -> int:
     import mklscale
 
     estimator = mklscale.load(args.model)
+    model = estimator.model_
     if args.dataset:
         from mklscale.datasets import load
 
-        X = load(args.dataset).X
+        X = load(args.dataset, standardise=model.dataset_features == "standardised").X
     else:
         X = _load_npy(args.features, "--features")
+        if model.dataset_features == "standardised" and _standardisation_is_identity(model):
+            print(f"mklscale: warning: model {args.model} was written by an older mklscale (model schema < 3) and "
+                  "fitted on features that were already standardised, e.g. a dataset of `mklscale fit --dataset` "
+                  "or `mklscale run`: it expects --features standardised the same way (mklscale.datasets.load(NAME).X"
+                  "), not raw ones; refit it with this mklscale to predict on raw features", file=sys.stderr)
     predict = estimator.predict
     if args.proba:
         try:
@@ -277,17 +302,31 @@ def _cmd_predict(args) -> int:
     values = predict(X)
     if args.out is None:
         np.savetxt(sys.stdout, np.atleast_1d(values), fmt="%s")
-    elif args.out.suffix == ".csv":
-        np.savetxt(args.out, np.atleast_1d(values), fmt="%s", delimiter=",")
-    else:
-        np.save(args.out, np.asarray(values), allow_pickle=False)
+        return 0
+    from mklscale.runtime.atomic import output_error, write_file
+
+    if args.out.suffix == ".csv":
+        out, write = args.out, lambda fh: np.savetxt(fh, np.atleast_1d(values), fmt="%s", delimiter=",")
+    else:  # numpy.save's rule: .npy is appended to any other name
+        out = args.out if args.out.suffix == ".npy" else args.out.with_name(args.out.name + ".npy")
+        write = lambda fh: np.save(fh, np.asarray(values), allow_pickle=False)  # noqa: E731
+    try:
+        write_file(out, write)
+    except OSError as exc:
+        raise output_error(out, exc, "the predictions") from None
     return 0
+
+
+def _standardisation_is_identity(model) -> bool:
+    """True when the model's stored standardisation does nothing: it was fitted on standardised features."""
+    return (model.mean is not None and np.allclose(model.mean, 0.0, atol=1e-8)
+            and np.allclose(model.scale, 1.0, atol=1e-8))
 
 
 def _cmd_report(args) -> int:
     from mklscale.report import write_report
 
-    print(f"report: {write_report(args.run_dir)}")
+    write_report(args.run_dir)  # prints where the report went
     return 0
 
 
@@ -434,6 +473,29 @@ def _cmd_info(args) -> int:
         print(f"  [{m}] {bank.specs[m].name}  lambda_max={lam[m]:.4g}")
     if len(bank) > 5:
         print(f"  ... {len(bank) - 5} more")
+    return 0
+
+
+def _cmd_cache_info(args) -> int:
+    from mklscale.bank import cache
+
+    info = cache.info(args.dir if args.dir is not None else cache.default_dir())
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    cap = "no cap" if info["max_bytes"] is None else f"cap {info['max_bytes'] / 1e9:.3f} GB"
+    print(f"bank cache: {info['path']}\n  size: {info['bytes'] / 1e9:.3f} GB in {info['n_banks']} bank(s)  "
+          f"({cap}, $MKLSCALE_CACHE_MAX)")
+    return 0
+
+
+def _cmd_cache_clear(args) -> int:
+    from mklscale.bank import cache
+
+    folder = args.dir if args.dir is not None else cache.default_dir()
+    removed, busy = cache.clear(folder)
+    print(f"bank cache: {folder}: removed {len(removed)} bank(s), {sum(b.nbytes for b in removed) / 1e9:.3f} GB"
+          + (f"; {len(busy)} in use by a running fit left in place" if busy else ""))
     return 0
 
 

@@ -67,6 +67,11 @@ class ModelFileError(MKLScaleError, ValueError):
     """A saved model is missing, truncated, inconsistent or of a newer schema than this mklscale reads."""
 
 
+class OutputWriteError(MKLScaleError, OSError):
+    """An output (a model folder, a predictions file) cannot be written: the disk is full, read-only or
+    not permitted. Nothing half-written is left at the output's path."""
+
+
 class Preempted(MKLScaleError):
     """SIGTERM/SIGINT arrived during a solve; the state was saved to ``checkpoint`` (resume from it)."""
 

@@ -10,7 +10,8 @@ A pipeline is a TOML file (see ``pipelines/``)::
     name = "breast_cancer"
     test_fraction = 0.25                # held-out rows (stratified for classification)
     max_train = 200                     # optional: keep at most this many training rows
-    options = { n_samples = 7400 }      # optional: passed to datasets.load (generated sets)
+    options = { n_samples = 7400 }      # optional: passed to datasets.load (generated sets); the run
+                                        # loads raw features: the bank standardises them, the models too
 
     [bank]                              # one family description or a list under `families`
     family = "simplemkl"                # + that family's parameters (see bank.families.resolve)
@@ -60,13 +61,16 @@ nothing. A run directory holding an earlier run is refused unless ``resume`` or 
 Before any work (the cluster, the bank) every [[solver]]'s values are checked as the estimators
 check them, the split must leave 2 training rows per class, and the bank must fit on its disk.
 
-results.json: ``schema_version``, ``mklscale_version``, ``pipeline`` {name, path, config},
-``started``/``finished``/``seconds``, ``machine``, ``cluster`` {kind, dashboard, workers},
-``dataset`` {name, task, n_train, n_test, n_features, classes}, ``bank`` {path, M, n, dtype,
-normalize, build_seconds, kernels_computed, families}, ``solvers``: one entry per solver and per
-path with name, solver, params, status ("ok"/"failed"), error, metrics (train/test accuracy, or
-r2 and rmse), seconds, passes, bytes_read, converged, objective, gap, n_active, kernels (kept
-kernels with index, name, family, params, features, weight, head), history (per iteration, with
+results.json: ``schema_version``, ``mklscale_version``, ``pipeline`` {name, description, path,
+config}, ``started``/``finished``/``seconds``, ``machine``, ``cluster`` {kind, dashboard, workers},
+``dataset`` {name, task, n_train, n_test, n_features, classes, feature_names}, ``bank`` {path, M,
+n, dtype, normalize, build_seconds, kernels_computed, families}, ``solvers``: one entry per solver
+and per path with name, solver, params, status ("ok"/"failed"), error, metrics (train/test
+accuracy, balanced_accuracy and roc_auc, or r2 and rmse), confusion_matrix (classification, test
+rows: labels, counts[true][predicted]), seconds, passes, bytes_read, converged, objective, gap,
+n_active, kernels (kept kernels with index, name, family, params, features, weight, head; the name
+shows the dataset's feature names, e.g. ``gaussian(width=2)[mean radius]``, the features their
+column indices), history (per iteration, with
 head for one-vs-rest), path (for [[path]] entries: parameter, values, kernel_names, weights,
 n_active, scores, score_name), convergence_warning (the estimator's ConvergenceWarning text:
 solver, class, gap and what to change; null when converged) and model (relative path or null).
@@ -101,6 +105,7 @@ from mklscale.errors import (
     ConfigError,
     InvalidInputError,
     MKLScaleError,
+    OutputWriteError,
     Preempted,
     Stopped,
 )
@@ -278,6 +283,7 @@ class _Data:
     X_test: np.ndarray
     y_test: np.ndarray
     classes: list | None
+    feature_names: tuple[str, ...] | None = None   # one per column; kernel names use them
 
 
 def run_pipeline(spec, out: str | os.PathLike | None = None, cluster=None, quiet: bool = False,
@@ -286,7 +292,9 @@ def run_pipeline(spec, out: str | os.PathLike | None = None, cluster=None, quiet
 
     ``spec``: a path, a dict or a :class:`Pipeline`. ``out``: the run directory (default
     ``runs/<name>``). ``cluster``: a cluster config path/dict for ``mklscale.runtime.cluster``
-    (None: the embedded LocalCluster). ``quiet``: no progress bars or per-iteration lines.
+    (None: the embedded LocalCluster). ``quiet``: no progress bars, per-iteration lines or kernel
+    lists; the summary lines (each solver's result or failure, bank warnings, where the results and
+    the report went) are printed still.
     ``resume``: continue an interrupted run in ``out`` (see the module docstring); a finished run
     is returned as it is (its report written if it is missing). ``overwrite``: replace an earlier
     run in ``out`` (its bank too, when the bank lives in the run directory). An earlier run in
@@ -320,7 +328,7 @@ def _run(pipe: Pipeline, run_dir: Path, cluster, quiet: bool, resume: bool, over
     _check_run_dir(run_dir, resume, overwrite)
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
     if resume and (run_dir / "results.json").is_file():
-        return _finished_run(pipe, run_dir, say, stage)
+        return _finished_run(pipe, run_dir, stage)
     started, t0 = _now(), time.perf_counter()
     data = _load_data(pipe)
     _check_solvers(pipe, data.task)
@@ -352,12 +360,14 @@ def _run(pipe: Pipeline, run_dir: Path, cluster, quiet: bool, resume: bool, over
         cluster_info = _cluster_info(cluster_config, client)
     results = {
         "schema_version": SCHEMA_VERSION, "mklscale_version": __version__,
-        "pipeline": {"name": pipe.name, "path": str(pipe.source) if pipe.source else None, "config": pipe.raw},
+        "pipeline": {"name": pipe.name, "description": pipe.description,
+                     "path": str(pipe.source) if pipe.source else None, "config": pipe.raw},
         "started": started, "finished": _now(), "seconds": time.perf_counter() - t0,
         "machine": _machine(), "cluster": cluster_info,
         "dataset": {"name": data.name, "task": data.task, "n_train": int(len(data.y_train)),
                     "n_test": int(len(data.y_test)), "n_features": int(data.X_train.shape[1]),
-                    "classes": data.classes},
+                    "classes": data.classes,
+                    "feature_names": None if data.feature_names is None else list(data.feature_names)},
         "bank": bank_info, "solvers": entries,
     }
     stage.doing = "writing the results"
@@ -366,12 +376,17 @@ def _run(pipe: Pipeline, run_dir: Path, cluster, quiet: bool, resume: bool, over
     if pipe.report:
         from mklscale.report import write_report
 
-        say(f"[{pipe.name}] report: {write_report(run_dir, quiet=True)}")
-    say(f"[{pipe.name}] results: {run_dir / 'results.json'}")
+        _summary(f"[{pipe.name}] report: {write_report(run_dir, quiet=True)}")
+    _summary(f"[{pipe.name}] results: {run_dir / 'results.json'}")
     return results
 
 
-def _finished_run(pipe: Pipeline, run_dir: Path, say, stage: _Stage) -> dict:
+def _summary(line: str) -> None:
+    """Print a line ``quiet`` keeps: a solver's result or failure, a bank warning, where the results went."""
+    print(line, flush=True)
+
+
+def _finished_run(pipe: Pipeline, run_dir: Path, stage: _Stage) -> dict:
     """``resume`` on a run that finished: its results as they are (timings included); only a missing
     report is written."""
     from mklscale.report import write_report
@@ -381,10 +396,10 @@ def _finished_run(pipe: Pipeline, run_dir: Path, say, stage: _Stage) -> dict:
     except (OSError, ValueError) as exc:
         raise InvalidInputError(f"{run_dir / 'results.json'} is unreadable ({exc}); rerun the pipeline with "
                                 "--overwrite") from None
-    say(f"[{pipe.name}] finished before: {run_dir / 'results.json'} kept as it is")
+    _summary(f"[{pipe.name}] finished before: {run_dir / 'results.json'} kept as it is")
     if pipe.report and not (run_dir / "report" / "index.html").is_file():
         stage.doing = "writing the report"
-        say(f"[{pipe.name}] report: {write_report(run_dir, quiet=True)}")
+        _summary(f"[{pipe.name}] report: {write_report(run_dir, quiet=True)}")
     return results
 
 
@@ -469,8 +484,12 @@ def _load_data(pipe: Pipeline) -> _Data:
     from mklscale.datasets import load
 
     cfg = pipe.dataset
+    if cfg["options"].get("standardise", False):
+        raise ConfigError("pipeline [dataset] options: standardise = true is not allowed: the run fits on the raw "
+                          "features (the bank standardises them and every saved model keeps that standardisation, "
+                          "so it predicts from raw features); remove standardise")
     try:
-        ds = load(cfg["name"], **cfg["options"])
+        ds = load(cfg["name"], **{**cfg["options"], "standardise": False})
     except InvalidInputError as exc:
         raise ConfigError(f"pipeline [dataset]: {exc}") from None
     task = "regression" if ds.task == "regression" else "classification"
@@ -491,7 +510,7 @@ def _load_data(pipe: Pipeline) -> _Data:
                           f"{MIN_TRAIN_PER_CLASS} {per}; give a smaller test_fraction (0.25 is usual) or a larger "
                           "max_train")
     classes = sorted(np.unique(y_tr).tolist()) if task == "classification" else None
-    return _Data(ds.name, task, X_tr, y_tr, X_te, y_te, classes)
+    return _Data(ds.name, task, X_tr, y_tr, X_te, y_te, classes, tuple(ds.feature_names))
 
 
 def _build_bank(pipe: Pipeline, data: _Data, run_dir: Path, client, quiet: bool, say, overwrite: bool = False,
@@ -529,7 +548,7 @@ def _build_bank(pipe: Pipeline, data: _Data, run_dir: Path, client, quiet: bool,
             raise BankMismatchError(f"the bank {path} was built from other data or settings than this pipeline's "
                                     f"training rows and [bank]; {remedy}") from None
     for w in caught:
-        say(f"[{pipe.name}] bank: warning: {w.message}")
+        _summary(f"[{pipe.name}] bank: warning: {w.message}")
     info = {"path": str(path), "M": len(bank), "n": bank.n, "dtype": cfg["dtype"], "normalize": cfg["normalize"],
             **({} if not factor else {"representation": "factor", **factor,
                                       "approx_error_max": float(np.nanmax(bank.approx_error))}),
@@ -560,7 +579,7 @@ def _run_solver(entry: dict, bank, data: _Data, run_dir: Path, client, quiet: bo
             raise CheckpointError(f"{done} is unreadable ({exc}): the record of finished solver {name} is damaged; "
                                   f"delete it to run {name} again on --resume") from None
         if previous.get("params") == json_safe(record["params"]) and (run_dir / str(previous.get("model"))).is_dir():
-            say(f"[{name}] finished before the interruption; kept")
+            _summary(f"[{name}] finished before the interruption; kept")
             return previous
     done.unlink(missing_ok=True)
     Estimator = MKLClassifier if data.task == "classification" else MKLRegressor
@@ -576,14 +595,19 @@ def _run_solver(entry: dict, bank, data: _Data, run_dir: Path, client, quiet: bo
         raise   # the run stops: resumable from its checkpoints, not a failure of this solver
     except MKLScaleError as exc:
         record.update(status="failed", error=f"{type(exc).__name__}: {exc}", seconds=time.perf_counter() - t0)
-        say(f"[{name}] FAILED: {record['error']}")
+        _summary(f"[{name}] FAILED: {record['error']}")
         return record
     record["seconds"] = time.perf_counter() - t0
     record["convergence_warning"] = estimator.fit_stats_.get("convergence_warning")
     record["metrics"] = _metrics(estimator, data)
-    record.update(_result_summary(estimator, bank))
+    if data.task == "classification":
+        record["confusion_matrix"] = _confusion(estimator, data)
+    record.update(_result_summary(estimator, bank, data.feature_names))
     model_dir = run_dir / "models" / name
-    estimator.save(model_dir)
+    try:
+        estimator.save(model_dir)
+    except OutputWriteError as exc:  # a full disk stops the run; the bank and finished solvers are kept
+        raise OutputWriteError(f"{exc}; add --resume to keep the run's bank and finished solvers") from None
     record["model"] = str(model_dir.relative_to(run_dir))
     write_json_atomic(done, json_safe(record))
     _say_solver(say, record, len(bank))
@@ -591,11 +615,20 @@ def _run_solver(entry: dict, bank, data: _Data, run_dir: Path, client, quiet: bo
 
 
 def _metrics(estimator, data: _Data) -> dict:
-    """Train and test accuracy (classification) or R^2 and RMSE (regression)."""
-    if data.task == "classification":
-        return {"train_accuracy": float(estimator.score(data.X_train, data.y_train)),
-                "test_accuracy": float(estimator.score(data.X_test, data.y_test))}
+    """Train and test accuracy, balanced accuracy and ROC AUC (classification), or R^2 and RMSE
+    (regression). The AUC ranks the decision values f(x); with K >= 3 classes it is the mean of the
+    K one-vs-rest AUCs (f_k ranking class k against the rest), or None when the split lacks a class."""
+    from sklearn.metrics import balanced_accuracy_score
+
     out = {}
+    if data.task == "classification":
+        for split, X, y in (("train", data.X_train, data.y_train), ("test", data.X_test, data.y_test)):
+            f = estimator.decision_function(X)
+            pred = estimator.predict(X)
+            out[f"{split}_accuracy"] = float(np.mean(pred == y))
+            out[f"{split}_balanced_accuracy"] = float(balanced_accuracy_score(y, pred))
+            out[f"{split}_roc_auc"] = _roc_auc(y, f, estimator.classes_)
+        return out
     for split, X, y in (("train", data.X_train, data.y_train), ("test", data.X_test, data.y_test)):
         pred = estimator.predict(X)
         out[f"{split}_r2"] = float(estimator.score(X, y))
@@ -603,13 +636,35 @@ def _metrics(estimator, data: _Data) -> dict:
     return out
 
 
-def _result_summary(estimator, bank) -> dict:
+def _roc_auc(y, f: np.ndarray, classes) -> float | None:
+    """ROC AUC of decision values (binary: f ranks classes[1]; one-vs-rest: mean over the heads)."""
+    from sklearn.metrics import roc_auc_score
+
+    if f.ndim == 1:
+        targets, scores = [y == classes[1]], [f]
+    else:
+        targets, scores = [y == c for c in classes], list(f.T)
+    if any(t.all() or not t.any() for t in targets):
+        return None   # a class missing from this split: the AUC is undefined
+    return float(np.mean([roc_auc_score(t, s) for t, s in zip(targets, scores)]))
+
+
+def _confusion(estimator, data: _Data) -> dict:
+    """The test rows' confusion matrix: counts[i][j] = rows of class labels[i] predicted labels[j]."""
+    from sklearn.metrics import confusion_matrix
+
+    labels = estimator.classes_
+    counts = confusion_matrix(data.y_test, estimator.predict(data.X_test), labels=labels)
+    return {"labels": json_safe(labels.tolist()), "counts": counts.tolist()}
+
+
+def _result_summary(estimator, bank, feature_names=None) -> dict:
     """Kept kernels (per head for one-vs-rest), history, convergence and pass counts of a fitted estimator."""
     results = estimator.result_ if isinstance(estimator.result_, list) else [estimator.result_]
     heads = [str(c) for c in estimator.classes_] if len(results) > 1 else [None]
     kernels, history = [], []
     for head, res in zip(heads, results):
-        kernels += [_kernel_entry(bank, int(m), float(res.weights[m]), head) for m in res.active]
+        kernels += [_kernel_entry(bank, int(m), float(res.weights[m]), head, feature_names) for m in res.active]
         history += [{"iteration": i + 1, **json_safe(h), "head": head} for i, h in enumerate(res.history)]
     stats = getattr(estimator, "fit_stats_", {}) or {}
     return {
@@ -620,20 +675,21 @@ def _result_summary(estimator, bank) -> dict:
     }
 
 
-def _kernel_entry(bank, m: int, weight: float, head) -> dict:
+def _kernel_entry(bank, m: int, weight: float, head, feature_names=None) -> dict:
     spec = bank.specs[m]
-    return {"index": m, "name": spec.name, "family": spec.family, "params": dict(spec.params),
+    return {"index": m, "name": spec.label(feature_names), "family": spec.family, "params": dict(spec.params),
             "features": None if spec.features is None else list(spec.features), "weight": weight, "head": head}
 
 
 def _say_solver(say, record: dict, M: int) -> None:
-    """Print a solver's test metric, its kept kernels (top 5 by weight) and its cost."""
+    """Print a solver's test metric and cost (a summary line, printed under ``quiet`` too), then through
+    ``say`` its convergence advice and kept kernels (top 5 by weight)."""
     metric = next((k for k in ("test_accuracy", "test_r2") if k in record["metrics"]), None)
     gap = record["gap"]  # json_safe: a float, or "inf"/"nan"
     flag = "" if record["converged"] else f"  {NOT_CONVERGED} (gap {gap:.3g})" if isinstance(gap, float) \
         else f"  {NOT_CONVERGED} (gap {gap})"
-    say(f"[{record['name']}] {metric} {record['metrics'][metric]:.4f}  kept {record['n_active']}/{M} kernels  "
-        f"passes {record['passes']}  {record['seconds']:.1f} s  converged {record['converged']}{flag}")
+    _summary(f"[{record['name']}] {metric} {record['metrics'][metric]:.4f}  kept {record['n_active']}/{M} kernels  "
+             f"passes {record['passes']}  {record['seconds']:.1f} s  converged {record['converged']}{flag}")
     if record.get("convergence_warning"):
         say(f"    {record['convergence_warning']}")
     for k in sorted(record["kernels"], key=lambda k: -k["weight"])[:5]:
@@ -650,7 +706,7 @@ def _run_path(entry: dict, bank, data: _Data, client, quiet: bool, say) -> dict:
               "status": "ok", "error": None, "model": None, "kernels": [], "history": []}
     if data.task == "classification" and len(data.classes) != 2:
         record.update(status="failed", error="a [[path]] needs a regression or binary task")
-        say(f"[{name}] FAILED: {record['error']}")
+        _summary(f"[{name}] FAILED: {record['error']}")
         return record
     y = np.asarray(data.y_train, dtype=np.float64)
     t0 = time.perf_counter()
@@ -667,11 +723,11 @@ def _run_path(entry: dict, bank, data: _Data, client, quiet: bool, say) -> dict:
         seconds=time.perf_counter() - t0, passes=stats.get("passes"), bytes_read=stats.get("bytes_read"),
         converged=bool(np.all(p.converged)), objective=float(p.objectives[-1]), gap=float(p.gaps[-1]),
         n_active=int(ever.size), metrics={},
-        path={"parameter": "tau", "values": p.taus.tolist(), "kernel_names": [bank.specs[m].name for m in ever],
+        path={"parameter": "tau", "values": p.taus.tolist(), "kernel_names": [bank.specs[m].label(data.feature_names) for m in ever],
               "weights": p.weights[:, ever].tolist(), "n_active": [len(a) for a in p.active],
               "scores": scores, "score_name": score_name})
-    say(f"[{name}] path over {len(p.taus)} taus: up to {ever.size}/{len(bank)} kernels, passes {record['passes']}, "
-        f"{record['seconds']:.1f} s")
+    _summary(f"[{name}] path over {len(p.taus)} taus: up to {ever.size}/{len(bank)} kernels, "
+             f"passes {record['passes']}, {record['seconds']:.1f} s")
     return record
 
 

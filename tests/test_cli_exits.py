@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ import pytest
 from mklscale import cli
 from mklscale.bank import build_bank, families
 from mklscale.datasets import load as load_dataset
-from mklscale.runtime.checkpoint import write_atomic
+from mklscale.runtime.checkpoint import STALE_TEMP_S, write_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 PIPELINE = """
@@ -87,12 +88,12 @@ def test_rows_of_a_huge_memmapped_npy_are_read_alone(tmp_path):
 
 def test_temp_files_of_killed_checkpoint_writers_are_swept(tmp_path):
     target = tmp_path / "s.npz"
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    stale = tmp_path / f".s.npz.tmp-{dead.pid}"
-    live = tmp_path / f".s.npz.tmp-{os.getppid()}"   # a writer still running: kept
+    stale = tmp_path / ".s.npz.tmp-0badc0de"      # left by a writer killed mid-write, long ago
+    live = tmp_path / ".s.npz.tmp-5eedbeef"       # a writer still writing: its mtime is fresh
     stale.write_bytes(b"half a checkpoint")
     live.write_bytes(b"being written")
+    old = time.time() - STALE_TEMP_S - 60
+    os.utime(stale, (old, old))
     write_atomic(target, lambda fh: fh.write(b"new"))
     assert target.read_bytes() == b"new"
     assert not stale.exists() and live.exists()

@@ -99,11 +99,16 @@ class KernelSpec:
     @property
     def name(self) -> str:
         """A readable, unique label, e.g. ``gaussian(width=0.5)[3]`` or ``polynomial(degree=2,offset=1)[all]``."""
+        return self.label()
+
+    def label(self, feature_names=None) -> str:
+        """:attr:`name` with the feature indices replaced by ``feature_names`` (one per column of the
+        data, e.g. a DataFrame's columns), e.g. ``gaussian(width=0.5)[mean radius]``; without names,
+        or when an index has no name, the index is kept."""
         if self.family == "precomputed":
             return str(self.param("name"))
         args = ",".join(f"{k}={_fmt(v)}" for k, v in self.params)
-        feats = "all" if self.features is None else ",".join(map(str, self.features))
-        return f"{self.family}({args})[{feats}]"
+        return f"{self.family}({args})[{features_text(self.features, feature_names)}]"
 
     @property
     def base_key(self) -> tuple:
@@ -183,6 +188,15 @@ class KernelSpec:
     @classmethod
     def from_json(cls, s: str) -> KernelSpec:
         return cls.from_dict(json.loads(s))
+
+
+def features_text(features, feature_names=None) -> str:
+    """``all`` for None, else the features joined by commas: their names where ``feature_names``
+    (one per data column) gives them, else their column indices."""
+    if features is None:
+        return "all"
+    names = list(feature_names) if feature_names is not None else []
+    return ",".join(str(names[f]) if 0 <= f < len(names) else str(f) for f in features)
 
 
 def specs_to_json(specs) -> str:

@@ -37,9 +37,11 @@ from typing import Any
 import numpy as np
 
 from mklscale.errors import CheckpointError, InvalidInputError, Preempted
-from mklscale.runtime.atomic import fsync_dir
+from mklscale.runtime.atomic import write_file
 
 EXIT_PREEMPTED = 75
+#: a checkpoint's temp file untouched this long belongs to a writer that was killed
+STALE_TEMP_S = 300.0
 FORMAT_VERSION = 1
 _META = "__meta__"
 
@@ -182,39 +184,21 @@ def write_atomic(path: Path, write: Callable[[Any], None]) -> None:
     except OSError as exc:
         raise CheckpointError(_os_message(path, exc)) from None
     _sweep_temp_files(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
+        write_file(path, write)
     except OSError as exc:
         raise CheckpointError(_os_message(path, exc)) from None
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
 
 
 def _sweep_temp_files(path: Path) -> None:
-    """Remove the temp files of ``path`` left by writers that were killed (SIGKILL, a node lost): those
-    named by the PID of a process that no longer exists on this machine."""
+    """Remove the temp files of ``path`` that writers killed mid-write left behind (SIGKILL, a lost
+    node): those untouched for :data:`STALE_TEMP_S` seconds (a live writer keeps its file's mtime
+    fresh as it writes)."""
+    now = time.time()
     for tmp in path.parent.glob(f".{path.name}.tmp-*"):
-        pid = tmp.name.rsplit("-", 1)[1]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
-            with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):
+            if now - tmp.stat().st_mtime > STALE_TEMP_S:
                 tmp.unlink()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
 
 
 def _os_message(path: Path, exc: OSError) -> str:
