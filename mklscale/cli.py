@@ -12,7 +12,11 @@
     mklscale bank info PATH
     mklscale bank verify PATH
     mklscale bank repair PATH [--quiet]
+    mklscale bank copy SRC DST [--overwrite]     (a folder and an s3://bucket/prefix URL, either way)
     mklscale cache info|clear [--dir DIR]
+
+A bank PATH may be a folder or an S3-compatible object store URL s3://bucket/prefix (configured by
+AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION).
 
 Exit codes: 0 success; 1 ``verify`` found problems (it marks bad kernels unfinished in the bank;
 ``bank repair`` recomputes them and exits 0 only when the bank verifies afterwards) or a pipeline solver failed (see results.json);
@@ -176,25 +180,34 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--cluster", type=Path, default=None, help="a cluster TOML file (see cluster/); default: Dask "
                    "threads in this process")
     b.add_argument("--overwrite", action="store_true", help="replace an existing bank built from other data or specs")
-    b.add_argument("--out", type=Path, required=True, help="where to write the bank (a folder)")
+    b.add_argument("--out", required=True, help="where to write the bank (a folder or s3://bucket/prefix)")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     b.set_defaults(func=_cmd_build, saved="the kernels finished so far are saved in the bank")
 
     i = bank.add_parser("info", help="print a bank's size, layout and kernels")
-    i.add_argument("path", type=Path)
+    i.add_argument("path", help="a bank folder or s3://bucket/prefix")
     i.add_argument("--json", action="store_true", help="machine-readable output")
     i.set_defaults(func=_cmd_info, saved="nothing was changed")
 
     v = bank.add_parser("verify", help="recompute checksums and report bad or unfinished kernels")
-    v.add_argument("path", type=Path)
+    v.add_argument("path", help="a bank folder or s3://bucket/prefix")
     v.add_argument("--quiet", action="store_true")
     v.set_defaults(func=_cmd_verify, saved="kernels found bad so far are marked unfinished")
 
     rp = bank.add_parser("repair", help="recompute the kernels verify finds bad or unfinished (banks built from "
                          "features); exit 0 when the bank verifies afterwards, 2 otherwise")
-    rp.add_argument("path", type=Path)
+    rp.add_argument("path", help="a bank folder or s3://bucket/prefix")
     rp.add_argument("--quiet", action="store_true", help="no progress bars")
     rp.set_defaults(func=_cmd_repair, saved="the kernels recomputed so far are saved in the bank")
+
+    cp = bank.add_parser("copy", help="copy a bank between a folder and an object store (s3://bucket/prefix), "
+                         "either way, then verify every kernel's checksum at the destination")
+    cp.add_argument("src", help="the bank to copy: a folder or s3://bucket/prefix")
+    cp.add_argument("dst", help="where to put it: a new folder or an empty s3://bucket/prefix")
+    cp.add_argument("--overwrite", action="store_true", help="replace a bank already at DST")
+    cp.add_argument("--quiet", action="store_true")
+    cp.set_defaults(func=_cmd_copy, saved="the copy was not finished; nothing at SRC changed")
+
     _cache_parser(sub)
     return p
 
@@ -395,12 +408,12 @@ def _cmd_build(args) -> int:
         warnings.simplefilter("always", UserWarning)
         try:
             if args.cluster is None:
-                bank = build_bank(X, specs, args.out, **kw)
+                bank = build_bank(X, specs, bank_location(args.out), **kw)
             else:
                 from mklscale.runtime.cluster import load_cluster_config, open_client
 
                 with open_client(load_cluster_config(args.cluster), quiet=args.quiet) as client:
-                    bank = build_bank(X, specs, args.out, client=client, **kw)
+                    bank = build_bank(X, specs, bank_location(args.out), client=client, **kw)
         except Stopped as exc:
             raise Stopped(exc.signum, f"stopped by {exc.signal_name}: {_saved_kernels(args.out)}; run the same "
                                       f"command again to compute the rest: {_command_line(args)}") from None
@@ -418,18 +431,26 @@ def _saved_kernels(path: Path) -> str:
     from mklscale.bank import KernelBank
 
     try:
-        bank = KernelBank.open(path)
+        bank = KernelBank.open(bank_location(path))
         return f"{int(bank.complete.sum())} of {len(bank)} kernels are saved in {path}"
     except Exception:  # noqa: BLE001 - no bank yet, or not readable: nothing to count
         return "no kernel was saved yet"
 
 
-def _open_bank(path: Path):
+def bank_location(text: str):
+    """A bank argument: a folder (Path) or an s3:// URL (``bank.location``); other schemes are refused."""
+    from mklscale.bank.location import bank_location as parse
+
+    return parse(text)
+
+
+def _open_bank(path: str):
     """The bank at ``path``; a folder that is not a bank gets a message saying what to give instead."""
     from mklscale.bank import KernelBank
     from mklscale.errors import NotABankError
 
-    if path.exists() and not KernelBank.is_bank(path):
+    path = bank_location(path)
+    if isinstance(path, Path) and path.exists() and not KernelBank.is_bank(path):
         raise NotABankError(f"{path} exists but is not an mklscale kernel bank (no bank metadata found); give the "
                             "folder written by `mklscale bank build --out FOLDER` (or by build_bank)")
     return KernelBank.open(path)
@@ -514,6 +535,14 @@ def _cmd_repair(args) -> int:
         raise BankCorruptError(f"bank {args.path} still does not verify after the repair (see above); rebuild it "
                                "with `mklscale bank build ... --overwrite`")
     return 0
+
+
+def _cmd_copy(args) -> int:
+    from mklscale.bank.transfer import copy_bank
+
+    report = copy_bank(args.src, args.dst, overwrite=args.overwrite, progress=not args.quiet)
+    print(f"copied {bank_location(args.src)} -> {bank_location(args.dst)}; {report}")
+    return 0 if report.ok else 1
 
 
 if __name__ == "__main__":

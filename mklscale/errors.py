@@ -43,6 +43,10 @@ class BankCorruptError(BankError, RuntimeError):
     """Stored kernel data does not match its recorded checksum."""
 
 
+class BankLockedError(BankError, RuntimeError):
+    """Another process writes the bank (build, repair, verify's marking) and the caller did not wait."""
+
+
 class SchemaVersionError(BankError, ValueError):
     """A store or file was written by a newer mklscale schema than this one reads."""
 
@@ -53,6 +57,11 @@ class ReadOnlyStoreError(BankError, PermissionError):
 
 class DiskFullError(BankError, OSError):
     """The file system holding a bank ran out of space (ENOSPC/EDQUOT) while writing it."""
+
+
+class ObjectStoreError(BankError, ConnectionError):
+    """An object store (s3://) holding a bank cannot be reached, refuses the credentials, has no such
+    bucket, or kept failing past the retry deadline (issue 20, ``mklscale.bank.objstore``)."""
 
 
 class ConfigError(InvalidInputError):

@@ -98,6 +98,7 @@ from sklearn.exceptions import ConvergenceWarning
 
 from mklscale import __version__
 from mklscale.bank.factor import LANDMARK_RULES, METHODS
+from mklscale.bank.location import bank_location, is_url, redact_options, redact_toml
 from mklscale.config import Field, check_table, check_value, fraction, one_of, positive, read_toml
 from mklscale.errors import (
     CheckpointError,
@@ -151,6 +152,8 @@ _BANK = {
     "landmarks": Field((str,), "kmeans++", one_of(*LANDMARK_RULES)),
     "tol": Field((float,), 1e-6, positive),
     "max_error": Field((float,), 0.05, positive),
+    # overrides of AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ... for a path s3://bucket/prefix (issue 20)
+    "storage_options": Field((dict,), None),
 }
 _FACTOR_KEYS = ("method", "landmarks", "tol", "max_error")
 _SOLVER_FIXED = {"name": Field((str,)), "solver": Field((str,)), "C": Field((float,), None, positive)}
@@ -248,8 +251,12 @@ def _check_bank(table, where: str) -> dict:
         raise ConfigError(f"{where}: {', '.join(k for k in _FACTOR_KEYS if k in table)} apply to factor banks only; "
                           "add rank = R (e.g. rank = 64) or remove them")
     factor = {} if fixed["rank"] is None else {k: fixed[k] for k in ("rank", *_FACTOR_KEYS)}
+    try:  # a URL scheme other than s3://, or storage options for a local path, are refused here
+        bank_location(fixed["path"], fixed["storage_options"])
+    except InvalidInputError as exc:
+        raise ConfigError(f"{where}.path: {exc}") from None
     return {"kernels": kernels, "normalize": fixed["normalize"], "dtype": fixed["dtype"], "path": fixed["path"],
-            "factor": factor}
+            "factor": factor, "storage_options": fixed["storage_options"]}
 
 
 def _check_solver(table, where: str) -> dict:
@@ -361,7 +368,7 @@ def _run(pipe: Pipeline, run_dir: Path, cluster, quiet: bool, resume: bool, over
     results = {
         "schema_version": SCHEMA_VERSION, "mklscale_version": __version__,
         "pipeline": {"name": pipe.name, "description": pipe.description,
-                     "path": str(pipe.source) if pipe.source else None, "config": pipe.raw},
+                     "path": str(pipe.source) if pipe.source else None, "config": _redacted(pipe.raw)},
         "started": started, "finished": _now(), "seconds": time.perf_counter() - t0,
         "machine": _machine(), "cluster": cluster_info,
         "dataset": {"name": data.name, "task": data.task, "n_train": int(len(data.y_train)),
@@ -417,6 +424,14 @@ def _check_run_dir(run_dir: Path, resume: bool = False, overwrite: bool = False)
                                 "overwrite=True), or choose another --out")
 
 
+def _redacted(raw: dict) -> dict:
+    """The parsed spec with the secrets of its bank's storage options replaced (results.json)."""
+    bank = raw.get("bank")
+    if not isinstance(bank, dict) or not isinstance(bank.get("storage_options"), dict):
+        return raw
+    return {**raw, "bank": {**bank, "storage_options": redact_options(bank["storage_options"])}}
+
+
 def _prepare_run_dir(run_dir: Path, pipe: Pipeline, overwrite: bool = False) -> None:
     """Create the run directory and keep a copy of the spec that produced it; with ``overwrite``, the
     earlier run's outputs go first (an earlier bank is replaced by the build)."""
@@ -428,7 +443,8 @@ def _prepare_run_dir(run_dir: Path, pipe: Pipeline, overwrite: bool = False) -> 
         for name in ("checkpoints", "models", "report"):
             shutil.rmtree(run_dir / name, ignore_errors=True)
     if pipe.source is not None:
-        shutil.copyfile(pipe.source, run_dir / "pipeline.toml")
+        # the copy never holds credentials of a [bank.storage_options] table
+        (run_dir / "pipeline.toml").write_text(redact_toml(Path(pipe.source).read_text()))
 
 
 def _check_solvers(pipe: Pipeline, task: str) -> None:
@@ -525,10 +541,13 @@ def _build_bank(pipe: Pipeline, data: _Data, run_dir: Path, client, quiet: bool,
     from mklscale.bank.size import check_fits, count_kernels
 
     cfg = pipe.bank
-    shared = Path(cfg["path"]).is_absolute()
-    path = Path(cfg["path"]) if shared else run_dir / cfg["path"]
-    check_fits(path, count_kernels(cfg["kernels"], data.X_train.shape[1]), len(data.y_train), cfg["dtype"],
-               (cfg.get("factor") or {}).get("rank"))
+    shared = is_url(cfg["path"]) or Path(cfg["path"]).is_absolute()
+    if is_url(cfg["path"]):  # a bank on an object store (its options never reach results or logs)
+        path = bank_location(cfg["path"], cfg.get("storage_options"))
+    else:
+        path = Path(cfg["path"]) if shared else run_dir / cfg["path"]
+        check_fits(path, count_kernels(cfg["kernels"], data.X_train.shape[1]), len(data.y_train), cfg["dtype"],
+                   (cfg.get("factor") or {}).get("rank"))
     specs = families.resolve(cfg["kernels"], data.X_train.shape[1])
     if stage is not None:
         stage.doing, stage.bank = "building the bank", path

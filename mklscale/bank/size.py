@@ -37,7 +37,10 @@ def count_kernels(kernels, n_features: int) -> int:
 
 def check_fits(path: str | Path, M: int, n: int, dtype: str = "float32", rank: int | None = None) -> None:
     """Raise InvalidInputError when a new bank at ``path`` would not fit on its disk (an existing bank
-    at ``path`` is resumed into space it mostly holds already: not checked)."""
+    at ``path`` is resumed into space it mostly holds already, and an object store has no disk to
+    ask: neither is checked)."""
+    if "://" in str(path):
+        return  # an object store (s3://...): no local disk to check
     path = Path(path)
     if path.exists():
         return
