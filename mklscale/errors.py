@@ -91,5 +91,16 @@ class Preempted(MKLScaleError):
         super().__init__(f"stopped by {signal.Signals(signum).name}: {where}")
 
 
+class Stopped(BaseException):
+    """SIGINT/SIGTERM stopped a command (see ``mklscale.runtime.interrupt``); ``str()`` is the one line
+    the CLI prints: the signal, what was saved and how to continue. Like KeyboardInterrupt it is not
+    an ``Exception``, so no ``except Exception`` on the way up swallows it."""
+
+    def __init__(self, signum: int, message: str | None = None):
+        self.signum = signum
+        self.signal_name = signal.Signals(signum).name
+        super().__init__(message or f"stopped by {self.signal_name}")
+
+
 class CheckpointError(MKLScaleError):
     """A checkpoint cannot be written (disk full, read-only) or read (truncated, other problem)."""

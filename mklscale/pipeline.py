@@ -50,10 +50,16 @@ path is absolute), ``models/<name>/`` (one model file per solver, see ``mklscale
 ``results.json`` (schema below, written atomically when the run ends), ``report/`` and
 ``checkpoints/``: each solver's state while it runs (see ``mklscale.runtime.checkpoint``) and, for
 each finished solver, its results entry (``<name>.done.json``). On SIGTERM/SIGINT (preemption,
-walltime) the running solver saves its state and the run stops with exit code 75;
+walltime, Ctrl-C) in any stage the run stops with ``Stopped`` (exit code 75), whose one line says
+what was saved (bank kernels, finished solvers, the running solver's checkpoint) and the command
+that resumes; a checkpointed solver saves its state first, Citi and the baselines start over.
 ``run_pipeline(..., resume=True)`` (``mklscale run ... --resume``) reuses the bank (builds resume
 kernel by kernel), the finished solvers' entries and models, and continues the interrupted solver
-from its checkpoint, giving the same results as an uninterrupted run.
+from its checkpoint, giving the same results as an uninterrupted run; on a finished run it changes
+nothing. A run directory holding an earlier run is refused unless ``resume`` or ``overwrite``.
+
+Before any work (the cluster, the bank) every [[solver]]'s values are checked as the estimators
+check them, the split must leave 2 training rows per class, and the bank must fit on its disk.
 
 results.json: ``schema_version``, ``mklscale_version``, ``pipeline`` {name, description, path,
 config}, ``started``/``finished``/``seconds``, ``machine``, ``cluster`` {kind, dashboard, workers},
@@ -94,10 +100,24 @@ from mklscale import __version__
 from mklscale.bank.factor import LANDMARK_RULES, METHODS
 from mklscale.bank.location import bank_location, is_url, redact_options, redact_toml
 from mklscale.config import Field, check_table, check_value, fraction, one_of, positive, read_toml
-from mklscale.errors import ClusterUnavailableError, ConfigError, InvalidInputError, MKLScaleError, OutputWriteError
+from mklscale.errors import (
+    CheckpointError,
+    ClusterUnavailableError,
+    ConfigError,
+    InvalidInputError,
+    MKLScaleError,
+    OutputWriteError,
+    Preempted,
+    Stopped,
+)
+from mklscale.runtime.interrupt import stop_cleanly
 from mklscale.solvers.result import json_safe
 
 SCHEMA_VERSION = 1
+#: the most values a [[path]] may have (each is a solve; a billion would run for ever)
+MAX_TAUS = 10_000
+#: the training split must keep this many rows of each class (of all rows, for regression)
+MIN_TRAIN_PER_CLASS = 2
 #: the flag the console line of an unconverged solver carries (the report shows its own)
 NOT_CONVERGED = "!! NOT CONVERGED"
 #: the estimators' ConvergenceWarning, which the run prints and records instead of warning
@@ -106,7 +126,8 @@ _CONVERGENCE_WARNING = r"MKL(Classifier|Regressor): solver .* did not converge"
 _TOP = {
     "name": Field((str,)),
     "description": Field((str,), ""),
-    "seed": Field((int,), 0),
+    "seed": Field((int,), 0, lambda v: None if 0 <= v < 2**32 else
+                  f"must be between 0 and 2**32 - 1 (a numpy seed), got {v}; give a seed in that range"),
     "dataset": Field((dict,)),
     "bank": Field((dict,)),
     "solver": Field((list,), []),
@@ -139,7 +160,8 @@ _SOLVER_FIXED = {"name": Field((str,)), "solver": Field((str,)), "C": Field((flo
 _PATH = {
     "name": Field((str,)),
     "mu": Field((float,), 1e-4, lambda v: None if v >= 0 else "must be >= 0"),
-    "n_taus": Field((int,), 20, positive),
+    "n_taus": Field((int,), 20, lambda v: None if 1 <= v <= MAX_TAUS else
+                    f"must be between 1 and {MAX_TAUS}, got {v}; give fewer values (20-100 trace a path well)"),
     "eps": Field((float,), 1e-3, fraction),
     "tol": Field((float,), 1e-6, positive),
     "cv_folds": Field((int,), 0, lambda v: None if v == 0 or v > 1 else "must be 0 (no CV) or >= 2"),
@@ -272,7 +294,7 @@ class _Data:
 
 
 def run_pipeline(spec, out: str | os.PathLike | None = None, cluster=None, quiet: bool = False,
-                 resume: bool = False) -> dict:
+                 resume: bool = False, overwrite: bool = False) -> dict:
     """Run every stage of a pipeline and return the results dict (also written to ``out/results.json``).
 
     ``spec``: a path, a dict or a :class:`Pipeline`. ``out``: the run directory (default
@@ -280,29 +302,62 @@ def run_pipeline(spec, out: str | os.PathLike | None = None, cluster=None, quiet
     (None: the embedded LocalCluster). ``quiet``: no progress bars, per-iteration lines or kernel
     lists; the summary lines (each solver's result or failure, bank warnings, where the results and
     the report went) are printed still.
-    ``resume``: continue an interrupted run in ``out`` (see the module docstring); without it,
-    earlier checkpoints in ``out`` are discarded. Raises ``Preempted`` on SIGTERM/SIGINT.
+    ``resume``: continue an interrupted run in ``out`` (see the module docstring); a finished run
+    is returned as it is (its report written if it is missing). ``overwrite``: replace an earlier
+    run in ``out`` (its bank too, when the bank lives in the run directory). An earlier run in
+    ``out`` without either is refused. SIGTERM/SIGINT raise ``Stopped``, whose message says what
+    was saved and how to resume.
     """
+    pipe = spec if isinstance(spec, Pipeline) else load_pipeline(spec)
+    run_dir = Path(out) if out is not None else Path("runs") / pipe.name
+    stage = _Stage()
+    with stop_cleanly():
+        try:
+            return _run(pipe, run_dir, cluster, quiet, resume, overwrite, stage)
+        except (Stopped, Preempted) as exc:
+            raise Stopped(exc.signum, _stop_message(exc, pipe, run_dir, stage)) from None
+
+
+@dataclasses.dataclass
+class _Stage:
+    """How far a run got, for the message of a stop: what it was doing, the bank, finished solvers."""
+
+    doing: str = "loading the data"
+    bank: Path | None = None
+    finished: list = dataclasses.field(default_factory=list)
+    solver: str | None = None
+
+
+def _run(pipe: Pipeline, run_dir: Path, cluster, quiet: bool, resume: bool, overwrite: bool, stage: _Stage) -> dict:
     from mklscale.runtime.cluster import load_cluster_config, open_client
 
-    pipe = spec if isinstance(spec, Pipeline) else load_pipeline(spec)
     cluster_config = load_cluster_config(cluster) if cluster is not None else None
-    run_dir = Path(out) if out is not None else Path("runs") / pipe.name
-    _check_run_dir(run_dir)
+    _check_run_dir(run_dir, resume, overwrite)
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
+    if resume and (run_dir / "results.json").is_file():
+        return _finished_run(pipe, run_dir, stage)
     started, t0 = _now(), time.perf_counter()
     data = _load_data(pipe)
+    _check_solvers(pipe, data.task)
     say(f"[{pipe.name}] {data.name}: {len(data.y_train)} training rows, {len(data.y_test)} test rows, "
         f"{data.X_train.shape[1]} features ({data.task})")
+    stage.doing = "starting the cluster"
     with open_client(cluster_config, quiet=quiet) as client:
         # the run folder is created only once the data loaded and the cluster answered, so a bad
         # dataset or an unreachable cluster leaves nothing on disk
-        _prepare_run_dir(run_dir, pipe)
+        _prepare_run_dir(run_dir, pipe, overwrite)
         try:
-            bank, bank_info = _build_bank(pipe, data, run_dir, client, quiet, say)
-            entries = [_run_solver(entry, bank, data, run_dir, client, quiet, say, pipe.checkpoint_every_s,
-                                   resume) for entry in pipe.solvers]
-            entries += [_run_path(entry, bank, data, client, quiet, say) for entry in pipe.paths]
+            bank, bank_info = _build_bank(pipe, data, run_dir, client, quiet, say, overwrite, stage)
+            entries = []
+            for entry in pipe.solvers:
+                stage.doing, stage.solver = f"running solver {entry['name']}", entry["name"]
+                entries.append(_run_solver(entry, bank, data, run_dir, client, quiet, say, pipe.checkpoint_every_s,
+                                           resume))
+                stage.finished.append(entry["name"])
+            for entry in pipe.paths:
+                stage.doing, stage.solver = f"running path {entry['name']}", entry["name"]
+                entries.append(_run_path(entry, bank, data, client, quiet, say))
+            stage.solver = None
         except ClusterUnavailableError as exc:
             source = pipe.source if pipe.source is not None else "PIPELINE.toml"
             raise ClusterUnavailableError(
@@ -322,7 +377,9 @@ def run_pipeline(spec, out: str | os.PathLike | None = None, cluster=None, quiet
                     "feature_names": None if data.feature_names is None else list(data.feature_names)},
         "bank": bank_info, "solvers": entries,
     }
+    stage.doing = "writing the results"
     write_json_atomic(run_dir / "results.json", json_safe(results))
+    stage.doing = "writing the report"
     if pipe.report:
         from mklscale.report import write_report
 
@@ -336,9 +393,35 @@ def _summary(line: str) -> None:
     print(line, flush=True)
 
 
-def _check_run_dir(run_dir: Path) -> None:
+def _finished_run(pipe: Pipeline, run_dir: Path, stage: _Stage) -> dict:
+    """``resume`` on a run that finished: its results as they are (timings included); only a missing
+    report is written."""
+    from mklscale.report import write_report
+
+    try:
+        results = json.loads((run_dir / "results.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise InvalidInputError(f"{run_dir / 'results.json'} is unreadable ({exc}); rerun the pipeline with "
+                                "--overwrite") from None
+    _summary(f"[{pipe.name}] finished before: {run_dir / 'results.json'} kept as it is")
+    if pipe.report and not (run_dir / "report" / "index.html").is_file():
+        stage.doing = "writing the report"
+        _summary(f"[{pipe.name}] report: {write_report(run_dir, quiet=True)}")
+    return results
+
+
+#: what an earlier run leaves in its run directory
+_RUN_OUTPUTS = ("results.json", "checkpoints", "models", "report")
+
+
+def _check_run_dir(run_dir: Path, resume: bool = False, overwrite: bool = False) -> None:
     if run_dir.exists() and not run_dir.is_dir():
         raise InvalidInputError(f"--out {run_dir} exists and is not a directory; choose another run directory")
+    earlier = [name for name in _RUN_OUTPUTS if (run_dir / name).exists()]
+    if earlier and not (resume or overwrite):
+        raise InvalidInputError(f"--out {run_dir} holds an earlier run ({', '.join(earlier)}); pass --resume to "
+                                "continue it, --overwrite to replace it (run_pipeline: resume=True / "
+                                "overwrite=True), or choose another --out")
 
 
 def _redacted(raw: dict) -> dict:
@@ -349,13 +432,65 @@ def _redacted(raw: dict) -> dict:
     return {**raw, "bank": {**bank, "storage_options": redact_options(bank["storage_options"])}}
 
 
-def _prepare_run_dir(run_dir: Path, pipe: Pipeline) -> None:
-    """Create the run directory and keep a copy of the spec that produced it."""
-    _check_run_dir(run_dir)
+def _prepare_run_dir(run_dir: Path, pipe: Pipeline, overwrite: bool = False) -> None:
+    """Create the run directory and keep a copy of the spec that produced it; with ``overwrite``, the
+    earlier run's outputs go first (an earlier bank is replaced by the build)."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise InvalidInputError(f"--out {run_dir} exists and is not a directory; choose another run directory")
     run_dir.mkdir(parents=True, exist_ok=True)
+    if overwrite:
+        (run_dir / "results.json").unlink(missing_ok=True)
+        for name in ("checkpoints", "models", "report"):
+            shutil.rmtree(run_dir / name, ignore_errors=True)
     if pipe.source is not None:
         # the copy never holds credentials of a [bank.storage_options] table
         (run_dir / "pipeline.toml").write_text(redact_toml(Path(pipe.source).read_text()))
+
+
+def _check_solvers(pipe: Pipeline, task: str) -> None:
+    """Every [[solver]] entry's values (a loss typo, a solver without this task, a bad C) checked as the
+    estimators check them, before the cluster starts and the bank is built."""
+    from mklscale.estimators import MKLClassifier, MKLRegressor
+
+    Estimator = MKLClassifier if task == "classification" else MKLRegressor
+    for i, entry in enumerate(pipe.solvers):
+        try:
+            Estimator(solver=entry["solver"], C=entry["C"], solver_params=dict(entry["params"]))._check_solver()
+        except InvalidInputError as exc:
+            where = f"pipeline {pipe.source}" if pipe.source else "pipeline"
+            raise ConfigError(f"{where} [[solver]] #{i + 1} ({entry['name']}): {exc}") from None
+
+
+def _stop_message(exc: Stopped | Preempted, pipe: Pipeline, run_dir: Path, stage: _Stage) -> str:
+    """One line: the signal, what the run was doing, what is saved, and the command that resumes."""
+    import signal as signals
+
+    saved = []
+    if stage.bank is not None:
+        saved.append(_bank_progress(stage.bank))
+    if stage.finished:
+        saved.append(f"finished solver(s) {', '.join(stage.finished)}")
+    if isinstance(exc, Preempted) and exc.checkpoint:
+        saved.append(f"the state of {stage.solver} ({exc.checkpoint})")
+    if (run_dir / "results.json").is_file():
+        saved.append("results.json")
+    note = "" if stage.solver is None or isinstance(exc, Preempted) and exc.checkpoint else \
+        f" ({stage.solver} keeps no checkpoint and starts over)"
+    source = pipe.source if pipe.source is not None else "PIPELINE.toml"
+    return (f"stopped by {signals.Signals(exc.signum).name} while {stage.doing}: saved "
+            f"{'; '.join(saved) if saved else 'nothing yet'}{note}; resume with: mklscale run {source} "
+            f"--out {run_dir} --resume")
+
+
+def _bank_progress(path: Path) -> str:
+    from mklscale.bank import KernelBank
+
+    try:
+        bank = KernelBank.open(path)
+        done = int(bank.complete.sum())
+    except Exception:  # noqa: BLE001 - a message about a stop must not fail on a bank it cannot read
+        return f"the bank {path}"
+    return f"{done} of {len(bank)} bank kernels ({path})"
 
 
 def _load_data(pipe: Pipeline) -> _Data:
@@ -375,32 +510,62 @@ def _load_data(pipe: Pipeline) -> _Data:
         raise ConfigError(f"pipeline [dataset]: {exc}") from None
     task = "regression" if ds.task == "regression" else "classification"
     stratify = ds.y if task == "classification" else None
-    X_tr, X_te, y_tr, y_te = train_test_split(ds.X, ds.y, test_size=cfg["test_fraction"],
-                                              random_state=pipe.seed, stratify=stratify)
+    try:
+        X_tr, X_te, y_tr, y_te = train_test_split(ds.X, ds.y, test_size=cfg["test_fraction"],
+                                                  random_state=pipe.seed, stratify=stratify)
+    except ValueError as exc:
+        raise ConfigError(f"pipeline [dataset] test_fraction = {cfg['test_fraction']}: {ds.name} ({len(ds.y)} rows) "
+                          f"cannot be split so ({exc}); give a smaller test_fraction") from None
     if cfg["max_train"] and cfg["max_train"] < len(y_tr):
         X_tr, y_tr = X_tr[: cfg["max_train"]], y_tr[: cfg["max_train"]]
+    counts = np.unique(y_tr, return_counts=True)[1] if task == "classification" else np.array([len(y_tr)])
+    if counts.size < (2 if task == "classification" else 1) or counts.min() < MIN_TRAIN_PER_CLASS:
+        per = "of each class" if task == "classification" else ""
+        raise ConfigError(f"pipeline [dataset]: test_fraction = {cfg['test_fraction']} (max_train = {cfg['max_train']}) "
+                          f"leaves {len(y_tr)} training rows of {ds.name}'s {len(ds.y)}, fewer than "
+                          f"{MIN_TRAIN_PER_CLASS} {per}; give a smaller test_fraction (0.25 is usual) or a larger "
+                          "max_train")
     classes = sorted(np.unique(y_tr).tolist()) if task == "classification" else None
     return _Data(ds.name, task, X_tr, y_tr, X_te, y_te, classes, tuple(ds.feature_names))
 
 
-def _build_bank(pipe: Pipeline, data: _Data, run_dir: Path, client, quiet: bool, say):
-    """Build (or resume, or reuse) the bank on the training rows; return it and its results entry."""
+def _build_bank(pipe: Pipeline, data: _Data, run_dir: Path, client, quiet: bool, say, overwrite: bool = False,
+                stage: _Stage | None = None):
+    """Build (or resume, or reuse) the bank on the training rows; return it and its results entry.
+
+    ``overwrite`` replaces a bank of other data in the run directory (never a shared bank given by
+    an absolute path)."""
     from mklscale.bank import build_bank, families
+    from mklscale.errors import BankMismatchError
+
+    from mklscale.bank.size import check_fits, count_kernels
 
     cfg = pipe.bank
-    specs = families.resolve(cfg["kernels"], data.X_train.shape[1])
+    shared = is_url(cfg["path"]) or Path(cfg["path"]).is_absolute()
     if is_url(cfg["path"]):  # a bank on an object store (its options never reach results or logs)
         path = bank_location(cfg["path"], cfg.get("storage_options"))
     else:
-        path = Path(cfg["path"]) if Path(cfg["path"]).is_absolute() else run_dir / cfg["path"]
+        path = Path(cfg["path"]) if shared else run_dir / cfg["path"]
+        check_fits(path, count_kernels(cfg["kernels"], data.X_train.shape[1]), len(data.y_train), cfg["dtype"],
+                   (cfg.get("factor") or {}).get("rank"))
+    specs = families.resolve(cfg["kernels"], data.X_train.shape[1])
+    if stage is not None:
+        stage.doing, stage.bank = "building the bank", path
     normalize = None if cfg["normalize"] == "none" else cfg["normalize"]
     say(f"[{pipe.name}] bank: {len(specs)} kernels, n = {len(data.y_train)} -> {path}")
     t0 = time.perf_counter()
     factor = cfg.get("factor") or {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
-        bank = build_bank(data.X_train, specs, path, normalize=normalize, dtype=cfg["dtype"], client=client,
-                          progress=not quiet, **factor)
+        try:
+            bank = build_bank(data.X_train, specs, path, normalize=normalize, dtype=cfg["dtype"], client=client,
+                              progress=not quiet, overwrite=overwrite and not shared, **factor)
+        except BankMismatchError:
+            remedy = ("remove it or give [bank] path another folder" if shared else
+                      "pass --overwrite to mklscale run (run_pipeline: overwrite=True) to rebuild it, or choose "
+                      "another --out")
+            raise BankMismatchError(f"the bank {path} was built from other data or settings than this pipeline's "
+                                    f"training rows and [bank]; {remedy}") from None
     for w in caught:
         _summary(f"[{pipe.name}] bank: warning: {w.message}")
     info = {"path": str(path), "M": len(bank), "n": bank.n, "dtype": cfg["dtype"], "normalize": cfg["normalize"],
@@ -427,7 +592,11 @@ def _run_solver(entry: dict, bank, data: _Data, run_dir: Path, client, quiet: bo
               "error": None, "model": None, "path": None}
     done = run_dir / "checkpoints" / f"{name}.done.json"
     if resume and done.is_file():
-        previous = json.loads(done.read_text())
+        try:
+            previous = json.loads(done.read_text())
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"{done} is unreadable ({exc}): the record of finished solver {name} is damaged; "
+                                  f"delete it to run {name} again on --resume") from None
         if previous.get("params") == json_safe(record["params"]) and (run_dir / str(previous.get("model"))).is_dir():
             _summary(f"[{name}] finished before the interruption; kept")
             return previous

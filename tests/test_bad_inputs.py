@@ -92,6 +92,11 @@ BAD_PIPELINES = {
     "unknown_solver_param": ("solver = \"uniform\"", "solver = \"uniform\"\nloss = \"hinge\""),
     "unknown_dataset": ("name = \"breast_cancer\"", "name = \"no_such_dataset\""),
     "syntax_error": ("[bank]", "[bank"),
+    "seed_negative": ("seed = 0", "seed = -1"),
+    "seed_huge": ("seed = 0", f"seed = {2**70}"),
+    "n_taus_huge": ("[report]", "[[path]]\nname = \"p\"\nn_taus = 1000000000\n\n[report]"),
+    "test_fraction_0999": ("test_fraction = 0.3", "test_fraction = 0.999"),
+    "loss_typo": ("solver = \"uniform\"", "solver = \"spicy\"\nloss = \"logistc\""),
     "standardise": ("max_train = 40", "max_train = 40\noptions = { standardise = true }"),
 }
 
@@ -159,6 +164,7 @@ def ws(tmp_path_factory) -> Path:
     np.save(ws / "X.npy", X)
     np.save(ws / "y.npy", y)
     np.save(ws / "X_wrong_width.npy", X[:5, :3])
+    np.save(ws / "y_objects.npy", np.array(list(y), dtype=object), allow_pickle=True)
     X_nan = X.copy()
     X_nan[3, 2] = np.nan
     np.save(ws / "X_nan.npy", X_nan)
@@ -412,6 +418,12 @@ CONFIGS = [
          r"does not take loss; remove it or use one of"),
     Case("pipeline_toml_syntax_error", lambda ws: load_pipeline(ws / "pipelines" / "syntax_error.toml"), ConfigError,
          r"not valid TOML.*fix the syntax"),
+    Case("pipeline_negative_seed", lambda ws: load_pipeline(ws / "pipelines" / "seed_negative.toml"), ConfigError,
+         r"seed: must be between 0 and 2\*\*32 - 1.*give a seed in that range"),
+    Case("pipeline_seed_above_2_32", lambda ws: load_pipeline(ws / "pipelines" / "seed_huge.toml"), ConfigError,
+         r"seed: must be between 0 and 2\*\*32 - 1.*give a seed"),
+    Case("pipeline_a_billion_taus", lambda ws: load_pipeline(ws / "pipelines" / "n_taus_huge.toml"), ConfigError,
+         r"n_taus: must be between 1 and 10000.*give fewer values", max_seconds=5),
     Case("cluster_unknown_key", lambda ws: load_cluster_config(ws / "clusters" / "unknown_key.toml"), ConfigError,
          r"unknown key\(s\) 'n_worker'.*remove or rename.*n_workers"),
     Case("cluster_wrong_type", lambda ws: load_cluster_config(ws / "clusters" / "wrong_type.toml"), ConfigError,
@@ -430,6 +442,28 @@ CONFIGS = [
 ]
 
 CLI = [
+    Case("build_a_billion_kernels", _cli("bank", "build", "--features", "{ws}/X.npy", "--family", "random_subsets",
+                                         "--n-kernels", "1000000000", "--out", "{ws}/out", "--quiet"),
+         None, r"1000000000 kernels over n = 40 rows .*takes 6.4 TB.*free; use fewer kernels or rows",
+         absent=("out",), max_seconds=20),
+    Case("build_width_1e-300", _cli("bank", "build", "--features", "{ws}/X.npy", "--family", "gaussian", "--widths",
+                                    "1e-300", "--out", "{ws}/out", "--quiet"),
+         None, r"width 1e-300 is below 1e-06.*give a width of about 0.1 to 20", absent=("out",)),
+    Case("build_width_1e-160", _cli("bank", "build", "--features", "{ws}/X.npy", "--family", "gaussian", "--widths",
+                                    "1", "1e-160", "--out", "{ws}/out", "--quiet"),
+         None, r"width 1e-160 is below 1e-06.*give a width", absent=("out",)),
+    Case("build_degree_1000", _cli("bank", "build", "--features", "{ws}/X.npy", "--family", "polynomial", "--degrees",
+                                   "2", "1000", "--out", "{ws}/out", "--quiet"),
+         None, r"degree 1000 is above 20.*give a degree from 1 to 20", absent=("out",)),
+    Case("fit_object_dtype_labels", _cli("fit", "--features", "{ws}/X.npy", "--labels", "{ws}/y_objects.npy", "--task",
+                                         "classification", "--cache-dir", "{ws}/cache", "--out", "{ws}/out", "--quiet"),
+         None, r"--labels .*holds Python objects \(dtype object\).*save plain numbers or strings", absent=("out",)),
+    Case("run_test_fraction_0999", _cli("run", "{ws}/pipelines/test_fraction_0999.toml", "--out", "{ws}/out",
+                                        "--quiet"),
+         None, r"test_fraction = 0.999.*give a smaller test_fraction", absent=("out",), max_seconds=30),
+    Case("run_loss_typo_before_any_work", _cli("run", "{ws}/pipelines/loss_typo.toml", "--out", "{ws}/out", "--quiet"),
+         None, r"\[\[solver\]\] #1 \(uni\): spicy loss 'logistc' does not fit task 'classification'; use one of",
+         absent=("out",), max_seconds=30),
     Case("fit_unknown_dataset", _cli("fit", "--dataset", "no_such_dataset", "--cache-dir", "{ws}/cache",
                                      "--out", "{ws}/out"),
          None, r"unknown dataset 'no_such_dataset'; choose one of", absent=("out",)),
