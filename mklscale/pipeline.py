@@ -26,7 +26,10 @@ A pipeline is a TOML file (see ``pipelines/``)::
     [[solver]]                          # any number; each becomes one fitted model
     name = "spicy_l1"                   # unique label
     solver = "spicy"                    # mklscale.solvers.registry name
-    C = 0.05                            # the solver's main regularisation (see the registry)
+    C = 0.05                            # the solver's main regularisation (see the registry); a list
+                                        # [0.01, 0.1] or "auto": chosen by k-fold CV on the training
+                                        # rows (mklscale.model_selection; also tau / lam by their names)
+    cv_folds = 3                        # folds of that CV (only with a list or "auto")
     loss = "logistic"                   # every other key is a parameter of that solver
 
     [[path]]                            # optional: PFBS regularisation paths (square loss)
@@ -56,17 +59,23 @@ from its checkpoint, giving the same results as an uninterrupted run.
 
 results.json: ``schema_version``, ``mklscale_version``, ``pipeline`` {name, path, config},
 ``started``/``finished``/``seconds``, ``machine``, ``cluster`` {kind, dashboard, workers},
-``dataset`` {name, task, n_train, n_test, n_features, classes}, ``bank`` {path, M, n, dtype,
+``dataset`` {name, task, n_train, n_test, n_features, classes, null_model}, ``bank`` {path, M, n, dtype,
 normalize, build_seconds, kernels_computed, families}, ``solvers``: one entry per solver and per
 path with name, solver, params, status ("ok"/"failed"), error, metrics (train/test accuracy, or
 r2 and rmse), seconds, passes, bytes_read, converged, objective, gap, n_active, kernels (kept
 kernels with index, name, family, params, features, weight, head), history (per iteration, with
 head for one-vs-rest), path (for [[path]] entries: parameter, values, kernel_names, weights,
 n_active, scores, score_name), convergence_warning (the estimator's ConvergenceWarning text:
-solver, class, gap and what to change; null when converged) and model (relative path or null).
+solver, class, gap and what to change; null when converged), model (relative path or null), cv
+(the cross-validation curve and the chosen value when C was a list or "auto", else null),
+null_model (the test metric beside the majority-class / mean predictor's) and constant_predictor
+(whether the model predicts one class / value everywhere). docs/design.md, "Model selection and
+the null model", lists these fields.
 
 A solver that did not converge is flagged on its console line (``!! NOT CONVERGED (gap ...)``,
-followed by the warning's text) and in the report; the run goes on.
+followed by the warning's text) and in the report; the run goes on. The console line shows the
+majority rate (or the mean predictor's R^2) beside the solver's test metric, the cross-validated
+value, and ``!! CONSTANT PREDICTOR (every row ...)`` for a model that predicts one class / value.
 """
 
 from __future__ import annotations
@@ -86,7 +95,7 @@ import numpy as np
 
 from sklearn.exceptions import ConvergenceWarning
 
-from mklscale import __version__
+from mklscale import __version__, model_selection, null_model
 from mklscale.bank.factor import LANDMARK_RULES, METHODS
 from mklscale.config import Field, check_table, check_value, fraction, one_of, positive, read_toml
 from mklscale.errors import ClusterUnavailableError, ConfigError, InvalidInputError, MKLScaleError
@@ -95,6 +104,8 @@ from mklscale.solvers.result import json_safe
 SCHEMA_VERSION = 1
 #: the flag the console line of an unconverged solver carries (the report shows its own)
 NOT_CONVERGED = "!! NOT CONVERGED"
+#: the flag of a model that predicts one class (or one value) for every train and test row
+CONSTANT_PREDICTOR = "!! CONSTANT PREDICTOR"
 #: the estimators' ConvergenceWarning, which the run prints and records instead of warning
 _CONVERGENCE_WARNING = r"MKL(Classifier|Regressor): solver .* did not converge"
 
@@ -128,7 +139,10 @@ _BANK = {
     "max_error": Field((float,), 0.05, positive),
 }
 _FACTOR_KEYS = ("method", "landmarks", "tol", "max_error")
-_SOLVER_FIXED = {"name": Field((str,)), "solver": Field((str,)), "C": Field((float,), None, positive)}
+_SOLVER_FIXED = {"name": Field((str,)), "solver": Field((str,)),
+                 "C": Field((float, list, str), None, model_selection.check_grid),
+                 "cv_folds": Field((int,), model_selection.DEFAULT_FOLDS,
+                                   lambda v: None if v >= 2 else f"must be >= 2, got {v!r}")}
 _PATH = {
     "name": Field((str,)),
     "mu": Field((float,), 1e-4, lambda v: None if v >= 0 else "must be >= 0"),
@@ -244,7 +258,11 @@ def _check_solver(table, where: str) -> dict:
                           f"one of its parameters: {', '.join(['C'] + sorted(set(accepted) - {'C'}))}")
     for key, value in params.items():
         check_value(value, Field(_PARAM_TYPES), f"{where}.{key}")
-    return {**fixed, "params": params}
+    entry = {**fixed, "params": params}
+    if model_selection.request(entry, where) is None and "cv_folds" in table:
+        raise ConfigError(f"{where}: cv_folds applies only when C (or the solver's tau / lam) is a list of values "
+                          'or "auto"; give a grid or remove cv_folds')
+    return entry
 
 
 # ---- running ---------------------------------------------------------------------------------------
@@ -280,6 +298,8 @@ def run_pipeline(spec, out: str | os.PathLike | None = None, cluster=None, quiet
     data = _load_data(pipe)
     say(f"[{pipe.name}] {data.name}: {len(data.y_train)} training rows, {len(data.y_test)} test rows, "
         f"{data.X_train.shape[1]} features ({data.task})")
+    null = null_model.null_model(data.task, data.y_train, data.y_test)
+    say(f"[{pipe.name}] null model: {_null_text(null)}")
     with open_client(cluster_config, quiet=quiet) as client:
         # the run folder is created only once the data loaded and the cluster answered, so a bad
         # dataset or an unreachable cluster leaves nothing on disk
@@ -287,7 +307,7 @@ def run_pipeline(spec, out: str | os.PathLike | None = None, cluster=None, quiet
         try:
             bank, bank_info = _build_bank(pipe, data, run_dir, client, quiet, say)
             entries = [_run_solver(entry, bank, data, run_dir, client, quiet, say, pipe.checkpoint_every_s,
-                                   resume) for entry in pipe.solvers]
+                                   resume, seed=pipe.seed) for entry in pipe.solvers]
             entries += [_run_path(entry, bank, data, client, quiet, say) for entry in pipe.paths]
         except ClusterUnavailableError as exc:
             source = pipe.source if pipe.source is not None else "PIPELINE.toml"
@@ -303,7 +323,7 @@ def run_pipeline(spec, out: str | os.PathLike | None = None, cluster=None, quiet
         "machine": _machine(), "cluster": cluster_info,
         "dataset": {"name": data.name, "task": data.task, "n_train": int(len(data.y_train)),
                     "n_test": int(len(data.y_test)), "n_features": int(data.X_train.shape[1]),
-                    "classes": data.classes},
+                    "classes": data.classes, "null_model": null},
         "bank": bank_info, "solvers": entries,
     }
     write_json_atomic(run_dir / "results.json", json_safe(results))
@@ -375,7 +395,7 @@ def _build_bank(pipe: Pipeline, data: _Data, run_dir: Path, client, quiet: bool,
 
 
 def _run_solver(entry: dict, bank, data: _Data, run_dir: Path, client, quiet: bool, say, every_s: float,
-                resume: bool) -> dict:
+                resume: bool, seed: int = 0) -> dict:
     """Fit one [[solver]] entry on the bank, evaluate it on the test rows and save its model.
 
     The finished entry is kept in ``checkpoints/<name>.done.json``; with ``resume`` a finished
@@ -385,16 +405,29 @@ def _run_solver(entry: dict, bank, data: _Data, run_dir: Path, client, quiet: bo
     from mklscale.runtime.checkpoint import Preempted
 
     name = entry["name"]
-    params = dict(entry["params"])
-    record = {"name": name, "solver": entry["solver"], "params": {"C": entry["C"], **params}, "status": "ok",
-              "error": None, "model": None, "path": None}
+    requested = {"C": entry["C"], **entry["params"]}
+    record = {"name": name, "solver": entry["solver"], "params": requested, "status": "ok",
+              "error": None, "model": None, "path": None, "cv": None}
     done = run_dir / "checkpoints" / f"{name}.done.json"
     if resume and done.is_file():
         previous = json.loads(done.read_text())
-        if previous.get("params") == json_safe(record["params"]) and (run_dir / str(previous.get("model"))).is_dir():
+        if model_selection.requested_params(previous) == json_safe(requested) \
+                and (run_dir / str(previous.get("model"))).is_dir():
             say(f"[{name}] finished before the interruption; kept")
             return previous
     done.unlink(missing_ok=True)
+    try:
+        record["cv"] = _cross_validate(entry, bank, data, run_dir, client, say, seed, resume)
+    except (Preempted, ClusterUnavailableError):
+        raise
+    except MKLScaleError as exc:
+        record.update(status="failed", error=f"cross-validation: {type(exc).__name__}: {exc}")
+        say(f"[{name}] FAILED: {record['error']}")
+        return record
+    if record["cv"] is not None:
+        entry = model_selection.at_choice(entry, record["cv"])
+        record["params"] = {"C": entry["C"], **entry["params"]}
+    params = dict(entry["params"])
     Estimator = MKLClassifier if data.task == "classification" else MKLRegressor
     estimator = Estimator(solver=entry["solver"], C=entry["C"], solver_params=params, client=client,
                           verbose=not quiet, checkpoint_dir=str(run_dir / "checkpoints" / name),
@@ -413,6 +446,7 @@ def _run_solver(entry: dict, bank, data: _Data, run_dir: Path, client, quiet: bo
     record["seconds"] = time.perf_counter() - t0
     record["convergence_warning"] = estimator.fit_stats_.get("convergence_warning")
     record["metrics"] = _metrics(estimator, data)
+    record.update(_null_model_check(estimator, data, record["metrics"]))
     record.update(_result_summary(estimator, bank))
     model_dir = run_dir / "models" / name
     estimator.save(model_dir)
@@ -420,6 +454,28 @@ def _run_solver(entry: dict, bank, data: _Data, run_dir: Path, client, quiet: bo
     write_json_atomic(done, json_safe(record))
     _say_solver(say, record, len(bank))
     return record
+
+
+def _cross_validate(entry: dict, bank, data: _Data, run_dir: Path, client, say, seed: int,
+                    resume: bool) -> dict | None:
+    """The ``cv`` record of a solver whose regularisation is a list or "auto" (None otherwise):
+    k-fold CV on the bank's rows (``mklscale.model_selection``); its state in checkpoints/<name>.cv.json."""
+    req = model_selection.request(entry)
+    if req is None:
+        return None
+    state = run_dir / "checkpoints" / f"{entry['name']}.cv.json"
+    if not resume:
+        state.unlink(missing_ok=True)
+    return model_selection.select(entry, req, bank, data.task, data.y_train, data.classes, client, seed, state,
+                                  resume, say)
+
+
+def _null_model_check(estimator, data: _Data, metrics: dict) -> dict:
+    """The null model beside the solver's test metric, and whether the model predicts one class / value."""
+    null = null_model.null_model(data.task, data.y_train, data.y_test)
+    predictions = [estimator.predict(data.X_train), estimator.predict(data.X_test)]
+    return {"null_model": null_model.compare(null, metrics),
+            "constant_predictor": null_model.constant_prediction(predictions, data.task, data.y_train)}
 
 
 def _metrics(estimator, data: _Data) -> dict:
@@ -458,14 +514,27 @@ def _kernel_entry(bank, m: int, weight: float, head) -> dict:
             "features": None if spec.features is None else list(spec.features), "weight": weight, "head": head}
 
 
+def _null_text(null: dict) -> str:
+    if null["kind"] == "majority_class":
+        return f"majority class {null['label']!r}: test accuracy {null['test_accuracy']:.4f}"
+    return f"training mean {null['value']:.4g}: test r2 {null['test_r2']:.4f}, test rmse {null['test_rmse']:.4g}"
+
+
 def _say_solver(say, record: dict, M: int) -> None:
-    """Print a solver's test metric, its kept kernels (top 5 by weight) and its cost."""
+    """Print a solver's test metric beside the null model's, its kept kernels (top 5 by weight), its cost
+    and its flags (not converged, constant predictor)."""
     metric = next((k for k in ("test_accuracy", "test_r2") if k in record["metrics"]), None)
     gap = record["gap"]  # json_safe: a float, or "inf"/"nan"
     flag = "" if record["converged"] else f"  {NOT_CONVERGED} (gap {gap:.3g})" if isinstance(gap, float) \
         else f"  {NOT_CONVERGED} (gap {gap})"
-    say(f"[{record['name']}] {metric} {record['metrics'][metric]:.4f}  kept {record['n_active']}/{M} kernels  "
-        f"passes {record['passes']}  {record['seconds']:.1f} s  converged {record['converged']}{flag}")
+    constant = record.get("constant_predictor") or {}
+    if constant.get("constant"):
+        flag += f"  {CONSTANT_PREDICTOR} (every row {constant['value']!r})"
+    versus = record.get("null_model")
+    beside = "" if not versus else f" ({'majority' if metric == 'test_accuracy' else 'mean'} {versus['null']:.4f})"
+    chosen = "" if not record.get("cv") else f"  cv {record['cv']['key']} = {record['cv']['chosen']:.4g}"
+    say(f"[{record['name']}] {metric} {record['metrics'][metric]:.4f}{beside}{chosen}  kept {record['n_active']}/{M} "
+        f"kernels  passes {record['passes']}  {record['seconds']:.1f} s  converged {record['converged']}{flag}")
     if record.get("convergence_warning"):
         say(f"    {record['convergence_warning']}")
     for k in sorted(record["kernels"], key=lambda k: -k["weight"])[:5]:
