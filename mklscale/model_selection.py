@@ -60,7 +60,7 @@ SVM_FACTORS = (0.1, 1.0, 10.0)
 #: ridge relative to the mean eigenvalue mean(t_m) / n
 RIDGE_FACTORS = (1e-3, 1e-2, 1e-1, 1.0)
 #: penalty weight relative to the smallest weight with an empty model (C_max, tau_max)
-PENALTY_FACTORS = (0.3, 0.1, 0.03, 0.01)
+PENALTY_FACTORS = (0.1, 0.03, 0.01, 0.003)
 EASYMKL_LAMS = (0.01, 0.1, 0.5, 0.9)
 
 

@@ -227,3 +227,59 @@ def test_null_model_and_constant_predictor_flag(cv_run):
         assert entries[name]["null_model"]["at_least_null"] is True
         assert entries[name]["metrics"]["test_accuracy"] > null["test_accuracy"] + 0.1
     assert f"[cv] null model: majority class {null['label']!r}" in console
+
+
+# ---- SIGTERM during the cross-validation --------------------------------------------------------
+CV_PIPELINE = """
+name = "cvresume"
+[dataset]
+name = "breast_cancer"
+test_fraction = 0.3
+max_train = 60
+[bank]
+families = [{ family = "gaussian", widths = [1, 2, 5] }, { family = "linear" }]
+[[solver]]
+name = "sgd"
+solver = "sgd"
+lam = [0.01, 0.1]
+T = 4000
+seed = 3
+[report]
+enabled = false
+"""
+
+
+@pytest.mark.cluster
+def test_sigterm_during_cv_then_resume_keeps_the_finished_folds(tmp_path):
+    """SIGTERM between fold fits stops the run with exit 75 and the finished fold scores in
+    checkpoints/<name>.cv.json; --resume continues and gives the uninterrupted CV record."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from mklscale.runtime.checkpoint import EXIT_PREEMPTED
+
+    spec, cluster = tmp_path / "p.toml", tmp_path / "c.toml"
+    spec.write_text(CV_PIPELINE)
+    cluster.write_text('kind = "local"\nn_workers = 1\nprocesses = false\n')
+    whole = run_pipeline(spec, out=tmp_path / "whole", cluster=cluster, quiet=True)["solvers"][0]["cv"]
+
+    run_dir = tmp_path / "cut"
+    child = subprocess.Popen([sys.executable, "-m", "mklscale.cli", "run", str(spec), "--cluster", str(cluster),
+                              "--out", str(run_dir), "--quiet"], stderr=subprocess.PIPE, text=True)
+    state = run_dir / "checkpoints" / "sgd.cv.json"
+    deadline = time.monotonic() + 120
+    while not state.is_file():
+        assert child.poll() is None, f"the run ended before its first fold: {child.stderr.read()}"
+        assert time.monotonic() < deadline, "no fold finished within 120 s"
+        time.sleep(0.02)
+    child.send_signal(signal.SIGTERM)
+    _, err = child.communicate(timeout=120)
+    assert child.returncode == EXIT_PREEMPTED, err
+    assert "SIGTERM" in err and not (run_dir / "results.json").exists()
+    kept = json.loads(state.read_text())["scores"]
+    finished = [(i, k) for i, row in enumerate(kept) for k, s in enumerate(row) if s is not None]
+    assert 0 < len(finished) < 6
+    resumed = run_pipeline(spec, out=run_dir, cluster=cluster, quiet=True, resume=True)["solvers"][0]["cv"]
+    assert resumed["fold_scores"] == whole["fold_scores"] and resumed["chosen"] == whole["chosen"]
