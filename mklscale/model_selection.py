@@ -35,7 +35,8 @@ then refits on the whole training part at that value (the normal solver run).
 
 results.json gets, per selected solver, ``cv``: {parameter, requested ("auto" or the list), grid,
 mean, std, fold_scores (grid x folds), unconverged (per value, fold fits that did not converge),
-metric ("accuracy" / "r2"), folds, seed, chosen, rule (how the grid was made), seconds}; the
+metric ("accuracy" / "r2"), folds, seed, chosen, at_edge (the chosen value is the grid's smallest or
+largest: one beyond it may be better), rule (how the grid was made), seconds}; the
 solver's ``params`` hold the chosen value. Interrupted (SIGTERM/SIGINT) during the CV, a run keeps
 the finished fold scores in ``checkpoints/<name>.cv.json`` and ``--resume`` continues from them.
 """
@@ -58,7 +59,7 @@ DEFAULT_FOLDS = 3
 #: SVM constant on kernels of unit mean diagonal (sklearn's usual C range, short for the quickstart)
 SVM_FACTORS = (0.1, 1.0, 10.0)
 #: ridge relative to the mean eigenvalue mean(t_m) / n
-RIDGE_FACTORS = (1e-3, 1e-2, 1e-1, 1.0)
+RIDGE_FACTORS = (1e-3, 1e-2, 1e-1, 1.0, 10.0)
 #: penalty weight relative to the smallest weight with an empty model (C_max, tau_max)
 PENALTY_FACTORS = (0.1, 0.03, 0.01, 0.003)
 EASYMKL_LAMS = (0.01, 0.1, 0.5, 0.9)
@@ -192,11 +193,12 @@ def select(entry: dict, req: Request, bank, task: str, y, classes, client, seed:
                                                     if unconverged[i].any() else ""))
     mean, std = scores.mean(axis=1), scores.std(axis=1)
     best = _best(mean, grid, _more_regularised_is_larger(solver, c_name))
+    at_edge = len(grid) > 1 and best in (0, len(grid) - 1)
     say(f"[{name}] cv chose {req.key} = {grid[best]:.4g} ({req.folds} folds, {_METRIC[classification]} "
-        f"{mean[best]:.4f})")
+        f"{mean[best]:.4f})" + ("; at the edge of the grid: a value beyond it may be better" if at_edge else ""))
     return {"key": req.key, "parameter": c_name, "requested": req.values, "grid": grid, "mean": mean.tolist(),
             "std": std.tolist(), "fold_scores": scores.tolist(), "unconverged": unconverged.sum(axis=1).tolist(),
-            "metric": _METRIC[classification], "folds": req.folds, "seed": seed, "chosen": grid[best],
+            "metric": _METRIC[classification], "folds": req.folds, "seed": seed, "chosen": grid[best], "at_edge": at_edge,
             "rule": rule, "seconds": time.perf_counter() - t0}
 
 

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
-#: relative spread of the predictions below which a regression model counts as constant
-CONSTANT_RTOL = 1e-9
+#: a regression model counts as constant when the standard deviation of its predictions is below this
+#: fraction of the training targets' (it then explains less than CONSTANT_RTOL^2 of their variance)
+CONSTANT_RTOL = 1e-3
 
 
 def null_model(task: str, y_train, y_test) -> dict:
@@ -50,7 +51,7 @@ def compare(null: dict, metrics: dict) -> dict | None:
 
 def constant_prediction(predictions: list[np.ndarray], task: str, y_train) -> dict:
     """{constant, value}: whether ``predictions`` (labels or values on the train and test rows) are one
-    class / one value (for regression: a spread below CONSTANT_RTOL times the targets' spread)."""
+    class / one value (for regression: a standard deviation below CONSTANT_RTOL times the targets')."""
     pred = np.concatenate([np.asarray(p).reshape(-1) for p in predictions])
     if task == "classification":
         values = np.unique(pred)
@@ -58,7 +59,7 @@ def constant_prediction(predictions: list[np.ndarray], task: str, y_train) -> di
         value = values[0] if constant else None
     else:
         scale = max(float(np.std(np.asarray(y_train, dtype=np.float64))), 1e-300)
-        constant = bool(np.ptp(pred) <= CONSTANT_RTOL * scale)
+        constant = bool(np.std(pred) <= CONSTANT_RTOL * scale)
         value = float(np.mean(pred)) if constant else None
     if value is not None and hasattr(value, "item"):
         value = value.item()

@@ -411,7 +411,8 @@ def _run_solver(entry: dict, bank, data: _Data, run_dir: Path, client, quiet: bo
     done = run_dir / "checkpoints" / f"{name}.done.json"
     if resume and done.is_file():
         previous = json.loads(done.read_text())
-        if model_selection.requested_params(previous) == json_safe(requested) \
+        same_cv = (previous.get("cv") or {}).get("folds", entry["cv_folds"]) == entry["cv_folds"]
+        if model_selection.requested_params(previous) == json_safe(requested) and same_cv \
                 and (run_dir / str(previous.get("model"))).is_dir():
             say(f"[{name}] finished before the interruption; kept")
             return previous

@@ -175,6 +175,8 @@ def test_null_model_scores():
     assert not null_model.constant_prediction([np.array([1, 1]), np.array([2])], "classification", None)["constant"]
     assert null_model.constant_prediction([np.full(3, 0.5), np.full(2, 0.5)], "regression", [0.0, 1.0])["constant"]
     assert not null_model.constant_prediction([np.array([0.5, 0.6])], "regression", [0.0, 1.0])["constant"]
+    nearly = 0.5 + 1e-5 * np.random.default_rng(0).standard_normal(20)    # explains < 1e-6 of the variance
+    assert null_model.constant_prediction([nearly], "regression", [0.0, 1.0])["constant"]
 
 
 @pytest.fixture(scope="module")
@@ -204,6 +206,7 @@ def test_pipeline_records_the_cv_curve_and_refits_at_the_chosen_value(cv_run):
         assert cv["chosen"] == cv["grid"][int(np.argmax(cv["mean"]))] or \
             cv["mean"][cv["grid"].index(cv["chosen"])] == max(cv["mean"])
         assert cv["seed"] == 3 and cv["metric"] == "accuracy" and cv["key"] == "C"
+        assert cv["at_edge"] == (cv["chosen"] in (cv["grid"][0], cv["grid"][-1]))
         assert entries[name]["params"]["C"] == cv["chosen"]
         saved = json.loads((out / entries[name]["model"] / "model.json").read_text())
         assert saved["estimator"]["params"]["C"] == cv["chosen"]      # the model is the refit at the choice
@@ -229,6 +232,23 @@ def test_null_model_and_constant_predictor_flag(cv_run):
     assert f"[cv] null model: majority class {null['label']!r}" in console
 
 
+def test_regression_run_has_the_mean_predictor_and_flags_a_constant_model(tmp_path, cluster_client):
+    spec = {**SPEC, "dataset": {"name": "diabetes", "test_fraction": 0.3, "max_train": 60},
+            "solver": [{"name": "ridge_cv", "solver": "uniform", "lam": "auto"},
+                       {"name": "flat", "solver": "uniform", "lam": 1e6}]}
+    address = {"kind": "address", "address": cluster_client.scheduler.address}
+    results = run_pipeline(spec, out=tmp_path / "run", cluster=address, quiet=True)
+    null = results["dataset"]["null_model"]
+    assert null["kind"] == "mean" and null["train_r2"] == pytest.approx(0.0, abs=1e-12)
+    fitted, flat = results["solvers"]
+    assert fitted["cv"]["metric"] == "r2" and fitted["cv"]["key"] == "lam" and fitted["cv"]["parameter"] == "lam"
+    assert fitted["params"]["lam"] == fitted["cv"]["chosen"] and len(fitted["cv"]["grid"]) == 5
+    assert fitted["null_model"]["metric"] == "test_r2" and fitted["null_model"]["at_least_null"]
+    assert fitted["metrics"]["test_r2"] > 0.2 and not fitted["constant_predictor"]["constant"]
+    assert flat["constant_predictor"]["constant"] is True
+    assert flat["constant_predictor"]["value"] == pytest.approx(null["value"], rel=1e-3)
+
+
 # ---- SIGTERM during the cross-validation --------------------------------------------------------
 CV_PIPELINE = """
 name = "cvresume"
@@ -242,7 +262,7 @@ families = [{ family = "gaussian", widths = [1, 2, 5] }, { family = "linear" }]
 name = "sgd"
 solver = "sgd"
 lam = [0.01, 0.1]
-T = 4000
+T = 1500
 seed = 3
 [report]
 enabled = false
