@@ -385,7 +385,7 @@ def render_peers() -> str:
         text += (f"\n### {task} (test points: {', '.join(map(str, n_test))})\n\n"
                  + _table(["method", "n", "M", "fit s", "peak memory GB", "test acc", "ratio (peer / ours)", "status"], rows)
                  + "\n")
-    text += "\n" + _peers_summary(r) + "\n"
+    text += "\n" + _peers_per_method(r) + "\n" + _peers_summary(r) + "\n"
     cv = r.get("cvxpy") or []
     if cv:
         crow = [[c["task"], c["n"], c["M"], c["cvxpy"]["seconds"], c["smo"]["seconds"], c["spicy_hinge"]["seconds"],
@@ -405,20 +405,50 @@ def render_peers() -> str:
     return text
 
 
+def _peers_per_method(r: dict) -> str:
+    """One row per MKLpy method against the mklscale method that solves the same problem (``matched``):
+    how many fits both sides finished, wins and losses on time, the median and range of the ratio, and
+    accuracy differences; then EVERY loss, listed."""
+    rows, lost = [], []
+    for m in _MKLPY_ORDER:
+        pairs = [(g, g["mklpy"][m]) for g in r["grid"] if m in g["mklpy"]]
+        done = [(g, x) for g, x in pairs if x.get("status") == "ok" and "ratio_time" in x]
+        if not pairs:
+            continue
+        matched = next((x["matched"] for _, x in pairs if x.get("matched")), None)
+        ratios = [x["ratio_time"] for _, x in done]
+        losses = sorted(((g, x) for g, x in done if x["ratio_time"] < 1.0), key=lambda t: t[1]["ratio_time"])
+        acc = [(x["test_accuracy"], g["ours"][x["matched"]]["test_accuracy"]) for g, x in done]
+        rows.append([m, _PEER_LABELS.get(matched, matched) if matched else "-", len(pairs), len(done),
+                     len(done) - len(losses), len(losses),
+                     f"{statistics.median(ratios):.3g}" if ratios else "-",
+                     f"{min(ratios):.3g} .. {max(ratios):.3g}" if ratios else "-",
+                     sum(p > o + 0.02 for p, o in acc), sum(o > p + 0.02 for p, o in acc)])
+        lost += [f"{m} vs {_PEER_LABELS.get(x['matched'], x['matched'])} on {g['task']} n={g['n']} M={g['M']} "
+                 f"({x['ratio_time']:.2f})" for g, x in losses]
+    text = ("Per peer (the ratio is the peer's fit time over the matched mklscale method's; > 1: mklscale faster; "
+            "accuracy columns count fits where one side is more than 0.02 more accurate):\n\n"
+            + _table(["MKLpy method", "matched mklscale method", "grid points", "both finished", "mklscale faster",
+                      "mklscale slower", "median ratio", "ratio range", "peer more accurate", "mklscale more accurate"],
+                     rows) + "\n")
+    stale = sorted(m for g in r["grid"] for m, x in g["mklpy"].items()
+                   if m in ("EasyMKL", "FHeuristic") and x.get("matched") not in (None, m.lower()))
+    if stale:
+        text += ("\nThis run predates EasyMKL and FHeuristic on mklscale's engine: " + ", ".join(sorted(set(stale)))
+                 + " are matched above to the method that stood in for them then; a rerun of bench_peers.py pairs "
+                 "each with its own implementation (MATCH in bench_peers.py).\n")
+    if lost:
+        text += f"\nEvery fit where mklscale is slower ({len(lost)}): " + "; ".join(lost) + ".\n"
+    return text
+
+
 def _peers_summary(r: dict) -> str:
     """The paragraph under the tables, computed from the results."""
     grid = r["grid"]
     peer_ok = [(g, m, x) for g in grid for m, x in g["mklpy"].items() if x.get("status") == "ok"]
     failed = [(g, m, x) for g in grid for m, x in g["mklpy"].items() if x.get("status") not in ("ok", "not run")]
     ours_failed = [(g, m, x) for g in grid for m, x in g["ours"].items() if x.get("status") not in ("ok", "not run")]
-    ratios = [x["ratio_time"] for _, _, x in peer_ok if "ratio_time" in x]
-    losses = sorted(((g, m, x) for g, m, x in peer_ok if x.get("ratio_time", 2.0) < 1.0),
-                    key=lambda t: t[2]["ratio_time"])
     parts = []
-    if ratios:
-        parts.append(f"Over the {len(ratios)} fits where both the peer and its matching mklscale method finished, the "
-                     f"median ratio of fit times is {statistics.median(ratios):.3g} (range {min(ratios):.3g} to "
-                     f"{max(ratios):.3g}).")
     peak_peer = max(peer_ok, key=lambda t: t[2]["peak_rss_GB"], default=None)
     ours_ok = [(g, m, x) for g in grid for m, x in g["ours"].items() if x.get("status") == "ok"]
     peak_ours = max(ours_ok, key=lambda t: t[2]["peak_rss_GB"], default=None)
@@ -461,10 +491,6 @@ def _peers_summary(r: dict) -> str:
     if ours_failed:
         parts.append("mklscale failures: " + "; ".join(f"{_PEER_LABELS[m]} {g['task']} n={g['n']} M={g['M']} "
                                                        f"({x['status']})" for g, m, x in ours_failed) + ".")
-    if losses:
-        parts.append("Where mklscale loses on time (ratio < 1): " + "; ".join(
-            f"{m} vs {_PEER_LABELS[x['matched']]} on {g['task']} n={g['n']} M={g['M']} ({x['ratio_time']:.2f})"
-            for g, m, x in losses[:8]) + (" ..." if len(losses) > 8 else "") + ".")
     acc_loss = []
     for g in grid:
         best_peer = max((x["test_accuracy"] for x in g["mklpy"].values() if x.get("status") == "ok"), default=None)

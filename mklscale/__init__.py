@@ -3,7 +3,12 @@
 Layers (dependencies point one way): ``bank`` <- ``engine`` <- ``solvers`` <- estimators / cli.
 """
 
-__version__ = "0.1.0"
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("mklscale")           # the one version number is pyproject.toml's
+except PackageNotFoundError:                    # a source tree used without installing it
+    __version__ = "0+unknown"
 
 # The estimators pull in scikit-learn, pandas and the solvers: import them only when asked for, so
 # ``import mklscale`` stays cheap.
@@ -19,3 +24,8 @@ def __getattr__(name):
 
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'mklscale' has no attribute {name!r}")
+
+
+def __dir__():
+    """The module's names and the lazily imported ones, for dir(), tab completion and help()."""
+    return sorted(set(globals()) | set(_LAZY))

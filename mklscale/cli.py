@@ -1,5 +1,6 @@
 """The ``mklscale`` command.
 
+    mklscale --version
     mklscale run pipelines/quickstart.toml [--cluster cluster/slurm.toml] [--out runs/quickstart] [--quiet]
     mklscale fit --dataset breast_cancer --family simplemkl --solver spicy --C 0.05 --out model/
     mklscale predict model/ --features X_new.npy [--proba] [--out predictions.npy]
@@ -11,6 +12,7 @@
     mklscale bank info PATH
     mklscale bank verify PATH
     mklscale bank repair PATH [--quiet]
+    mklscale cache info|clear [--dir DIR]
 
 Exit codes: 0 success; 1 ``verify`` found problems (it marks bad kernels unfinished in the bank;
 ``bank repair`` recomputes them and exits 0 only when the bank verifies afterwards) or a pipeline solver failed (see results.json);
@@ -28,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mklscale import __version__
 from mklscale.errors import InvalidInputError, MKLScaleError
 
 FAMILY_CHOICES = ("simplemkl", "gaussian", "polynomial", "linear", "random_subsets")
@@ -48,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mklscale", description="Multiple kernel learning over kernel banks on Dask.")
+    p.add_argument("--version", action="version", version=f"mklscale {__version__}")
     sub = p.add_subparsers(title="commands")
 
     r = sub.add_parser("run", help="run a pipeline: dataset -> bank -> solvers -> evaluation -> report")
@@ -55,7 +59,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--cluster", type=Path, default=None, help="a cluster TOML file (see cluster/); default: "
                    "an embedded LocalCluster with 2 worker processes")
     r.add_argument("--out", type=Path, default=None, help="run directory (default: runs/<pipeline name>)")
-    r.add_argument("--quiet", action="store_true", help="no progress bars or per-iteration lines")
+    r.add_argument("--quiet", action="store_true", help="no progress bars, per-iteration lines or kernel lists "
+                   "(each solver's result line and where the results went are still printed)")
     r.add_argument("--resume", action="store_true", help="continue an interrupted run in --out from its checkpoints")
     r.set_defaults(func=_cmd_run)
 
@@ -130,7 +135,20 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("path", type=Path)
     rp.add_argument("--quiet", action="store_true", help="no progress bars")
     rp.set_defaults(func=_cmd_repair)
+    _cache_parser(sub)
     return p
+
+
+def _cache_parser(sub) -> None:
+    cache = sub.add_parser("cache", help="show or empty the estimators' bank cache").add_subparsers(title="cache commands")
+    where = dict(type=Path, default=None, help="the cache folder (default: $MKLSCALE_CACHE or ~/.cache/mklscale/banks)")
+    i = cache.add_parser("info", help="print the cache's location, size and number of banks")
+    i.add_argument("--dir", **where)
+    i.add_argument("--json", action="store_true", help="machine-readable output")
+    i.set_defaults(func=_cmd_cache_info)
+    c = cache.add_parser("clear", help="remove every cached bank that no fit is using")
+    c.add_argument("--dir", **where)
+    c.set_defaults(func=_cmd_cache_clear)
 
 
 def _family_arguments(p: argparse.ArgumentParser) -> None:
@@ -234,7 +252,7 @@ def _cmd_predict(args) -> int:
 def _cmd_report(args) -> int:
     from mklscale.report import write_report
 
-    print(f"report: {write_report(args.run_dir)}")
+    write_report(args.run_dir)  # prints where the report went (and what it lacks)
     return 0
 
 
@@ -348,6 +366,29 @@ def _cmd_info(args) -> int:
         print(f"  [{m}] {bank.specs[m].name}  lambda_max={lam[m]:.4g}")
     if len(bank) > 5:
         print(f"  ... {len(bank) - 5} more")
+    return 0
+
+
+def _cmd_cache_info(args) -> int:
+    from mklscale.bank import cache
+
+    info = cache.info(args.dir if args.dir is not None else cache.default_dir())
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    cap = "no cap" if info["max_bytes"] is None else f"cap {info['max_bytes'] / 1e9:.3f} GB"
+    print(f"bank cache: {info['path']}\n  size: {info['bytes'] / 1e9:.3f} GB in {info['n_banks']} bank(s)  "
+          f"({cap}, $MKLSCALE_CACHE_MAX)")
+    return 0
+
+
+def _cmd_cache_clear(args) -> int:
+    from mklscale.bank import cache
+
+    folder = args.dir if args.dir is not None else cache.default_dir()
+    removed, busy = cache.clear(folder)
+    print(f"bank cache: {folder}: removed {len(removed)} bank(s), {sum(b.nbytes for b in removed) / 1e9:.3f} GB"
+          + (f"; {len(busy)} in use by a running fit left in place" if busy else ""))
     return 0
 
 

@@ -9,8 +9,10 @@ the standardised features, normalised as the bank's ``normalize`` rule says), wi
 2. builds the kernel bank in ``cache_dir`` under a key that hashes the data (raw float64 bytes, from
    which the standardisation follows), the kernel specs, ``normalize`` and the storage dtype
    (float32) -- or REUSES it when a previous fit built the same bank (``fit_stats_["kernels_built"]``
-   is then 0). Banks stay in the cache until deleted (``$MKLSCALE_CACHE`` or ``~/.cache/mklscale/banks``
-   by default; every distinct training set, e.g. every cross-validation fold, gets its own bank);
+   is then 0). The cache (``$MKLSCALE_CACHE`` or ``~/.cache/mklscale/banks`` by default; every distinct
+   training set, e.g. every cross-validation fold, gets its own bank) is kept under
+   ``$MKLSCALE_CACHE_MAX`` (default 2GB) by evicting the least recently used banks no fit is using
+   (:mod:`mklscale.bank.cache`; ``mklscale cache info|clear``);
 3. opens an :class:`~mklscale.engine.Engine` on it (``client``: a ``distributed.Client`` or None for
    Dask's threaded scheduler) and runs the solver; multiclass classification is one-vs-rest, one
    solve per class on the same engine with targets +1 for the class and -1 for the rest;
@@ -49,7 +51,7 @@ from pathlib import Path
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, clone
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.utils._available_if import available_if
+from sklearn.utils._available_if import _AvailableIfDescriptor
 from sklearn.utils._param_validation import Interval, InvalidParameterError, StrOptions
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_array, check_is_fitted, check_random_state, column_or_1d, validate_data
@@ -64,47 +66,65 @@ from mklscale.solvers.result import json_safe
 
 #: storage dtype of the banks the estimators build (float32 storage, float64 accumulation)
 BANK_DTYPE = "float32"
-#: kernels of kernels="random_subsets"
 
 
-def default_cache_dir() -> Path:
-    """``$MKLSCALE_CACHE`` or ``~/.cache/mklscale/banks``."""
-    env = os.environ.get("MKLSCALE_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "mklscale" / "banks"
+#: the numpydoc Parameters section of both estimators (their class docstrings, so help() shows it)
+_PARAMETERS = """\
+    Parameters
+    ----------
+    kernels : str, dict, KernelSpec or list of these, default="simplemkl"
+        The kernel bank, as ``mklscale.bank.families.resolve`` reads it: a preset name
+        ("simplemkl": 27 (d + 1) kernels, Gaussian and polynomial on all features and on every
+        single feature; "gaussian", "polynomial", "linear" on all and on every single feature;
+        "random_subsets", seeded by ``random_state``), a family dict such as
+        ``{"family": "gaussian", "widths": [1, 2]}``, KernelSpecs, or a list mixing these.
+    solver : str, default="spicy"
+        A name of :func:`mklscale.solvers.registry.names`: spicy, citi, smo, pfbs, sgd, gcd,
+        easymkl, fheuristic, uniform or alignment (``registry.info(name)`` says which tasks each
+        supports).
+    C : float or None, default=None
+        The solver's main regularisation, with the meaning the registry table states (spicy:
+        penalty weight, larger = sparser; smo / citi: SVM C, larger = less regularised; pfbs: tau;
+        sgd / gcd: ridge lam). None: the registry's default for the solver and task.
+    solver_params : dict or None, default=None
+        Further solver parameters, e.g. ``{"loss": "hinge"}`` for spicy (unknown names raise
+        InvalidInputError listing the accepted ones).
+    normalize : {"trace", "diag"} or None, default="trace"
+        Kernel normalisation: unit trace, unit diagonal, or none.
+    rank : int >= 1 or None, default=None
+        None: a dense bank, every K_m stored as n x n. r: a factor bank, every kernel stored as
+        L_m (n x r) with K~_m = L_m L_m^T by Nystrom on r k-means++ landmarks drawn per kernel
+        (``build_bank(..., rank=r)``), for n in the tens of thousands; the solvers solve the same
+        problem on the K~_m and the model keeps only the landmarks of the kept kernels.
+    cache_dir : str, path or None, default=None
+        Where banks are kept for reuse by later fits on the same data and kernels (None:
+        ``$MKLSCALE_CACHE`` or ``~/.cache/mklscale/banks``). The cache is kept under
+        ``$MKLSCALE_CACHE_MAX`` (default 2GB) by removing the least recently used banks that no
+        other fit is using; ``mklscale cache info|clear`` shows or empties it.
+    client : distributed.Client, str or None, default=None
+        A ``distributed.Client`` for the bank build and the engine's passes, a scheduler address
+        (a client is opened for each fit and closed after), or None (Dask's threaded scheduler).
+        ``clone`` (GridSearchCV...) shares a Client object by reference; an estimator holding a
+        Client object cannot be pickled, so with process-based ``n_jobs`` pass the address instead.
+    progress : bool, default=False
+        Show progress bars (bank build and passes).
+    verbose : bool or int, default=False
+        Print one line per solver iteration (objective, gap, active kernels, passes).
+    random_state : int, RandomState or None, default=None
+        Seed for random kernel subsets and the solvers that draw random numbers.
+    checkpoint_dir : str, path or None, default=None
+        A folder where iterative solvers (spicy, smo, pfbs, sgd, gcd) save their state every
+        ``checkpoint_every_s`` seconds, one file per head. During such a fit SIGTERM and SIGINT
+        save the state and raise ``mklscale.runtime.checkpoint.Preempted``; ``fit(...,
+        resume=True)`` then continues from it and gives the same model as an uninterrupted fit.
+        Without ``resume`` an old checkpoint is discarded; checkpoints are removed when the fit ends.
+    checkpoint_every_s : float > 0, default=60.0
+        Seconds between checkpoint writes.
+"""
 
 
 class _MKLBase(BaseEstimator):
-    """Shared parameters, fitting and prediction; see the module docstring.
-
-    Parameters
-    ----------
-    kernels : what ``mklscale.bank.families.resolve`` accepts: a preset name ("simplemkl", the default:
-        27 (d + 1) kernels; "gaussian", "polynomial", "linear" on all and on every single feature;
-        "random_subsets" seeded by ``random_state``), a family dict such as
-        ``{"family": "gaussian", "widths": [1, 2]}``, KernelSpecs, or a list mixing these.
-    solver : a name of :func:`mklscale.solvers.registry.names` (default "spicy").
-    C : the solver's main regularisation (None: the registry's default for the solver and task).
-    solver_params : dict of further solver parameters, or None (unknown names raise InvalidInputError).
-    normalize : "trace" (unit trace, default), "diag" (unit diagonal) or None.
-    rank : None (default: a dense bank, every K_m stored as n x n) or r >= 1: a factor bank, every
-        kernel stored as L_m (n x r) with K~_m = L_m L_m^T by Nystrom on r k-means++ landmarks drawn
-        per kernel on its own features (``build_bank(..., rank=r)``), for n in the tens of thousands; the solvers solve the
-        same problem on the K~_m, and the model keeps only the landmarks of the kept kernels.
-    cache_dir : where banks are kept (None: ``$MKLSCALE_CACHE`` or ``~/.cache/mklscale/banks``).
-    client : a ``distributed.Client`` for the bank build and the engine's passes, a scheduler address
-        (str; a client is opened for each fit and closed after), or None (Dask's threaded scheduler).
-        ``clone`` (GridSearchCV...) shares a Client object by reference; an estimator holding a Client
-        object cannot be pickled, so with process-based ``n_jobs`` pass the address instead.
-    progress : show progress bars (bank build and passes).
-    verbose : print one line per solver iteration (objective, gap, active kernels, passes).
-    checkpoint_dir : None, or a folder where iterative solvers (spicy, smo, pfbs, sgd, gcd) save their
-        state every ``checkpoint_every_s`` seconds, one file per head. During such a fit SIGTERM and
-        SIGINT save the state and raise ``mklscale.runtime.checkpoint.Preempted``; ``fit(...,
-        resume=True)`` then continues from it and gives the same model as an uninterrupted fit.
-        Without ``resume`` an old checkpoint is discarded. Checkpoints are removed when the fit ends.
-    checkpoint_every_s : seconds between checkpoint writes.
-    random_state : seed for random kernel subsets and the solvers that draw random numbers.
-    """
+    """Shared parameters (``_PARAMETERS``), fitting and prediction; see the module docstring."""
 
     _task = "classification"
 
@@ -185,23 +205,31 @@ class _MKLBase(BaseEstimator):
         t0 = time.perf_counter()
         params = self._check_solver()
         specs = families.resolve(self.kernels, X.shape[1], self._seed())
-        with _client(self.client) as client:
-            bank, seconds = self._bank_for(X, specs, client)
+        with _client(self.client) as client, self._cached_bank(X, specs, client) as (bank, seconds):
             self._solve(bank, y_targets, params, t0, client, build_seconds=seconds, resume=resume)
         return self
 
-    def _bank_for(self, X: np.ndarray, specs: list[KernelSpec], client):
+    @contextlib.contextmanager
+    def _cached_bank(self, X: np.ndarray, specs: list[KernelSpec], client):
+        """(bank, build seconds): the cached bank for X and specs, built if missing, marked in use (not
+        evicted) until the context ends; the least recently used other banks are evicted over the cap."""
+        from mklscale.bank import cache as bank_cache
         from mklscale.bank.build import build_bank
 
-        cache = Path(self.cache_dir) if self.cache_dir is not None else default_cache_dir()
+        limit = bank_cache.max_bytes()  # a bad $MKLSCALE_CACHE_MAX fails before any work
+        cache = Path(self.cache_dir) if self.cache_dir is not None else bank_cache.default_dir()
         cache.mkdir(parents=True, exist_ok=True)
         factor = {} if self.rank is None else {"rank": int(self.rank), "seed": self._seed() or 0}
-        key = bank_key(X, specs, self.normalize, BANK_DTYPE, factor)
+        name = bank_cache.name_for(bank_key(X, specs, self.normalize, BANK_DTYPE, factor))
         t0 = time.perf_counter()
-        with _file_lock(cache / f".bank-{key[:24]}.lock"):
-            bank = build_bank(X, specs, cache / f"bank-{key[:24]}", normalize=self.normalize, dtype=BANK_DTYPE,
-                              client=client, progress=bool(self.progress), **factor)
-        return bank, time.perf_counter() - t0
+        with bank_cache.using(cache, name):
+            with _file_lock(bank_cache.build_lock(cache, name)):
+                bank = build_bank(X, specs, cache / name, normalize=self.normalize, dtype=BANK_DTYPE,
+                                  client=client, progress=bool(self.progress), **factor)
+            seconds = time.perf_counter() - t0
+            bank_cache.touch(bank.path)
+            bank_cache.evict(cache, keep=bank.path, limit=limit)
+            yield bank, seconds
 
     def _solve(self, bank, y_targets: list[np.ndarray], params: dict, t0: float, client, build_seconds: float = 0.0,
                resume: bool = False):
@@ -351,23 +379,54 @@ def _has_proba(est) -> bool:
     return True
 
 
+class _ExplainedAvailableIf(_AvailableIfDescriptor):
+    """scikit-learn's ``available_if`` (``hasattr`` is False when the check fails), with the check's
+    reason in the AttributeError's message: scikit-learn's says only "This 'X' has no attribute 'y'"
+    and keeps the reason in ``__cause__``, which a traceback shows but ``str(exc)`` does not."""
+
+    def _check(self, obj, owner):
+        try:
+            super()._check(obj, owner)
+        except AttributeError as exc:
+            if exc.__cause__ is None:
+                raise
+            raise AttributeError(f"{exc}: {exc.__cause__}", name=self.attribute_name, obj=obj) from exc.__cause__
+
+
+def _available_if(check):
+    """``sklearn.utils.metaestimators.available_if`` whose AttributeError says why (see above)."""
+    return lambda fn: _ExplainedAvailableIf(fn, check, attribute_name=fn.__name__)
+
+
 class MKLClassifier(ClassifierMixin, _MKLBase):
-    """Multiple kernel learning classifier (binary, or one-vs-rest for K >= 3 classes).
+    __doc__ = f"""Multiple kernel learning classifier (binary, or one-vs-rest for K >= 3 classes).
 
-    See the module docstring and ``_MKLBase`` for the parameters. Fitted attributes:
+    Learns f(x) = sum_m w_m k_m(x, X_train) c + b over a bank of kernels k_m, sparse in the kernel
+    weights w, with one of the solvers of :mod:`mklscale.solvers.registry` (see the module docstring
+    of :mod:`mklscale.estimators`). ``predict_proba`` exists only for ``solver="spicy"`` with the
+    logistic loss (its default for classification).
 
-    classes_ : (K,) the labels seen at fit (sorted).
-    n_features_in_, feature_names_in_ : as in scikit-learn.
-    result_ : MKLResult (binary) or list of K MKLResults (one-vs-rest, in the order of classes_).
-    model_ : MKLModel, what prediction needs.
-    kernel_weights_ : pandas Series (binary) indexed by kernel name, or DataFrame (one-vs-rest)
-        classes x kernels; KEPT kernels only (non-zero weight in some head), zeros where a class does
-        not use one.
-    selected_kernels_ : names of the kept kernels.
-    fit_stats_ : dict with passes, bytes_read, seconds, solve_seconds, build_seconds, bank (path),
-        kernels_built (0 when the bank came from the cache), n_kernels, n_heads, converged (every head)
-        and convergence_warning (the text of the ConvergenceWarning a fit that did not converge
-        issues: solver, class, gap reached and what to change; None when converged).
+{_PARAMETERS}
+    Attributes
+    ----------
+    classes_ : ndarray of shape (K,)
+        The labels seen at fit (sorted).
+    n_features_in_, feature_names_in_ :
+        As in scikit-learn.
+    result_ : MKLResult or list of MKLResult
+        The solver's result (binary), or one per class in the order of ``classes_`` (one-vs-rest).
+    model_ : MKLModel
+        What prediction needs: kept kernels, their specs and normalisation, support rows.
+    kernel_weights_ : pandas Series or DataFrame
+        Series (binary) indexed by kernel name, or DataFrame (one-vs-rest) classes x kernels; KEPT
+        kernels only (non-zero weight in some head), zeros where a class does not use one.
+    selected_kernels_ : list of str
+        Names of the kept kernels.
+    fit_stats_ : dict
+        passes, bytes_read, seconds, solve_seconds, build_seconds, bank (path), kernels_built (0
+        when the bank came from the cache), n_kernels, n_heads, converged (every head) and
+        convergence_warning (the text of the ConvergenceWarning a fit that did not converge issues:
+        solver, class, gap reached and what to change; None when converged).
     """
 
     def fit(self, X, y, resume: bool = False):
@@ -420,7 +479,7 @@ class MKLClassifier(ClassifierMixin, _MKLBase):
             return self.classes_[(f > 0).astype(np.int64)]
         return self.classes_[np.argmax(f, axis=1)]
 
-    @available_if(_has_proba)
+    @_available_if(_has_proba)
     def predict_proba(self, X) -> np.ndarray:
         """(n, K) class probabilities: sigmoid(f) for binary, normalised sigmoid(f_k) for one-vs-rest."""
         from scipy.special import expit
@@ -432,7 +491,7 @@ class MKLClassifier(ClassifierMixin, _MKLBase):
         P = expit(f)
         return P / P.sum(axis=1, keepdims=True)
 
-    @available_if(_has_proba)
+    @_available_if(_has_proba)
     def predict_log_proba(self, X) -> np.ndarray:
         """log of predict_proba."""
         with np.errstate(divide="ignore"):
@@ -440,11 +499,16 @@ class MKLClassifier(ClassifierMixin, _MKLBase):
 
 
 class MKLRegressor(RegressorMixin, _MKLBase):
-    """Multiple kernel learning regressor; f(x) = sum_m w_m k_m(x, X_train) c + b predicts y.
+    __doc__ = f"""Multiple kernel learning regressor; f(x) = sum_m w_m k_m(x, X_train) c + b predicts y.
 
-    Same parameters as MKLClassifier (default solver "spicy" with the square loss (1/2)(y - f)^2;
-    regression solvers: those with "regression" in ``registry.info(name).tasks``). Fitted attributes
-    as MKLClassifier without classes_; ``kernel_weights_`` is a pandas Series of the kept kernels.
+    The default solver is spicy with the square loss (1/2)(y - f)^2; the regression solvers are those
+    with "regression" in ``registry.info(name).tasks``.
+
+{_PARAMETERS}
+    Attributes
+    ----------
+    As MKLClassifier without ``classes_``; ``result_`` is one MKLResult and ``kernel_weights_`` a
+    pandas Series of the kept kernels.
     """
 
     _task = "regression"

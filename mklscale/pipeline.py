@@ -283,7 +283,9 @@ def run_pipeline(spec, out: str | os.PathLike | None = None, cluster=None, quiet
 
     ``spec``: a path, a dict or a :class:`Pipeline`. ``out``: the run directory (default
     ``runs/<name>``). ``cluster``: a cluster config path/dict for ``mklscale.runtime.cluster``
-    (None: the embedded LocalCluster). ``quiet``: no progress bars or per-iteration lines.
+    (None: the embedded LocalCluster). ``quiet``: no progress bars, per-iteration lines or kernel
+    lists; the summary lines (each solver's result or failure, bank warnings, where the results and
+    the report went) are printed still.
     ``resume``: continue an interrupted run in ``out`` (see the module docstring); without it,
     earlier checkpoints in ``out`` are discarded. Raises ``Preempted`` on SIGTERM/SIGINT.
     """
@@ -330,9 +332,14 @@ def run_pipeline(spec, out: str | os.PathLike | None = None, cluster=None, quiet
     if pipe.report:
         from mklscale.report import write_report
 
-        say(f"[{pipe.name}] report: {write_report(run_dir, quiet=True)}")
-    say(f"[{pipe.name}] results: {run_dir / 'results.json'}")
+        _summary(f"[{pipe.name}] report: {write_report(run_dir, quiet=True)}")
+    _summary(f"[{pipe.name}] results: {run_dir / 'results.json'}")
     return results
+
+
+def _summary(line: str) -> None:
+    """Print a line ``quiet`` keeps: a solver's result or failure, a bank warning, where the results went."""
+    print(line, flush=True)
 
 
 def _check_run_dir(run_dir: Path) -> None:
@@ -385,7 +392,7 @@ def _build_bank(pipe: Pipeline, data: _Data, run_dir: Path, client, quiet: bool,
         bank = build_bank(data.X_train, specs, path, normalize=normalize, dtype=cfg["dtype"], client=client,
                           progress=not quiet, **factor)
     for w in caught:
-        say(f"[{pipe.name}] bank: warning: {w.message}")
+        _summary(f"[{pipe.name}] bank: warning: {w.message}")
     info = {"path": str(path), "M": len(bank), "n": bank.n, "dtype": cfg["dtype"], "normalize": cfg["normalize"],
             **({} if not factor else {"representation": "factor", **factor,
                                       "approx_error_max": float(np.nanmax(bank.approx_error))}),
@@ -414,7 +421,7 @@ def _run_solver(entry: dict, bank, data: _Data, run_dir: Path, client, quiet: bo
         same_cv = (previous.get("cv") or {}).get("folds", entry["cv_folds"]) == entry["cv_folds"]
         if model_selection.requested_params(previous) == json_safe(requested) and same_cv \
                 and (run_dir / str(previous.get("model"))).is_dir():
-            say(f"[{name}] finished before the interruption; kept")
+            _summary(f"[{name}] finished before the interruption; kept")
             return previous
     done.unlink(missing_ok=True)
     try:
@@ -423,7 +430,7 @@ def _run_solver(entry: dict, bank, data: _Data, run_dir: Path, client, quiet: bo
         raise
     except MKLScaleError as exc:
         record.update(status="failed", error=f"cross-validation: {type(exc).__name__}: {exc}")
-        say(f"[{name}] FAILED: {record['error']}")
+        _summary(f"[{name}] FAILED: {record['error']}")
         return record
     if record["cv"] is not None:
         entry = model_selection.at_choice(entry, record["cv"])
@@ -442,7 +449,7 @@ def _run_solver(entry: dict, bank, data: _Data, run_dir: Path, client, quiet: bo
         raise   # the run stops: resumable from its checkpoints, not a failure of this solver
     except MKLScaleError as exc:
         record.update(status="failed", error=f"{type(exc).__name__}: {exc}", seconds=time.perf_counter() - t0)
-        say(f"[{name}] FAILED: {record['error']}")
+        _summary(f"[{name}] FAILED: {record['error']}")
         return record
     record["seconds"] = time.perf_counter() - t0
     record["convergence_warning"] = estimator.fit_stats_.get("convergence_warning")
@@ -522,8 +529,9 @@ def _null_text(null: dict) -> str:
 
 
 def _say_solver(say, record: dict, M: int) -> None:
-    """Print a solver's test metric beside the null model's, its kept kernels (top 5 by weight), its cost
-    and its flags (not converged, constant predictor)."""
+    """Print a solver's test metric beside the null model's, the cross-validated value, its cost and its
+    flags (not converged, constant predictor) (a summary line, printed under ``quiet`` too), then
+    through ``say`` its convergence advice and kept kernels (top 5 by weight)."""
     metric = next((k for k in ("test_accuracy", "test_r2") if k in record["metrics"]), None)
     gap = record["gap"]  # json_safe: a float, or "inf"/"nan"
     flag = "" if record["converged"] else f"  {NOT_CONVERGED} (gap {gap:.3g})" if isinstance(gap, float) \
@@ -534,8 +542,8 @@ def _say_solver(say, record: dict, M: int) -> None:
     versus = record.get("null_model")
     beside = "" if not versus else f" ({'majority' if metric == 'test_accuracy' else 'mean'} {versus['null']:.4f})"
     chosen = "" if not record.get("cv") else f"  cv {record['cv']['key']} = {record['cv']['chosen']:.4g}"
-    say(f"[{record['name']}] {metric} {record['metrics'][metric]:.4f}{beside}{chosen}  kept {record['n_active']}/{M} "
-        f"kernels  passes {record['passes']}  {record['seconds']:.1f} s  converged {record['converged']}{flag}")
+    _summary(f"[{record['name']}] {metric} {record['metrics'][metric]:.4f}{beside}{chosen}  kept {record['n_active']}/"
+             f"{M} kernels  passes {record['passes']}  {record['seconds']:.1f} s  converged {record['converged']}{flag}")
     if record.get("convergence_warning"):
         say(f"    {record['convergence_warning']}")
     for k in sorted(record["kernels"], key=lambda k: -k["weight"])[:5]:
@@ -552,7 +560,7 @@ def _run_path(entry: dict, bank, data: _Data, client, quiet: bool, say) -> dict:
               "status": "ok", "error": None, "model": None, "kernels": [], "history": []}
     if data.task == "classification" and len(data.classes) != 2:
         record.update(status="failed", error="a [[path]] needs a regression or binary task")
-        say(f"[{name}] FAILED: {record['error']}")
+        _summary(f"[{name}] FAILED: {record['error']}")
         return record
     y = np.asarray(data.y_train, dtype=np.float64)
     t0 = time.perf_counter()
@@ -572,8 +580,8 @@ def _run_path(entry: dict, bank, data: _Data, client, quiet: bool, say) -> dict:
         path={"parameter": "tau", "values": p.taus.tolist(), "kernel_names": [bank.specs[m].name for m in ever],
               "weights": p.weights[:, ever].tolist(), "n_active": [len(a) for a in p.active],
               "scores": scores, "score_name": score_name})
-    say(f"[{name}] path over {len(p.taus)} taus: up to {ever.size}/{len(bank)} kernels, passes {record['passes']}, "
-        f"{record['seconds']:.1f} s")
+    _summary(f"[{name}] path over {len(p.taus)} taus: up to {ever.size}/{len(bank)} kernels, "
+             f"passes {record['passes']}, {record['seconds']:.1f} s")
     return record
 
 

@@ -158,6 +158,20 @@ def test_unconverged_solver_is_flagged_in_console_results_and_report(tmp_path, c
     assert "raise max_steps (now 5)" in page
 
 
+def test_cli_run_quiet_keeps_the_summary_lines(tmp_path, cluster_client, capsys):
+    """--quiet drops the progress chatter and kernel lists, not each solver's result or where it went."""
+    pipeline, cluster, out = tmp_path / "q.toml", tmp_path / "cluster.toml", tmp_path / "run"
+    pipeline.write_text('name = "q"\n[dataset]\nname = "breast_cancer"\ntest_fraction = 0.3\nmax_train = 60\n'
+                        '[bank]\nfamilies = [{family = "linear"}]\n[[solver]]\nname = "uni"\nsolver = "uniform"\n'
+                        '[report]\nenabled = false\n')
+    cluster.write_text(f'kind = "address"\naddress = "{cluster_client.scheduler.address}"\n')
+    assert cli(["run", str(pipeline), "--cluster", str(cluster), "--out", str(out), "--quiet"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("[uni] test_accuracy ") and "kept 1/1 kernels" in lines[0]
+    assert lines[1] == f"[q] results: {out / 'results.json'}"
+
+
 def test_cli_run_exit_codes(tmp_path, capsys):
     bad = tmp_path / "bad.toml"
     bad.write_text('name = "x"\nfoo = 1\n')

@@ -252,6 +252,19 @@ def test_dropped_kernels_are_certified_and_violators_readded(bank, oracle):
     assert res.objective == pytest.approx(oracle, rel=1e-4)
 
 
+def test_verbose_lines_have_no_nan_and_explain_the_kappa_restart(bank, capsys):
+    """The first line (the start, before any kernel weights) prints no nan primal or gap, and re-added
+    violators announce why kappa goes back up to mu before the line that shows it."""
+    grams, y = bank
+    res = smo.fit(DenseEngine(grams), y, C, max_working_set=1, verbose=True)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("[smo] kappa 1.000e+00") and "start: SVM on sum_j K_j / d_j^2" in lines[0]
+    assert not any("nan" in line for line in lines), lines
+    restarts = [i for i, line in enumerate(lines) if "kappa restarts at mu = 0.5" in line]
+    assert len(restarts) == sum(1 for h in res.history if h["n_violators"]) >= 1
+    assert all(lines[i + 1].startswith("[smo] kappa 5.000e-01") for i in restarts)
+
+
 def test_working_set_shrinks(bank, smo_result):
     sizes = [h["n_working"] for h in smo_result.history[1:]]
     assert sizes[0] == bank[0].shape[0] and sizes[-1] < sizes[0]

@@ -5,7 +5,7 @@ import cycle): ``_compute`` (numba kernels), ``spec`` and ``families`` (KernelSp
 banks' math: Nystrom, pivoted Cholesky, ``factor_rows``), ``inputs`` (checks of user input), ``normalize`` (normalisation rules), ``stats`` (per-kernel statistics,
 crc32c), ``direct_io`` (O_DIRECT writes), ``shard_format`` (the shard files' bytes), ``fs_errors``
 (disk full, read-only store), ``group`` (the zarr group: layout, creation), ``store`` (KernelBank),
-``build`` (build_bank, repair_bank).
+``build`` (build_bank, repair_bank), ``cache`` (the estimators' bank cache: locks, size cap, eviction).
 """
 
 from mklscale.bank import families

@@ -49,6 +49,7 @@ from mklscale.errors import (
     InvalidInputError,
     SpecError,
 )
+from mklscale.runtime.jit import COMPILING, will_compile
 from mklscale.runtime.liveness import POLL_S, SchedulerWatch
 
 
@@ -185,12 +186,16 @@ def _compute_shards(bank: KernelBank, specs: Sequence[KernelSpec], Xs: np.ndarra
     runner = _run_distributed if client is not None else _run_threaded
     computed = 0
     todo = sum(len(range(*bank.shard_range(s))) for s in shards)
-    with _progress(len(specs), len(specs) - todo, progress) as bar:
+    compiling = bool(progress and todo) and will_compile(_ENTRY_POINTS["dense" if bank.rank is None else "factor"])
+    with _progress(len(specs), len(specs) - todo, progress, compiling) as bar:
         try:
             with contextlib.closing(runner(client, str(bank.path), specs, Xs, bank.normalize, bank.dtype.name,
                                            layout, shards, expected, _factor_of(bank))) as results:
                 for first, stats in results:
                     writer.record(first, stats)
+                    if compiling:
+                        compiling = False
+                        bar.set_description(_BAR)
                     bar.update(len(stats["checksum"]))
                     computed += len(stats["checksum"])
             writer.flush()
@@ -613,8 +618,18 @@ def _fingerprint(X: np.ndarray, specs, normalize, dtype: str, standardize: bool,
     return h.hexdigest()
 
 
-def _progress(total: int, initial: int, enabled: bool):
+_BAR = "build bank"
+#: the numba functions a shard task calls (the others compile with them), dense and factor banks
+_ENTRY_POINTS = {"dense": (_compute._fill_grams, _compute.trace_fro_colabs, _compute.lambda_max),
+                 "factor": (factor_math._kdiag, factor_math._sum, factor_math._cross_cols, factor_math._apply,
+                            factor_math._row_sq_sum)}
+
+
+def _progress(total: int, initial: int, enabled: bool, compiling: bool = False):
+    """The build's progress bar; ``compiling``: it says so until the first shard is done (numba's first
+    compilation of the build kernels, ``runtime.jit``, takes tens of seconds)."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, initial=initial, unit="kernel", desc="build bank", disable=not enabled)
+    desc = f"{_BAR}: {COMPILING}" if compiling else _BAR
+    return tqdm(total=total, initial=initial, unit="kernel", desc=desc, disable=not enabled)
 

@@ -80,7 +80,8 @@ Checkpoints (``checkpoint=Checkpoint(...)`` of ``fit_one_stage`` / ``fit_two_sta
 mklscale.runtime.checkpoint): ``checkpoint.step`` runs before every greedy step. The state is the
 weights so far (keys as ``source.describe`` dicts in selection order, values), the driver-side
 (n, n) combination the next step starts from (K_theta for GCD-1s, K for Algorithms 7 and 8: an exact
-copy, since recomputing it from the weights changes its rounding), the loop's scalars (GCD-1s: alpha*,
+copy, since recomputing it from the weights changes its rounding; on factor engines the factors are
+recombined from the weights, deterministically), the loop's scalars (GCD-1s: alpha*,
 J and the last gap; FSAM: F of the previous step; Algorithm 8: beta and the last gap), the history
 and its time / pass counters (``_Run``). A resumed run is bit-identical (the two-stage final fit runs
 after the loop, as without a resume); its first new history entry has ``"resumed": True``. The
@@ -342,14 +343,12 @@ def fit_two_stage(source, y, criterion: str = "alignment", task: str = "auto", l
     if not np.any(yc):
         raise InvalidInputError("y is constant: the centred ideal kernel is zero and alignment is undefined")
     run = _Run(src, checkpoint, f"gcd-2s/{criterion}", verbose)
-    factored = getattr(src, "factored", False)
+    kernels = _FactorKernels(src) if getattr(src, "factored", False) else _MatrixKernels(src)
     if criterion == "alignment":
-        weights, converged, extra = (_fsam_factored if factored else _fsam)(src, yc, max_iter, check_positive("delta", delta, allow_zero=True),
-                                          check_positive("eps", eps), check_positive("eta_max", eta_max),
-                                          reg, run)
+        weights, converged, extra = _fsam(kernels, yc, max_iter, check_positive("delta", delta, allow_zero=True),
+                                          check_positive("eps", eps), check_positive("eta_max", eta_max), reg, run)
     else:
-        weights, converged, extra = (_euclidean_factored if factored else _euclidean)(src, yc, max_iter, beta, step, check_positive("tol", tol), reg,
-                                               run)
+        weights, converged, extra = _euclidean(kernels, yc, max_iter, beta, step, check_positive("tol", tol), reg, run)
     history = run.history
     w, fam = weights.as_result_arrays(src)
     if criterion == "euclidean" and w.sum() > 0:
@@ -422,131 +421,146 @@ def _centred_block(src, key, criterion: str, first: bool) -> np.ndarray | None:
         "handles them (its intercept-only model).")
 
 
-def _fsam(src, yc, T, delta, eps, eta_max, reg, run: _Run):
-    """Algorithm 7 with the closed-form step of Prop. 5.4."""
-    n = src.n
-    star_norm = float(yc @ yc)                      # ||y_c y_c^T||_F
+# ---- GCD-2s on either representation -------------------------------------------------------------------
+# Algorithms 7 and 8 are written once over the few operations they need on Gram matrices: quadratic
+# forms y^T K y, squared norms ||K||_F^2, Frobenius products <K, L>, the greedy scores <K_i, A> over the
+# bank for A = y_c y_c^T - coef K, and the update of the learned kernel. ``_MatrixKernels`` does them on
+# (n, n) matrices (dense banks up to the dense cap, kernel families), ``_FactorKernels`` on LowRank
+# factors (factor engines above the cap, issue 17): <F F^T, G G^T> = ||F^T G||_F^2, y^T F F^T y =
+# ||F^T y||^2, and the scores are ONE quad_forms pass over the rows [y_c; F_c^T]; O(n R^2) per step.
 
-    def F(Kmat):
-        return float(yc @ Kmat @ yc) / (np.linalg.norm(Kmat) * star_norm)
 
-    saved = run.load()
-    if saved is None:
-        K = eps * np.eye(n)
-        weights, F_old, first = _Weights(), F(K), 1
-    else:
-        K, weights = saved["K"], _Weights.from_state(saved, src)
-        F_old, first = float(saved["F_old"]), saved["iteration"] + 1
-    converged = False
-    for it in range(first, T + 1):
-        run.step(it - 1, weights, functools.partial(dict, K=K, F_old=F_old))
-        normK = np.linalg.norm(K)
-        a = float(yc @ K @ yc)
-        Fprime = (np.outer(yc, yc) - (a / normK**2) * K) / (normK * star_norm)
-        key, _ = _argmax(src, centre(Fprime), reg)
-        Kp = _centred_block(src, key, "alignment", first=it == 1)
-        if Kp is None:                              # a constant kernel: no direction improves F, eta = 0
-            Kp = np.zeros((n, n))
-        b, c, d, e = float(yc @ Kp @ yc), normK**2, float(np.sum(K * Kp)), float(np.sum(Kp * Kp))
-        denom = b * d - a * e
-        eta_star = max(0.0, (a * d - b * c) / denom) if denom != 0 else 0.0
-        if it == 1:
-            # K^0 = eps I only makes F'(K^0) defined: F(h K') is the same for every h > 0, and the
-            # printed rule would pick eta* ~ eps, keeping eps I as a hidden component (see docstring)
-            K = np.zeros((n, n))
-            eta_star, candidates = eta_max, [eta_max]
+class _MatrixKernels:
+    """Gram-matrix operations of the two-stage loops on (n, n) matrices. The learned kernel is updated
+    step by step (K + eta K', (1 - eta) K + eta beta K_c); checkpoints keep an exact copy of it (module
+    docstring)."""
+
+    def __init__(self, src):
+        self.src, self.n = src, src.n
+
+    def zero(self) -> np.ndarray:
+        return np.zeros((self.n, self.n))
+
+    def restore(self, saved: dict, weights: _Weights, beta: float | None = 1.0) -> np.ndarray:
+        return saved["K"]
+
+    def state(self, K, **scalars) -> dict:
+        return {"K": K, **scalars}
+
+    def is_zero(self, K) -> bool:
+        return not np.any(K)
+
+    def quad(self, K, v) -> float:
+        return float(v @ K @ v)
+
+    def frob2(self, K) -> float:
+        return float(np.sum(K * K))
+
+    def inner(self, K, L) -> float:
+        return float(np.sum(K * L))
+
+    def argmax(self, yc, K, coef: float, scale: float, reg: float):
+        """(key, value) of max_i <K_i, scale (y_c y_c^T - coef K)> (``scale`` matters only to a
+        family's width regulariser ``reg``)."""
+        return _argmax(self.src, scale * (np.outer(yc, yc) - coef * K), reg)
+
+    def first_argmax(self, yc, scale: float, reg: float):
+        """``argmax`` at K^0 = eps I: C_n F'(eps I) C_n = scale (y_c y_c^T - (||y_c||^2 / n) H)."""
+        H = np.eye(self.n) - 1.0 / self.n
+        return self.argmax(yc, H, float(yc @ yc) / self.n, scale, reg)
+
+    def centred_block(self, key, criterion: str, first: bool):
+        return _centred_block(self.src, key, criterion, first)
+
+    def objective(self, K, yc) -> float:
+        """Algorithm 8's J = ||K*_c - K||_F^2 / (2 n^2), formed (no cancellation near a perfect fit)."""
+        R = np.outer(yc, yc) - K
+        return 0.5 * float(np.sum(R * R)) / self.n**2
+
+    def line_search(self, K, Kc, beta: float, yc) -> tuple[float, float]:
+        """(<R, D>, ||D||^2) for R = K*_c - K and the direction D = beta K_c - K (D = -K when Kc is None)."""
+        D = beta * Kc - K if Kc is not None else -K
+        return float(np.sum((np.outer(yc, yc) - K) * D)), float(np.sum(D * D))
+
+    def add(self, K, eta: float, Kp, weights: _Weights):
+        """Algorithm 7's K + eta K' (K' None: a constant kernel, no step)."""
+        return K + eta * Kp if Kp is not None else K
+
+    def convex_step(self, K, eta: float, Kc, beta: float, weights: _Weights):
+        """Algorithm 8's (1 - eta) K + eta beta K_c (Kc None: the vertex theta = 0)."""
+        return (1.0 - eta) * K + eta * beta * Kc if Kc is not None else (1.0 - eta) * K
+
+
+class _FactorKernels:
+    """The same operations on LowRank factors. The learned kernel is recombined from the weights after
+    each step, K = beta H (sum_k w_k L_k L_k^T) H (deterministic, so a resume needs only the weights)."""
+
+    def __init__(self, src):
+        self.src, self.n = src, src.n
+        self.factors = _Factors(src)
+
+    def learned(self, weights: _Weights, beta: float | None = 1.0) -> LowRank:
+        if not beta:
+            return LowRank(np.zeros((self.n, 0)))
+        return LowRank(np.sqrt(beta) * self.factors.combine(weights.values).centred().F)
+
+    def zero(self) -> LowRank:
+        return LowRank(np.zeros((self.n, 0)))
+
+    def restore(self, saved: dict, weights: _Weights, beta: float | None = 1.0) -> LowRank:
+        return self.learned(weights, beta)
+
+    def state(self, K, **scalars) -> dict:
+        return {"K": np.zeros((0, 0)), **scalars}
+
+    def is_zero(self, K) -> bool:
+        return K.rank == 0
+
+    def quad(self, K, v) -> float:
+        return K.quad(v)
+
+    def frob2(self, K) -> float:
+        return K.frobenius_norm() ** 2
+
+    def inner(self, K, L) -> float:
+        return frob_inner(K.F, L.F)
+
+    def argmax(self, yc, K, coef: float, scale: float, reg: float):
+        """<K_i, y_c y_c^T - coef K> = y_c^T K_i y_c - coef sum_j F[:, j]^T K_i F[:, j]: one pass."""
+        if K.rank == 0:
+            values = self.src.quad_forms(yc)
         else:
-            candidates = [0.0, min(eta_star, eta_max), eta_max]
-        values = [F(K + h * Kp) for h in candidates]
-        eta = candidates[int(np.argmax(values))]
-        K = K + eta * Kp
-        weights.add(key, eta)
-        F_new = max(values)
-        run.append({"iteration": it, "alignment": F_new, "objective": F_new, "eta": eta, "eta_star": eta_star,
-                    "kernel": src.describe(key)}, f"it {it:3d} F={F_new:.6f} eta={eta:.4f} key={src.describe(key)}")
-        if it > 1 and F_new <= F_old + delta:   # K^0 is not part of the model: no test at k = 1
-            converged = True
-            break
-        F_old = F_new
-    return weights, converged, {"delta": delta, "eps": eps, "eta_max": eta_max, "gap": np.nan}
+            q = np.asarray(self.src.engine.quad_forms(np.vstack([yc, K.F.T])), dtype=np.float64)
+            values = q[:, 0] - coef * q[:, 1:].sum(axis=1)
+        key = int(np.argmax(values))
+        return key, float(values[key])
 
+    def first_argmax(self, yc, scale: float, reg: float):
+        """<K_i, y_c y_c^T - (||y_c||^2 / n) H>, <K_i, H> = tr(K_i) - 1^T K_i 1 / n."""
+        tr_c = np.asarray(self.src.engine.traces, dtype=np.float64) - self.src.quad_forms(np.ones(self.n)) / self.n
+        values = self.src.quad_forms(yc) - (float(yc @ yc) / self.n) * tr_c
+        key = int(np.argmax(values))
+        return key, float(values[key])
 
-def _euclidean(src, yc, T, beta, step, tol, reg, run: _Run):
-    """Algorithm 8 (Frank-Wolfe on (5.9)) with the exact convex-combination step (erratum above)."""
-    n = src.n
-    Kstar = np.outer(yc, yc)
-    auto_beta = beta is None
-    converged = False
-    saved = run.load()
-    if saved is None:
-        K = np.zeros((n, n))                       # beta * sum theta_i K_{i,c}, centred
-        weights, gap, first = _Weights(), np.nan, 1
-    else:
-        K, weights = saved["K"], _Weights.from_state(saved, src)
-        beta, gap, first = saved["beta"], float(saved["gap"]), saved["iteration"] + 1
-    for it in range(first, T + 1):
-        run.step(it - 1, weights, functools.partial(dict, K=K, beta=beta, gap=gap))
-        R = Kstar - K
-        key, val = _argmax(src, R, reg)           # <K_i, R> = <K_{i,c}, R> since R is centred
-        J = 0.5 * float(np.sum(R * R)) / n**2
-        gap = (float(np.sum(K * -R)) + max(val, 0.0) * (beta or 0.0)) / n**2
-        if val <= 0 and not np.any(K):
-            _centred_block(src, key, "euclidean", first=True)     # theta = 0 is optimal: say so if constant kernels
-        # the gap is a certificate once beta is set; at K = 0 with val <= 0 it is exactly 0 (theta = 0 optimal)
-        if (beta is not None or val <= 0) and duality.relative_gap(J, J - gap) <= tol:
-            converged = True
-            run.append({"iteration": it, "objective": J, "gap": gap, "eta": 0.0, "kernel": src.describe(key)})
-            break
-        Kc = _centred_block(src, key, "euclidean", first=not np.any(K)) if val > 0 else None
+    def centred_block(self, key, criterion: str, first: bool):
+        return _centred_factor(self.src, self.factors, key, criterion, first)
+
+    def objective(self, K, yc) -> float:
+        return 0.5 * (float(yc @ yc) ** 2 - 2.0 * K.quad(yc) + K.frobenius_norm() ** 2) / self.n**2
+
+    def line_search(self, K, Kc, beta: float, yc) -> tuple[float, float]:
+        yKy, KK = K.quad(yc), K.frobenius_norm() ** 2
         if Kc is None:
-            val = 0.0                               # (a constant kernel scored > 0 by rounding only)
-        if val <= 0 and step == "thesis":          # the printed stopping rule; converged only if gap <= tol
-            run.append({"iteration": it, "objective": J, "gap": gap, "eta": 0.0, "kernel": src.describe(key)})
-            break
-        if val > 0:
-            if beta is None:
-                beta = 2.0 * val / float(np.sum(Kc * Kc))
-            direction = beta * Kc - K
-        else:
-            # no kernel is positively aligned with R: the Frank-Wolfe vertex is theta = 0 (shrink K)
-            direction = -K
-        if step == "exact":
-            eta = min(1.0, max(0.0, float(np.sum(R * direction)) / float(np.sum(direction * direction))))
-        else:
-            eta = min(1.0, val / (beta * float(np.sum(Kc * Kc))))
-        K = (1.0 - eta) * K + eta * beta * Kc if val > 0 else (1.0 - eta) * K
-        weights.scale(1.0 - eta)
-        if val > 0:
-            weights.add(key, eta)
-        if auto_beta and sum(weights.values.values()) > 0.5:
-            beta *= 2.0
-            weights.scale(0.5)
-        R = Kstar - K
-        J = 0.5 * float(np.sum(R * R)) / n**2
-        run.append({"iteration": it, "objective": J, "gap": gap, "eta": eta, "beta": beta,
-                    "kernel": src.describe(key) if val > 0 else None},
-                   f"it {it:3d} J={J:.8g} eta={eta:.4f} beta={beta:.4g} key={src.describe(key)}")
-    # the returned weights are beta * theta (normalised to sum one by the caller)
-    weights.scale(beta if beta else 1.0)
-    return weights, converged, {"beta": beta, "step": step, "tol": tol,
-                                "gap": duality.relative_gap(J, J - gap) if np.isfinite(gap) else np.nan}
+            return KK - yKy, KK
+        dK = frob_inner(Kc.F, K.F) if K.rank else 0.0
+        cc = Kc.frobenius_norm() ** 2
+        return beta * Kc.quad(yc) - beta * dK - yKy + KK, beta * beta * cc - 2.0 * beta * dK + KK
 
+    def add(self, K, eta: float, Kp, weights: _Weights) -> LowRank:
+        return self.learned(weights)
 
-# ---- GCD-2s on factor engines (issue 17) ----------------------------------------------------------------
-# Algorithms 7 and 8 with every (n, n) matrix replaced by its factor: the learned (centred) kernel is
-# K = H (sum_k w_k K_k) H = F_c F_c^T (``_Factors.combine(...).centred()``), the selected block
-# K'_c = L_c L_c^T, and the scalars of the loops are Frobenius products of factors,
-# <F F^T, G G^T> = ||F^T G||_F^2, and quadratic forms y_c^T K y_c = ||F^T y_c||^2. The greedy scores
-# <K_i, A> for A = a y_c y_c^T - c F_c F_c^T are ONE quad_forms pass over the rows [y_c; F_c^T]:
-# <K_i, F_c F_c^T> = sum_j F_c[:, j]^T K_i F_c[:, j]. Same steps, same stopping rules; O(n R^2) per step.
-
-
-def _scores(src, yc, Kc: LowRank | None, coef: float) -> np.ndarray:
-    """(M,) <K_i, y_c y_c^T - coef K> for K = Kc (centred factor) over all kernels: one pass."""
-    if Kc is None or Kc.rank == 0:
-        return src.quad_forms(yc)
-    q = np.asarray(src.engine.quad_forms(np.vstack([yc, Kc.F.T])), dtype=np.float64)
-    return q[:, 0] - coef * q[:, 1:].sum(axis=1)
+    def convex_step(self, K, eta: float, Kc, beta: float, weights: _Weights) -> LowRank:
+        return self.learned(weights, beta)
 
 
 def _centred_factor(src, factors: _Factors, key, criterion: str, first: bool) -> LowRank | None:
@@ -570,33 +584,34 @@ def _centred_factor(src, factors: _Factors, key, criterion: str, first: bool) ->
         "Remove the constant kernels from the bank, or fit the one-stage solver (stage='one').")
 
 
-def _fsam_factored(src, yc, T, delta, eps, eta_max, reg, run: _Run):
-    """Algorithm 7 (``_fsam``) on factors."""
-    n = src.n
-    star_norm = float(yc @ yc)
-    factors = _Factors(src)
+def _fsam(kernels, yc, T, delta, eps, eta_max, reg, run: _Run):
+    """Algorithm 7 with the closed-form step of Prop. 5.4: with a = y_c^T K y_c, b = y_c^T K' y_c,
+    c = ||K||^2, d = <K, K'>, e = ||K'||^2, F(K + h K') = (a + h b) / (sqrt(c + 2 h d + h^2 e) ||y_c||^2)."""
+    src, n = kernels.src, kernels.n
+    star_norm = float(yc @ yc)                      # ||y_c y_c^T||_F
     saved = run.load()
     if saved is None:
         weights, first = _Weights(), 1
+        K = kernels.zero()
         F_old = 1.0 / np.sqrt(n)                    # F(eps I) = eps ||y_c||^2 / (eps sqrt(n) ||y_c||^2)
     else:
         weights, F_old, first = _Weights.from_state(saved, src), float(saved["F_old"]), saved["iteration"] + 1
-    K = factors.combine(weights.values).centred()
+        K = kernels.restore(saved, weights)
     converged = False
     for it in range(first, T + 1):
-        run.step(it - 1, weights, functools.partial(dict, K=np.zeros((0, 0)), F_old=F_old))
-        if it == 1:     # K^0 = eps I: <K_i, C_n F'(K^0) C_n> ∝ y_c^T K_i y_c - <K_i, H> / n
-            tr_c = np.asarray(src.engine.traces, dtype=np.float64) - src.quad_forms(np.ones(n)) / n
-            values = src.quad_forms(yc) - (star_norm / n) * tr_c
+        run.step(it - 1, weights, functools.partial(kernels.state, K, F_old=F_old))
+        if it == 1:
+            # K^0 = eps I only defines the first direction: F(h K') is the same for every h > 0, and the
+            # printed rule would pick eta* ~ eps, keeping eps I as a hidden component (module docstring)
+            key, _ = kernels.first_argmax(yc, 1.0 / (eps * np.sqrt(n) * star_norm), reg)
             a = c = 0.0
         else:
-            a, c = K.quad(yc), K.frobenius_norm() ** 2
-            values = _scores(src, yc, K, a / c)
-        key = int(np.argmax(values))
-        Kp = _centred_factor(src, factors, key, "alignment", first=it == 1)
-        b = 0.0 if Kp is None else Kp.quad(yc)
-        e = 0.0 if Kp is None else Kp.frobenius_norm() ** 2
-        d = frob_inner(K.F, Kp.F) if it > 1 and Kp is not None else 0.0
+            a, c = kernels.quad(K, yc), kernels.frob2(K)
+            key, _ = kernels.argmax(yc, K, a / c, 1.0 / (np.sqrt(c) * star_norm), reg)   # C_n F'(K) C_n
+        Kp = kernels.centred_block(key, "alignment", first=it == 1)
+        b = kernels.quad(Kp, yc) if Kp is not None else 0.0
+        e = kernels.frob2(Kp) if Kp is not None else 0.0
+        d = kernels.inner(K, Kp) if it > 1 and Kp is not None else 0.0
         denom = b * d - a * e
         eta_star = max(0.0, (a * d - b * c) / denom) if denom != 0 else 0.0
 
@@ -608,85 +623,72 @@ def _fsam_factored(src, yc, T, delta, eps, eta_max, reg, run: _Run):
             eta_star, candidates = eta_max, [eta_max]
         else:
             candidates = [0.0, min(eta_star, eta_max), eta_max]
-        values_h = [F(h) for h in candidates]
-        eta = candidates[int(np.argmax(values_h))]
+        values = [F(h) for h in candidates]
+        eta = candidates[int(np.argmax(values))]
         weights.add(key, eta)
-        K = factors.combine(weights.values).centred()
-        F_new = max(values_h)
+        K = kernels.add(K, eta, Kp, weights)
+        F_new = max(values)
         run.append({"iteration": it, "alignment": F_new, "objective": F_new, "eta": eta, "eta_star": eta_star,
                     "kernel": src.describe(key)}, f"it {it:3d} F={F_new:.6f} eta={eta:.4f} key={src.describe(key)}")
-        if it > 1 and F_new <= F_old + delta:
+        if it > 1 and F_new <= F_old + delta:   # K^0 is not part of the model: no test at k = 1
             converged = True
             break
         F_old = F_new
     return weights, converged, {"delta": delta, "eps": eps, "eta_max": eta_max, "gap": np.nan}
 
 
-def _euclidean_factored(src, yc, T, beta, step, tol, reg, run: _Run):
-    """Algorithm 8 (``_euclidean``) on factors: K = beta H (sum theta_i K_i) H."""
-    n = src.n
-    ss = float(yc @ yc) ** 2                         # ||K*_c||_F^2
+def _euclidean(kernels, yc, T, beta, step, tol, reg, run: _Run):
+    """Algorithm 8 (Frank-Wolfe on (5.9)) with the exact convex-combination step (erratum above)."""
+    src, n = kernels.src, kernels.n
     auto_beta = beta is None
     converged = False
-    factors = _Factors(src)
     saved = run.load()
     if saved is None:
         weights, gap, first = _Weights(), np.nan, 1
+        K = kernels.zero()                          # beta * sum theta_i K_{i,c}, centred
     else:
         weights = _Weights.from_state(saved, src)
         beta, gap, first = saved["beta"], float(saved["gap"]), saved["iteration"] + 1
-
-    def learned():
-        Kf = factors.combine(weights.values).centred()
-        return LowRank(np.sqrt(beta) * Kf.F) if beta else LowRank(np.zeros((n, 0)))
-
-    K = learned()
-    J = 0.5 * ss / n**2
+        K = kernels.restore(saved, weights, beta)
+    J = kernels.objective(K, yc)
     for it in range(first, T + 1):
-        run.step(it - 1, weights, functools.partial(dict, K=np.zeros((0, 0)), beta=beta, gap=gap))
-        values = _scores(src, yc, K, 1.0)           # <K_i, R>, R = K*_c - K
-        key = int(np.argmax(values))
-        val = float(values[key])
-        yKy, KK = K.quad(yc), K.frobenius_norm() ** 2
-        J = 0.5 * (ss - 2.0 * yKy + KK) / n**2
-        gap = (KK - yKy + max(val, 0.0) * (beta or 0.0)) / n**2
-        if val <= 0 and K.rank == 0:
-            _centred_factor(src, factors, key, "euclidean", first=True)
+        run.step(it - 1, weights, functools.partial(kernels.state, K, beta=beta, gap=gap))
+        key, val = kernels.argmax(yc, K, 1.0, 1.0, reg)    # <K_i, R>, R = K*_c - K (= <K_{i,c}, R>: R centred)
+        J = kernels.objective(K, yc)
+        gap = (kernels.frob2(K) - kernels.quad(K, yc) + max(val, 0.0) * (beta or 0.0)) / n**2   # <K, -R> + ...
+        if val <= 0 and kernels.is_zero(K):
+            kernels.centred_block(key, "euclidean", first=True)    # theta = 0 is optimal: say so if constant kernels
+        # the gap is a certificate once beta is set; at K = 0 with val <= 0 it is exactly 0 (theta = 0 optimal)
         if (beta is not None or val <= 0) and duality.relative_gap(J, J - gap) <= tol:
             converged = True
             run.append({"iteration": it, "objective": J, "gap": gap, "eta": 0.0, "kernel": src.describe(key)})
             break
-        Kc = _centred_factor(src, factors, key, "euclidean", first=K.rank == 0) if val > 0 else None
+        Kc = kernels.centred_block(key, "euclidean", first=kernels.is_zero(K)) if val > 0 else None
         if Kc is None:
-            val = 0.0
-        if val <= 0 and step == "thesis":
+            val = 0.0                               # (a constant kernel scored > 0 by rounding only)
+        if val <= 0 and step == "thesis":          # the printed stopping rule; converged only if gap <= tol
             run.append({"iteration": it, "objective": J, "gap": gap, "eta": 0.0, "kernel": src.describe(key)})
             break
-        if val > 0:
-            cc, yKcy = Kc.frobenius_norm() ** 2, Kc.quad(yc)
-            if beta is None:
-                beta = 2.0 * val / cc
-            dK = frob_inner(Kc.F, K.F) if K.rank else 0.0
-            # <R, beta Kc - K> and ||beta Kc - K||^2 expanded in Frobenius products
-            num = beta * yKcy - beta * dK - yKy + KK
-            den = beta * beta * cc - 2.0 * beta * dK + KK
-        else:
-            num, den = KK - yKy, KK                  # direction -K (shrink towards theta = 0)
+        if val > 0 and beta is None:
+            beta = 2.0 * val / kernels.frob2(Kc)
+        # no kernel positively aligned with R: the Frank-Wolfe vertex is theta = 0 (direction -K)
         if step == "exact":
+            num, den = kernels.line_search(K, Kc, beta, yc)
             eta = min(1.0, max(0.0, num / den))
         else:
-            eta = min(1.0, val / (beta * Kc.frobenius_norm() ** 2))
+            eta = min(1.0, val / (beta * kernels.frob2(Kc)))
         weights.scale(1.0 - eta)
         if val > 0:
             weights.add(key, eta)
+        K = kernels.convex_step(K, eta, Kc, beta, weights)
         if auto_beta and sum(weights.values.values()) > 0.5:
-            beta *= 2.0
+            beta *= 2.0                             # K = beta theta is unchanged
             weights.scale(0.5)
-        K = learned()
-        J = 0.5 * (ss - 2.0 * K.quad(yc) + K.frobenius_norm() ** 2) / n**2
+        J = kernels.objective(K, yc)
         run.append({"iteration": it, "objective": J, "gap": gap, "eta": eta, "beta": beta,
                     "kernel": src.describe(key) if val > 0 else None},
                    f"it {it:3d} J={J:.8g} eta={eta:.4f} beta={beta:.4g} key={src.describe(key)}")
+    # the returned weights are beta * theta (normalised to sum one by the caller)
     weights.scale(beta if beta else 1.0)
     return weights, converged, {"beta": beta, "step": step, "tol": tol,
                                 "gap": duality.relative_gap(J, J - gap) if np.isfinite(gap) else np.nan}

@@ -342,6 +342,9 @@ class _SMO:
             if violators.size:
                 # restart the continuation: at small kappa SMO moves a newcomer's gamma_j very slowly
                 Z, q, W, zero_streak = self._add(Z, q, W, zero_streak, violators, alpha)
+                self.log.say(f"{violators.size} kernel(s) outside the working set violate the optimality test: "
+                             f"added (W {W.size}); kappa restarts at mu = {self.mu:g}, where SMO can still "
+                             "move their weights")
                 kappa, smo_eps = self.mu, 0.5 * self.eps2
                 continue
             zero_streak = np.where(eta > 0.0, 0, zero_streak + 1)
@@ -462,6 +465,12 @@ class _SMO:
                  "violation": float(violation),
                  "smo_converged": bool(smo_ok), "opt4": opt4, "eps1_excess": excess,
                  "n_violators": n_violators}
-        self.log.record(entry, f"kappa {kappa:.3e}  W {n_working:4d}  active {n_active:4d}  steps {steps:7d}  "
-                               f"P {primal:.10g}  D {dual:.10g}  gap {gap:.2e}  opt4 {opt4:.2e}  eps1 {excess:.2e}")
+        if tests is None:  # the start: no kernel weights yet, so no primal, gap or stage tests
+            start = "alpha = 0" if self.factor else "SVM on sum_j K_j / d_j^2"
+            line = (f"kappa {kappa:.3e}  W {n_working:4d}  start: {start}, D {dual:.10g}; P and the gap "
+                    "follow from the first stage's kernel weights")
+        else:
+            line = (f"kappa {kappa:.3e}  W {n_working:4d}  active {n_active:4d}  steps {steps:7d}  "
+                    f"P {primal:.10g}  D {dual:.10g}  gap {gap:.2e}  opt4 {opt4:.2e}  eps1 {excess:.2e}")
+        self.log.record(entry, line)
 
