@@ -33,7 +33,8 @@ then refits on the whole training part at that value (the normal solver run).
   ``paths`` module docstring), f in ``PENALTY_FACTORS``; one pass.
 - easymkl's lam in (0, 1]: ``EASYMKL_LAMS``.
 
-results.json gets, per selected solver, ``cv``: {parameter, requested ("auto" or the list), grid,
+results.json gets, per selected solver, ``cv``: {key (the name the spec used), parameter (the
+solver's name for it), requested ("auto" or the list, as given), grid (ascending),
 mean, std, fold_scores (grid x folds), unconverged (per value, fold fits that did not converge),
 metric ("accuracy" / "r2"), folds, seed, chosen, at_edge (the chosen value is the grid's smallest or
 largest: one beyond it may be better), rule (how the grid was made), seconds}; the
@@ -196,7 +197,8 @@ def select(entry: dict, req: Request, bank, task: str, y, classes, client, seed:
     at_edge = len(grid) > 1 and best in (0, len(grid) - 1)
     say(f"[{name}] cv chose {req.key} = {grid[best]:.4g} ({req.folds} folds, {_METRIC[classification]} "
         f"{mean[best]:.4f})" + ("; at the edge of the grid: a value beyond it may be better" if at_edge else ""))
-    return {"key": req.key, "parameter": c_name, "requested": req.values, "grid": grid, "mean": mean.tolist(),
+    requested = entry["C"] if req.key == "C" else entry["params"][req.key]      # as the spec gave it
+    return {"key": req.key, "parameter": c_name, "requested": requested, "grid": grid, "mean": mean.tolist(),
             "std": std.tolist(), "fold_scores": scores.tolist(), "unconverged": unconverged.sum(axis=1).tolist(),
             "metric": _METRIC[classification], "folds": req.folds, "seed": seed, "chosen": grid[best], "at_edge": at_edge,
             "rule": rule, "seconds": time.perf_counter() - t0}

@@ -270,7 +270,7 @@ enabled = false
 
 
 @pytest.mark.cluster
-def test_sigterm_during_cv_then_resume_keeps_the_finished_folds(tmp_path):
+def test_sigterm_during_cv_then_resume_keeps_the_finished_folds(tmp_path, capsys):
     """SIGTERM between fold fits stops the run with exit 75 and the finished fold scores in
     checkpoints/<name>.cv.json; --resume continues and gives the uninterrupted CV record."""
     import signal
@@ -303,3 +303,7 @@ def test_sigterm_during_cv_then_resume_keeps_the_finished_folds(tmp_path):
     assert 0 < len(finished) < 6
     resumed = run_pipeline(spec, out=run_dir, cluster=cluster, quiet=True, resume=True)["solvers"][0]["cv"]
     assert resumed["fold_scores"] == whole["fold_scores"] and resumed["chosen"] == whole["chosen"]
+    capsys.readouterr()
+    again = run_pipeline(spec, out=run_dir, cluster=cluster, quiet=True, resume=True)["solvers"][0]
+    assert "[sgd] finished before the interruption; kept" in capsys.readouterr().out   # no second CV or refit
+    assert again["cv"] == resumed
