@@ -12,41 +12,101 @@
     mklscale bank info PATH
     mklscale bank verify PATH
     mklscale bank repair PATH [--quiet]
+    mklscale bank copy SRC DST [--overwrite]     (a folder and an s3://bucket/prefix URL, either way)
     mklscale cache info|clear [--dir DIR]
+
+A bank PATH may be a folder or an S3-compatible object store URL s3://bucket/prefix (configured by
+AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION).
 
 Exit codes: 0 success; 1 ``verify`` found problems (it marks bad kernels unfinished in the bank;
 ``bank repair`` recomputes them and exits 0 only when the bank verifies afterwards) or a pipeline solver failed (see results.json);
-2 bad input, a bad config or a bank/model/cluster that cannot be used (the message says what to do);
-75 stopped by SIGTERM/SIGINT after saving a checkpoint (``mklscale run ... --resume`` continues).
+2 bad input, a bad config, a file that cannot be written or a bank/model/cluster that cannot be used (the message says
+what to do); 70 an internal error, a bug in mklscale (one line naming the file that holds the traceback);
+75 stopped by SIGINT (Ctrl-C) or SIGTERM: one line says what was saved and the command that continues
+(``mklscale run ... --resume``; a bank build continues when run again); 141 stdout was closed early
+(``mklscale bank info PATH | head``), as for other Unix tools.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
+import signal
 import sys
+import tempfile
+import traceback
 import warnings
 from pathlib import Path
 
 import numpy as np
 
 from mklscale import __version__
-from mklscale.errors import InvalidInputError, MKLScaleError
+from mklscale.errors import InvalidInputError, MKLScaleError, Preempted, Stopped
+from mklscale.runtime.interrupt import EXIT_STOPPED, stop_cleanly
 
 FAMILY_CHOICES = ("simplemkl", "gaussian", "polynomial", "linear", "random_subsets")
 
 
+EXIT_BAD_INPUT = 2
+EXIT_INTERNAL = 70      # EX_SOFTWARE
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, the status of a Unix tool whose reader went away
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     if not hasattr(args, "func"):
         parser.print_help()
-        return 2
+        return EXIT_BAD_INPUT
+    args.argv = argv
+    with stop_cleanly():
+        return _run_command(args)
+
+
+def _run_command(args) -> int:
+    """Run a command; every way it can end becomes one exit code (see the module docstring)."""
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader that went away (`| head`) shows here, not at interpreter exit
+        return code
+    except (Stopped, Preempted) as exc:
+        if isinstance(exc, Preempted) or str(exc) == f"stopped by {exc.signal_name}":  # no command-specific news
+            saved = getattr(args, "saved", "nothing was saved")
+            exc = Stopped(exc.signum, f"stopped by {signal.Signals(exc.signum).name}: {saved}; run the same command "
+                                      f"again to continue: {_command_line(args)}")
+        print(f"mklscale: {exc}", file=sys.stderr, flush=True)
+        return EXIT_STOPPED
     except MKLScaleError as exc:
         print(f"mklscale: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
+    except BrokenPipeError:
+        # the reader of stdout went away (`| head`): nothing left to say; keep the exit-time flush quiet
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    except OSError as exc:
+        print(f"mklscale: error: {exc}; check the path, its permissions and the free space", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Exception as exc:  # noqa: BLE001 - a bug: one line and the traceback in a file, not on the screen
+        log = _save_traceback(exc)
+        print(f"mklscale: internal error: {type(exc).__name__}: {exc}. This is a bug in mklscale; the traceback "
+              f"is in {log}, please report it with that file", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def _command_line(args) -> str:
+    return shlex.join(["mklscale", *args.argv])
+
+
+def _save_traceback(exc: BaseException) -> str:
+    """Write the traceback of an unexpected exception to a file in the temp folder; return its path."""
+    fd, path = tempfile.mkstemp(prefix="mklscale-error-", suffix=".log")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(f"mklscale {' '.join(sys.argv)}\n")
+        fh.writelines(traceback.format_exception(exc))
+    return path
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -61,8 +121,11 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--out", type=Path, default=None, help="run directory (default: runs/<pipeline name>)")
     r.add_argument("--quiet", action="store_true", help="no progress bars, per-iteration lines or kernel lists "
                    "(each solver's result line and where the results went are still printed)")
-    r.add_argument("--resume", action="store_true", help="continue an interrupted run in --out from its checkpoints")
-    r.set_defaults(func=_cmd_run)
+    r.add_argument("--resume", action="store_true", help="continue an interrupted run in --out from its checkpoints "
+                   "(a finished run is left as it is)")
+    r.add_argument("--overwrite", action="store_true", help="replace an earlier run in --out (without it, or "
+                   "--resume, an --out holding a run is refused)")
+    r.set_defaults(func=_cmd_run, saved="the run's finished parts are kept in its run directory")
 
     f = sub.add_parser("fit", help="fit one MKL model on a dataset or on features and labels, and save it")
     src = f.add_mutually_exclusive_group(required=True)
@@ -82,7 +145,8 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--cache-dir", type=Path, default=None, help="where banks are kept for reuse")
     f.add_argument("--out", type=Path, required=True, help="model directory to write")
     f.add_argument("--quiet", action="store_true")
-    f.set_defaults(func=_cmd_fit)
+    f.set_defaults(func=_cmd_fit, saved="no model was written; the bank kernels finished so far stay in the cache "
+                   "and are reused")
 
     pr = sub.add_parser("predict", help="predict with a saved model")
     pr.add_argument("model", type=Path, help="a model directory written by fit / run / save()")
@@ -91,11 +155,11 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument("--features", type=Path, help="a .npy file with an (n, d) feature matrix")
     pr.add_argument("--proba", action="store_true", help="class probabilities (logistic-loss models only)")
     pr.add_argument("--out", type=Path, default=None, help=".npy or .csv file (default: print)")
-    pr.set_defaults(func=_cmd_predict)
+    pr.set_defaults(func=_cmd_predict, saved="no predictions were written")
 
     rep = sub.add_parser("report", help="write RUN_DIR/report/index.html with plots from RUN_DIR/results.json")
     rep.add_argument("run_dir", type=Path)
-    rep.set_defaults(func=_cmd_report)
+    rep.set_defaults(func=_cmd_report, saved="the report was not written (results.json is unchanged)")
     bank = sub.add_parser("bank", help="build, inspect, verify and repair kernel banks").add_subparsers(title="bank commands")
 
     b = bank.add_parser("build", help="compute a bank of Gram matrices from features")
@@ -116,25 +180,34 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--cluster", type=Path, default=None, help="a cluster TOML file (see cluster/); default: Dask "
                    "threads in this process")
     b.add_argument("--overwrite", action="store_true", help="replace an existing bank built from other data or specs")
-    b.add_argument("--out", type=Path, required=True, help="where to write the bank (a folder)")
+    b.add_argument("--out", required=True, help="where to write the bank (a folder or s3://bucket/prefix)")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
-    b.set_defaults(func=_cmd_build)
+    b.set_defaults(func=_cmd_build, saved="the kernels finished so far are saved in the bank")
 
     i = bank.add_parser("info", help="print a bank's size, layout and kernels")
-    i.add_argument("path", type=Path)
+    i.add_argument("path", help="a bank folder or s3://bucket/prefix")
     i.add_argument("--json", action="store_true", help="machine-readable output")
-    i.set_defaults(func=_cmd_info)
+    i.set_defaults(func=_cmd_info, saved="nothing was changed")
 
     v = bank.add_parser("verify", help="recompute checksums and report bad or unfinished kernels")
-    v.add_argument("path", type=Path)
+    v.add_argument("path", help="a bank folder or s3://bucket/prefix")
     v.add_argument("--quiet", action="store_true")
-    v.set_defaults(func=_cmd_verify)
+    v.set_defaults(func=_cmd_verify, saved="kernels found bad so far are marked unfinished")
 
     rp = bank.add_parser("repair", help="recompute the kernels verify finds bad or unfinished (banks built from "
                          "features); exit 0 when the bank verifies afterwards, 2 otherwise")
-    rp.add_argument("path", type=Path)
+    rp.add_argument("path", help="a bank folder or s3://bucket/prefix")
     rp.add_argument("--quiet", action="store_true", help="no progress bars")
-    rp.set_defaults(func=_cmd_repair)
+    rp.set_defaults(func=_cmd_repair, saved="the kernels recomputed so far are saved in the bank")
+
+    cp = bank.add_parser("copy", help="copy a bank between a folder and an object store (s3://bucket/prefix), "
+                         "either way, then verify every kernel's checksum at the destination")
+    cp.add_argument("src", help="the bank to copy: a folder or s3://bucket/prefix")
+    cp.add_argument("dst", help="where to put it: a new folder or an empty s3://bucket/prefix")
+    cp.add_argument("--overwrite", action="store_true", help="replace a bank already at DST")
+    cp.add_argument("--quiet", action="store_true")
+    cp.set_defaults(func=_cmd_copy, saved="the copy was not finished; nothing at SRC changed")
+
     _cache_parser(sub)
     return p
 
@@ -169,14 +242,8 @@ def _kernels(args) -> dict:
 def _cmd_run(args) -> int:
     from mklscale.pipeline import run_pipeline
 
-    from mklscale.runtime.checkpoint import EXIT_PREEMPTED, Preempted
-
-    try:
-        results = run_pipeline(args.pipeline, out=args.out, cluster=args.cluster, quiet=args.quiet,
-                               resume=args.resume)
-    except Preempted as exc:
-        print(f"mklscale: {exc}", file=sys.stderr)
-        return EXIT_PREEMPTED
+    results = run_pipeline(args.pipeline, out=args.out, cluster=args.cluster, quiet=args.quiet, resume=args.resume,
+                           overwrite=args.overwrite)
     failed = [s["name"] for s in results["solvers"] if s["status"] != "ok"]
     if failed:
         print(f"mklscale: {len(failed)} solver(s) failed: {', '.join(failed)} (errors in results.json)", file=sys.stderr)
@@ -189,7 +256,7 @@ def _cmd_fit(args) -> int:
     if args.dataset:
         from mklscale.datasets import load
 
-        ds = load(args.dataset)
+        ds = load(args.dataset, standardise=False)  # raw: the model's own standardisation maps them (issue 18)
         X, y = ds.X, ds.y
         task = args.task or ("regression" if ds.task == "regression" else "classification")
     else:
@@ -225,12 +292,18 @@ def _cmd_predict(args) -> int:
     import mklscale
 
     estimator = mklscale.load(args.model)
+    model = estimator.model_
     if args.dataset:
         from mklscale.datasets import load
 
-        X = load(args.dataset).X
+        X = load(args.dataset, standardise=model.dataset_features == "standardised").X
     else:
         X = _load_npy(args.features, "--features")
+        if model.dataset_features == "standardised" and _standardisation_is_identity(model):
+            print(f"mklscale: warning: model {args.model} was written by an older mklscale (model schema < 3) and "
+                  "fitted on features that were already standardised, e.g. a dataset of `mklscale fit --dataset` "
+                  "or `mklscale run`: it expects --features standardised the same way (mklscale.datasets.load(NAME).X"
+                  "), not raw ones; refit it with this mklscale to predict on raw features", file=sys.stderr)
     predict = estimator.predict
     if args.proba:
         try:
@@ -242,35 +315,65 @@ def _cmd_predict(args) -> int:
     values = predict(X)
     if args.out is None:
         np.savetxt(sys.stdout, np.atleast_1d(values), fmt="%s")
-    elif args.out.suffix == ".csv":
-        np.savetxt(args.out, np.atleast_1d(values), fmt="%s", delimiter=",")
-    else:
-        np.save(args.out, np.asarray(values), allow_pickle=False)
+        return 0
+    from mklscale.runtime.atomic import output_error, write_file
+
+    if args.out.suffix == ".csv":
+        out, write = args.out, lambda fh: np.savetxt(fh, np.atleast_1d(values), fmt="%s", delimiter=",")
+    else:  # numpy.save's rule: .npy is appended to any other name
+        out = args.out if args.out.suffix == ".npy" else args.out.with_name(args.out.name + ".npy")
+        write = lambda fh: np.save(fh, np.asarray(values), allow_pickle=False)  # noqa: E731
+    try:
+        write_file(out, write)
+    except OSError as exc:
+        raise output_error(out, exc, "the predictions") from None
     return 0
+
+
+def _standardisation_is_identity(model) -> bool:
+    """True when the model's stored standardisation does nothing: it was fitted on standardised features."""
+    return (model.mean is not None and np.allclose(model.mean, 0.0, atol=1e-8)
+            and np.allclose(model.scale, 1.0, atol=1e-8))
 
 
 def _cmd_report(args) -> int:
     from mklscale.report import write_report
 
-    write_report(args.run_dir)  # prints where the report went (and what it lacks)
+    write_report(args.run_dir)  # prints where the report went
     return 0
 
 
-def _load_npy(path: Path, what: str) -> np.ndarray:
+def _load_npy(path: Path, what: str, rows: int | None = None) -> np.ndarray:
+    """The array in a .npy file; with ``rows``, only its first rows are read (memory-mapped)."""
     if not path.is_file():
         raise InvalidInputError(f"{what} {path}: no such file; give the path of an existing .npy file "
                                 "(write one with numpy.save)")
+    if _holds_objects(path):
+        raise InvalidInputError(f"{what} {path}: holds Python objects (dtype object), which mklscale does not load "
+                                "(that would run pickle); save plain numbers or strings instead, e.g. "
+                                "numpy.save(path, np.asarray(values, dtype=str)) or .astype(float)")
     try:
-        array = np.load(path, allow_pickle=False)
+        array = np.load(path, allow_pickle=False, mmap_mode=None if rows is None else "r")
     except (ValueError, OSError, EOFError) as exc:
-        reason = "not in .npy format, or it holds Python objects" if "pickle" in str(exc) else str(exc)
-        raise InvalidInputError(f"{what} {path}: not a plain .npy array ({reason}); save the array with "
+        raise InvalidInputError(f"{what} {path}: not a plain .npy array ({exc}); save the array with "
                                 "numpy.save(path, array) (numbers only, no objects)") from None
     if not isinstance(array, np.ndarray):  # an .npz archive
         array.close()
         raise InvalidInputError(f"{what} {path}: is an .npz archive, not one array; save the array alone with "
                                 "numpy.save(path, array)")
-    return array
+    return array if rows is None else np.array(array[:rows])
+
+
+def _holds_objects(path: Path) -> bool:
+    """Whether a .npy file's header declares an object dtype (False when it has no readable header)."""
+    try:
+        with open(path, "rb") as fh:
+            major, _ = np.lib.format.read_magic(fh)
+            read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+            _, _, dtype = read_header(fh)
+    except (ValueError, OSError, EOFError):
+        return False
+    return dtype.hasobject
 
 
 def _load_features(args) -> np.ndarray:
@@ -279,19 +382,21 @@ def _load_features(args) -> np.ndarray:
 
         X = load(args.dataset).X
     else:
-        X = _load_npy(args.features, "--features")
-    if args.rows is not None:
-        if args.rows < 2:
-            raise InvalidInputError(f"--rows must be >= 2, got {args.rows}; give --rows 2 or more (or leave it out "
-                                    "for all rows)")
-        X = X[: args.rows]
-    return X
+        X = None
+    if args.rows is not None and args.rows < 2:
+        raise InvalidInputError(f"--rows must be >= 2, got {args.rows}; give --rows 2 or more (or leave it out "
+                                "for all rows)")
+    if X is None:  # only the rows asked for are read from the file
+        return _load_npy(args.features, "--features", rows=args.rows)
+    return X if args.rows is None else X[: args.rows]
 
 
 def _cmd_build(args) -> int:
     from mklscale.bank import build_bank, families
+    from mklscale.bank.size import check_fits, count_kernels
 
     X = _load_features(args)
+    check_fits(args.out, count_kernels(_kernels(args), X.shape[1]), X.shape[0], args.dtype, args.rank)
     specs = families.resolve(_kernels(args), X.shape[1])
     normalize = None if args.normalize == "none" else args.normalize
     kw = dict(normalize=normalize, dtype=args.dtype, overwrite=args.overwrite, progress=not args.quiet)
@@ -301,13 +406,17 @@ def _cmd_build(args) -> int:
         raise InvalidInputError("--method and --landmarks apply to factor banks only; add --rank R")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
-        if args.cluster is None:
-            bank = build_bank(X, specs, args.out, **kw)
-        else:
-            from mklscale.runtime.cluster import load_cluster_config, open_client
+        try:
+            if args.cluster is None:
+                bank = build_bank(X, specs, bank_location(args.out), **kw)
+            else:
+                from mklscale.runtime.cluster import load_cluster_config, open_client
 
-            with open_client(load_cluster_config(args.cluster), quiet=args.quiet) as client:
-                bank = build_bank(X, specs, args.out, client=client, **kw)
+                with open_client(load_cluster_config(args.cluster), quiet=args.quiet) as client:
+                    bank = build_bank(X, specs, bank_location(args.out), client=client, **kw)
+        except Stopped as exc:
+            raise Stopped(exc.signum, f"stopped by {exc.signal_name}: {_saved_kernels(args.out)}; run the same "
+                                      f"command again to compute the rest: {_command_line(args)}") from None
     for w in caught:
         if issubclass(w.category, UserWarning):
             print(f"mklscale: warning: {w.message}", file=sys.stderr)
@@ -317,12 +426,31 @@ def _cmd_build(args) -> int:
     return 0
 
 
-def _open_bank(path: Path):
+def _saved_kernels(path: Path) -> str:
+    """'K of M kernels are saved in PATH' for a bank a stop interrupted (or 'nothing was saved')."""
+    from mklscale.bank import KernelBank
+
+    try:
+        bank = KernelBank.open(bank_location(path))
+        return f"{int(bank.complete.sum())} of {len(bank)} kernels are saved in {path}"
+    except Exception:  # noqa: BLE001 - no bank yet, or not readable: nothing to count
+        return "no kernel was saved yet"
+
+
+def bank_location(text: str):
+    """A bank argument: a folder (Path) or an s3:// URL (``bank.location``); other schemes are refused."""
+    from mklscale.bank.location import bank_location as parse
+
+    return parse(text)
+
+
+def _open_bank(path: str):
     """The bank at ``path``; a folder that is not a bank gets a message saying what to give instead."""
     from mklscale.bank import KernelBank
     from mklscale.errors import NotABankError
 
-    if path.exists() and not KernelBank.is_bank(path):
+    path = bank_location(path)
+    if isinstance(path, Path) and path.exists() and not KernelBank.is_bank(path):
         raise NotABankError(f"{path} exists but is not an mklscale kernel bank (no bank metadata found); give the "
                             "folder written by `mklscale bank build --out FOLDER` (or by build_bank)")
     return KernelBank.open(path)
@@ -407,6 +535,14 @@ def _cmd_repair(args) -> int:
         raise BankCorruptError(f"bank {args.path} still does not verify after the repair (see above); rebuild it "
                                "with `mklscale bank build ... --overwrite`")
     return 0
+
+
+def _cmd_copy(args) -> int:
+    from mklscale.bank.transfer import copy_bank
+
+    report = copy_bank(args.src, args.dst, overwrite=args.overwrite, progress=not args.quiet)
+    print(f"copied {bank_location(args.src)} -> {bank_location(args.dst)}; {report}")
+    return 0 if report.ok else 1
 
 
 if __name__ == "__main__":

@@ -43,6 +43,10 @@ class BankCorruptError(BankError, RuntimeError):
     """Stored kernel data does not match its recorded checksum."""
 
 
+class BankLockedError(BankError, RuntimeError):
+    """Another process writes the bank (build, repair, verify's marking) and the caller did not wait."""
+
+
 class SchemaVersionError(BankError, ValueError):
     """A store or file was written by a newer mklscale schema than this one reads."""
 
@@ -53,6 +57,11 @@ class ReadOnlyStoreError(BankError, PermissionError):
 
 class DiskFullError(BankError, OSError):
     """The file system holding a bank ran out of space (ENOSPC/EDQUOT) while writing it."""
+
+
+class ObjectStoreError(BankError, ConnectionError):
+    """An object store (s3://) holding a bank cannot be reached, refuses the credentials, has no such
+    bucket, or kept failing past the retry deadline (issue 20, ``mklscale.bank.objstore``)."""
 
 
 class ConfigError(InvalidInputError):
@@ -67,6 +76,11 @@ class ModelFileError(MKLScaleError, ValueError):
     """A saved model is missing, truncated, inconsistent or of a newer schema than this mklscale reads."""
 
 
+class OutputWriteError(MKLScaleError, OSError):
+    """An output (a model folder, a predictions file) cannot be written: the disk is full, read-only or
+    not permitted. Nothing half-written is left at the output's path."""
+
+
 class Preempted(MKLScaleError):
     """SIGTERM/SIGINT arrived during a solve; the state was saved to ``checkpoint`` (resume from it)."""
 
@@ -75,6 +89,17 @@ class Preempted(MKLScaleError):
         where = f"state saved to {checkpoint}; resume with --resume (or fit(..., resume=True))" if checkpoint \
             else "no checkpoint configured, progress is lost"
         super().__init__(f"stopped by {signal.Signals(signum).name}: {where}")
+
+
+class Stopped(BaseException):
+    """SIGINT/SIGTERM stopped a command (see ``mklscale.runtime.interrupt``); ``str()`` is the one line
+    the CLI prints: the signal, what was saved and how to continue. Like KeyboardInterrupt it is not
+    an ``Exception``, so no ``except Exception`` on the way up swallows it."""
+
+    def __init__(self, signum: int, message: str | None = None):
+        self.signum = signum
+        self.signal_name = signal.Signals(signum).name
+        super().__init__(message or f"stopped by {self.signal_name}")
 
 
 class CheckpointError(MKLScaleError):

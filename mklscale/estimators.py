@@ -426,7 +426,9 @@ class MKLClassifier(ClassifierMixin, _MKLBase):
         What prediction needs: kept kernels, their specs and normalisation, support rows.
     kernel_weights_ : pandas Series or DataFrame
         Series (binary) indexed by kernel name, or DataFrame (one-vs-rest) classes x kernels; KEPT
-        kernels only (non-zero weight in some head), zeros where a class does not use one.
+        kernels only (non-zero weight in some head), zeros where a class does not use one. Fitted on
+        a DataFrame, the names show its column names instead of column indices, e.g.
+        ``gaussian(width=2)[mean radius]`` (``KernelSpec.label``).
     selected_kernels_ : list of str
         Names of the kept kernels.
     fit_stats_ : dict
@@ -638,7 +640,8 @@ def _file_lock(path: Path):
 def _set_model_attributes(est, model: MKLModel) -> None:
     import pandas as pd
 
-    names = model.kernel_names
+    feature_names = getattr(est, "feature_names_in_", None)  # a DataFrame's columns at fit
+    names = [spec.label(feature_names) for spec in model.specs]
     if model.n_heads == 1:
         est.kernel_weights_ = pd.Series(model.weights[0], index=pd.Index(names, name="kernel"), name="weight")
     else:

@@ -31,12 +31,20 @@ Model file (a directory)::
 
 A model fitted on a factor bank (K~_m = L_m L_m^T, ``build_bank(..., rank=r)``) predicts through the
 kept kernels' landmarks instead of the training rows S (``model_factor``): model.json says
-``"representation": "factor"`` (schema version 2) and arrays.npz holds factor_landmark_rows (p, d),
+``"representation": "factor"`` and arrays.npz holds factor_landmark_rows (p, d),
 factor_landmark_index (k, r), factor_transforms (k, r, r) and factor_coef (H, k, r) in place of rows,
 dual_coef and X_rows (empty there).
 
+Schema versions: 1 dense models, 2 factor models, 3 (written now) either; from 3 on, models fitted by
+`mklscale fit --dataset` and `mklscale run` take the dataset's raw features (mean/scale standardise
+them), older ones its standardised features (``MKLModel.dataset_features``). mean/scale are always the
+standardisation the fit applied to the features it was given.
+
 Everything is numbers, strings and JSON; ``arrays.npz`` is written and read with
-``allow_pickle=False``. Saving is atomic (temporary sibling folder, fsync, rename).
+``allow_pickle=False``. Every field is checked against the others (``model_checks``: shapes, dtypes,
+finiteness, index ranges) when a model is read, built from results or saved, before any compiled
+kernel sees it; a file that fails is refused with ModelFileError naming the field. Saving is atomic
+(temporary sibling folder, fsync, rename); a full disk raises OutputWriteError and keeps what was there.
 """
 
 from __future__ import annotations
@@ -55,21 +63,24 @@ import numpy as np
 from mklscale.bank.spec import KernelSpec
 from mklscale.bank.inputs import validate_features
 from mklscale.bank.normalize import normalize_block
-from mklscale.errors import InvalidInputError, ModelFileError
+from mklscale.errors import InvalidInputError, MKLScaleError, ModelFileError
+from mklscale.model_checks import TASKS, check_model
 from mklscale.model_factor import FactorTerms
-from mklscale.runtime.atomic import fsync_dir, swap_into_place
+from mklscale.runtime.atomic import fsync_dir, output_error, swap_into_place
 from mklscale.solvers.result import MKLResult, json_safe
 
-#: the newest model file layout this mklscale reads; dense models are written as version 1 (unchanged),
-#: factor models as version 2 (so an older mklscale refuses them instead of misreading them)
-SCHEMA_VERSION = 2
-DENSE_SCHEMA_VERSION = 1
+#: the model file layout this mklscale writes and the newest it reads. 1: dense models; 2: factor models
+#: (so an older mklscale refuses them instead of misreading them); 3: either, and `mklscale fit --dataset`
+#: and `mklscale run` fit on the dataset's raw features (``dataset_features``), so an older mklscale, whose
+#: `predict --dataset` standardises the dataset first, refuses them too.
+SCHEMA_VERSION = 3
+#: the first schema version whose models take a named dataset's raw features (``MKLModel.dataset_features``)
+RAW_FEATURES_SINCE = 3
 FORMAT = "mklscale-model"
 JSON_FILE = "model.json"
 ARRAYS_FILE = "arrays.npz"
 #: bytes of one cross-kernel block (n_batch x |S| float64) evaluated at once in decision_function
 BATCH_BYTES = 32 * 2**20
-TASKS = ("classification", "regression")
 
 
 @dataclass
@@ -96,6 +107,11 @@ class MKLModel:
     info : JSON-safe description (solver name and parameters, bank path).
     factor : the landmarks, transforms and v_{h,m} of a model fitted on a factor bank (``model_factor``),
         or None (dense bank: prediction through X_rows and dual_coef).
+    dataset_features : which features of a named dataset (``mklscale.datasets``) the model takes: "raw"
+        (``load(name, standardise=False).X``; the model's mean/scale standardise them; every model this
+        mklscale writes) or "standardised" (``load(name).X``: model files of schema < 3, which
+        `mklscale fit --dataset` and `mklscale run` fitted on the dataset's standardised features).
+        Features given to ``decision_function`` are always taken as they were given to fit.
     """
 
     task: str
@@ -118,6 +134,7 @@ class MKLModel:
     heads: list[dict] = field(default_factory=list)
     info: dict = field(default_factory=dict)
     factor: FactorTerms | None = None
+    dataset_features: str = "raw"
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
@@ -158,7 +175,7 @@ class MKLModel:
         heads = [{"bias": r.bias, "solver": r.solver, "objective": r.objective, "gap": r.gap, "converged": r.converged,
                   "n_kernels": int(r.active.size), "n_rows": int(np.count_nonzero(r.dual_coef[rows])),
                   "label": json_safe(_plain(lab))} for r, lab in zip(results, labels)]
-        return cls(
+        model = cls(
             task=task, classes=None if classes is None else np.asarray(classes),
             specs=[bank.specs[m] for m in kept], normalize=bank.normalize,
             norm_factor=np.asarray(bank.norm_factor, dtype=np.float64)[kept],
@@ -170,6 +187,12 @@ class MKLModel:
             n_train=int(bank.n), n_features=None if X_train is None else int(X_train.shape[1]),
             heads=heads, info=dict(info or {}), factor=factor,
         )
+        try:
+            check_model(model)
+        except ValueError as exc:
+            raise InvalidInputError(f"these results do not make a valid model ({exc}); pass the results of a "
+                                    "finished fit on this bank") from None
+        return model
 
     # ---- description --------------------------------------------------------------------------
     @property
@@ -274,7 +297,7 @@ class MKLModel:
 
         classes, classes_dtype = _classes_to_json(self.classes)
         return {
-            "format": FORMAT, "schema_version": DENSE_SCHEMA_VERSION if self.factor is None else SCHEMA_VERSION,
+            "format": FORMAT, "schema_version": SCHEMA_VERSION,
             "mklscale_version": __version__,
             "representation": "dense" if self.factor is None else "factor",
             "task": self.task, "classes": classes, "classes_dtype": classes_dtype,
@@ -287,14 +310,20 @@ class MKLModel:
     def save(self, path, extra: dict | None = None) -> Path:
         """Write the model directory at ``path`` atomically; ``extra`` adds JSON entries (estimator).
 
-        An existing model directory is replaced; any other existing, non-empty path is refused.
+        An existing model directory is replaced; any other existing, non-empty path is refused. A
+        full or read-only disk raises OutputWriteError and leaves ``path`` as it was.
         """
         path = Path(path)
         _check_target(path)
+        try:
+            check_model(self)
+        except ValueError as exc:
+            raise InvalidInputError(f"this model is not valid ({exc}); refit it instead of editing its "
+                                    "fields") from None
         doc = self.to_json(extra)
         tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-        tmp.mkdir(parents=True)
         try:
+            tmp.mkdir(parents=True)
             arrays_file = tmp / ARRAYS_FILE
             with open(arrays_file, "wb") as f:
                 np.savez(f, allow_pickle=False, **self.arrays())
@@ -308,6 +337,8 @@ class MKLModel:
                 os.fsync(f.fileno())
             fsync_dir(tmp)
             swap_into_place(tmp, path)
+        except OSError as exc:  # a full or read-only disk: nothing of the new model is left, an old one is kept
+            raise output_error(path, exc, "the model") from None
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -324,31 +355,27 @@ class MKLModel:
     @classmethod
     def _from_parts(cls, path: Path, doc: dict, a: dict) -> MKLModel:
         try:
-            specs = [KernelSpec.from_dict(d) for d in doc["specs"]]
-            heads = doc["heads"]
-            H, k = a["weights"].shape
-            r = a["rows"].size
-            consistent = (a["dual_coef"].shape == (H, r) and a["bias"].shape == (H,) and len(specs) == k
-                          and a["norm_factor"].shape == (k,) and len(heads) == H
-                          and ("X_rows" not in a or a["X_rows"].shape[0] == r))
-            if not consistent:
-                raise ValueError("array shapes do not agree with each other or with model.json")
-            if [h["bias"] for h in heads] != a["bias"].tolist():
-                raise ValueError("per-head biases in model.json differ from arrays.npz")
-            factor = (FactorTerms.from_arrays(a, doc["normalize"] == "diag", H, k)
+            factor = (FactorTerms.from_arrays(a, doc["normalize"] == "diag")
                       if doc.get("representation", "dense") == "factor" else None)
-            return cls(
-                task=doc["task"], classes=_classes_from_json(doc["classes"], doc["classes_dtype"]), specs=specs,
+            model = cls(
+                task=doc["task"], classes=_classes_from_json(doc["classes"], doc["classes_dtype"]),
+                specs=[KernelSpec.from_dict(d) for d in doc["specs"]],
                 normalize=doc["normalize"], norm_factor=a["norm_factor"], weights=a["weights"],
-                dual_coef=a["dual_coef"], bias=a["bias"], X_rows=a.get("X_rows"), mean=a.get("mean"),
-                scale=a.get("scale"), rows=a["rows"], train_row_ids=a["train_row_ids"],
-                bank_kernels=a["bank_kernels"], n_bank_kernels=int(doc["n_bank_kernels"]),
-                n_train=int(doc["n_train"]), n_features=doc["n_features"], heads=heads, info=doc.get("info", {}),
+                dual_coef=a["dual_coef"], bias=a["bias"],
+                X_rows=a.get("X_rows"), mean=a.get("mean"), scale=a.get("scale"), rows=a["rows"],
+                train_row_ids=a["train_row_ids"], bank_kernels=a["bank_kernels"], n_bank_kernels=doc["n_bank_kernels"],
+                n_train=doc["n_train"], n_features=doc["n_features"], heads=doc["heads"], info=doc.get("info", {}),
                 factor=factor,
+                dataset_features="raw" if doc["schema_version"] >= RAW_FEATURES_SINCE else "standardised",
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ModelFileError(f"model {path} is inconsistent ({type(exc).__name__}: {exc}); re-save the model "
-                                 "or refit it") from None
+            check_model(model)
+            if [h.get("bias") for h in model.heads] != model.bias.tolist():
+                raise ValueError("heads: the per-head biases in model.json differ from bias in arrays.npz")
+        except (KeyError, TypeError, ValueError, MKLScaleError) as exc:
+            what = f"{type(exc).__name__}: {exc}" if isinstance(exc, (KeyError, TypeError)) else str(exc)
+            raise ModelFileError(f"model {path} is invalid ({what}); it was damaged or edited: refit the model, or "
+                                 "restore the folder written by est.save / `mklscale fit --out`") from None
+        return model
 
 
 def _squeeze(F: np.ndarray) -> np.ndarray:

@@ -120,6 +120,23 @@ def request(entry: dict, where: str = "[[solver]]") -> Request | None:
                    int(entry.get("cv_folds", DEFAULT_FOLDS)))
 
 
+def candidates(entry: dict, task: str, where: str = "[[solver]]") -> list[dict]:
+    """``entry`` at each value of its grid (without it for "auto"), for the checks made before any work;
+    ``entry`` itself when it has no grid. A grid under a name that is not what the solver regularises
+    on ``task`` (e.g. lam for a baseline's SVM) is a ConfigError."""
+    req = request(entry, where)
+    if req is None:
+        return [entry]
+    params = {k: v for k, v in entry["params"].items() if k != req.key}
+    c_name = registry.c_parameter(entry["solver"], task, params)
+    if req.key not in ("C", c_name):
+        raise ConfigError(f"{where}: {req.key} is not what {entry['solver']} regularises on a {task} task "
+                          f"({c_name} is); give the grid as C = ... or {c_name} = ...")
+    if req.values == AUTO:
+        return [{**entry, "C": None if req.key == "C" else entry["C"], "params": params}]
+    return [at_choice(entry, {"key": req.key, "chosen": v}) for v in req.values]
+
+
 def requested_params(record: dict) -> dict:
     """The params of a results entry as the spec gave them (the grid request in place of the chosen value)."""
     params = dict(record.get("params") or {})
@@ -154,11 +171,9 @@ def select(entry: dict, req: Request, bank, task: str, y, classes, client, seed:
 
     t0 = time.perf_counter()
     solver, name = entry["solver"], entry["name"]
+    candidates(entry, task, f"[[solver]] {name}")       # the grid's name fits the task
     params = {k: v for k, v in entry["params"].items() if k != req.key}
     c_name = registry.c_parameter(solver, task, params)
-    if req.key not in ("C", c_name):
-        raise ConfigError(f"[[solver]] {name}: {req.key} is not what {solver} regularises on a {task} task "
-                          f"({c_name} is); give the grid as C = ... or {c_name} = ...")
     classification = task == "classification"
     y = np.asarray(y)
     heads = _heads(y, classes) if classification else [np.asarray(y, dtype=np.float64)]

@@ -10,7 +10,8 @@ A pipeline is a TOML file (see ``pipelines/``)::
     name = "breast_cancer"
     test_fraction = 0.25                # held-out rows (stratified for classification)
     max_train = 200                     # optional: keep at most this many training rows
-    options = { n_samples = 7400 }      # optional: passed to datasets.load (generated sets)
+    options = { n_samples = 7400 }      # optional: passed to datasets.load (generated sets); the run
+                                        # loads raw features: the bank standardises them, the models too
 
     [bank]                              # one family description or a list under `families`
     family = "simplemkl"                # + that family's parameters (see bank.families.resolve)
@@ -52,18 +53,27 @@ path is absolute), ``models/<name>/`` (one model file per solver, see ``mklscale
 ``results.json`` (schema below, written atomically when the run ends), ``report/`` and
 ``checkpoints/``: each solver's state while it runs (see ``mklscale.runtime.checkpoint``) and, for
 each finished solver, its results entry (``<name>.done.json``). On SIGTERM/SIGINT (preemption,
-walltime) the running solver saves its state and the run stops with exit code 75;
+walltime, Ctrl-C) in any stage the run stops with ``Stopped`` (exit code 75), whose one line says
+what was saved (bank kernels, finished solvers, the running solver's checkpoint) and the command
+that resumes; a checkpointed solver saves its state first, Citi and the baselines start over.
 ``run_pipeline(..., resume=True)`` (``mklscale run ... --resume``) reuses the bank (builds resume
 kernel by kernel), the finished solvers' entries and models, and continues the interrupted solver
-from its checkpoint, giving the same results as an uninterrupted run.
+from its checkpoint, giving the same results as an uninterrupted run; on a finished run it changes
+nothing. A run directory holding an earlier run is refused unless ``resume`` or ``overwrite``.
 
-results.json: ``schema_version``, ``mklscale_version``, ``pipeline`` {name, path, config},
-``started``/``finished``/``seconds``, ``machine``, ``cluster`` {kind, dashboard, workers},
-``dataset`` {name, task, n_train, n_test, n_features, classes, null_model}, ``bank`` {path, M, n, dtype,
-normalize, build_seconds, kernels_computed, families}, ``solvers``: one entry per solver and per
-path with name, solver, params, status ("ok"/"failed"), error, metrics (train/test accuracy, or
-r2 and rmse), seconds, passes, bytes_read, converged, objective, gap, n_active, kernels (kept
-kernels with index, name, family, params, features, weight, head), history (per iteration, with
+Before any work (the cluster, the bank) every [[solver]]'s values are checked as the estimators
+check them, the split must leave 2 training rows per class, and the bank must fit on its disk.
+
+results.json: ``schema_version``, ``mklscale_version``, ``pipeline`` {name, description, path,
+config}, ``started``/``finished``/``seconds``, ``machine``, ``cluster`` {kind, dashboard, workers},
+``dataset`` {name, task, n_train, n_test, n_features, classes, feature_names, null_model}, ``bank`` {path, M,
+n, dtype, normalize, build_seconds, kernels_computed, families}, ``solvers``: one entry per solver
+and per path with name, solver, params, status ("ok"/"failed"), error, metrics (train/test
+accuracy, balanced_accuracy and roc_auc, or r2 and rmse), confusion_matrix (classification, test
+rows: labels, counts[true][predicted]), seconds, passes, bytes_read, converged, objective, gap,
+n_active, kernels (kept kernels with index, name, family, params, features, weight, head; the name
+shows the dataset's feature names, e.g. ``gaussian(width=2)[mean radius]``, the features their
+column indices), history (per iteration, with
 head for one-vs-rest), path (for [[path]] entries: parameter, values, kernel_names, weights,
 n_active, scores, score_name), convergence_warning (the estimator's ConvergenceWarning text:
 solver, class, gap and what to change; null when converged), model (relative path or null), cv
@@ -97,11 +107,26 @@ from sklearn.exceptions import ConvergenceWarning
 
 from mklscale import __version__, model_selection, null_model
 from mklscale.bank.factor import LANDMARK_RULES, METHODS
+from mklscale.bank.location import bank_location, is_url, redact_options, redact_toml
 from mklscale.config import Field, check_table, check_value, fraction, one_of, positive, read_toml
-from mklscale.errors import ClusterUnavailableError, ConfigError, InvalidInputError, MKLScaleError
+from mklscale.errors import (
+    CheckpointError,
+    ClusterUnavailableError,
+    ConfigError,
+    InvalidInputError,
+    MKLScaleError,
+    OutputWriteError,
+    Preempted,
+    Stopped,
+)
+from mklscale.runtime.interrupt import stop_cleanly
 from mklscale.solvers.result import json_safe
 
 SCHEMA_VERSION = 1
+#: the most values a [[path]] may have (each is a solve; a billion would run for ever)
+MAX_TAUS = 10_000
+#: the training split must keep this many rows of each class (of all rows, for regression)
+MIN_TRAIN_PER_CLASS = 2
 #: the flag the console line of an unconverged solver carries (the report shows its own)
 NOT_CONVERGED = "!! NOT CONVERGED"
 #: the flag of a model that predicts one class (or one value) for every train and test row
@@ -112,7 +137,8 @@ _CONVERGENCE_WARNING = r"MKL(Classifier|Regressor): solver .* did not converge"
 _TOP = {
     "name": Field((str,)),
     "description": Field((str,), ""),
-    "seed": Field((int,), 0),
+    "seed": Field((int,), 0, lambda v: None if 0 <= v < 2**32 else
+                  f"must be between 0 and 2**32 - 1 (a numpy seed), got {v}; give a seed in that range"),
     "dataset": Field((dict,)),
     "bank": Field((dict,)),
     "solver": Field((list,), []),
@@ -137,6 +163,8 @@ _BANK = {
     "landmarks": Field((str,), "kmeans++", one_of(*LANDMARK_RULES)),
     "tol": Field((float,), 1e-6, positive),
     "max_error": Field((float,), 0.05, positive),
+    # overrides of AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ... for a path s3://bucket/prefix (issue 20)
+    "storage_options": Field((dict,), None),
 }
 _FACTOR_KEYS = ("method", "landmarks", "tol", "max_error")
 _SOLVER_FIXED = {"name": Field((str,)), "solver": Field((str,)),
@@ -146,7 +174,8 @@ _SOLVER_FIXED = {"name": Field((str,)), "solver": Field((str,)),
 _PATH = {
     "name": Field((str,)),
     "mu": Field((float,), 1e-4, lambda v: None if v >= 0 else "must be >= 0"),
-    "n_taus": Field((int,), 20, positive),
+    "n_taus": Field((int,), 20, lambda v: None if 1 <= v <= MAX_TAUS else
+                    f"must be between 1 and {MAX_TAUS}, got {v}; give fewer values (20-100 trace a path well)"),
     "eps": Field((float,), 1e-3, fraction),
     "tol": Field((float,), 1e-6, positive),
     "cv_folds": Field((int,), 0, lambda v: None if v == 0 or v > 1 else "must be 0 (no CV) or >= 2"),
@@ -236,8 +265,12 @@ def _check_bank(table, where: str) -> dict:
         raise ConfigError(f"{where}: {', '.join(k for k in _FACTOR_KEYS if k in table)} apply to factor banks only; "
                           "add rank = R (e.g. rank = 64) or remove them")
     factor = {} if fixed["rank"] is None else {k: fixed[k] for k in ("rank", *_FACTOR_KEYS)}
+    try:  # a URL scheme other than s3://, or storage options for a local path, are refused here
+        bank_location(fixed["path"], fixed["storage_options"])
+    except InvalidInputError as exc:
+        raise ConfigError(f"{where}.path: {exc}") from None
     return {"kernels": kernels, "normalize": fixed["normalize"], "dtype": fixed["dtype"], "path": fixed["path"],
-            "factor": factor}
+            "factor": factor, "storage_options": fixed["storage_options"]}
 
 
 def _check_solver(table, where: str) -> dict:
@@ -275,10 +308,11 @@ class _Data:
     X_test: np.ndarray
     y_test: np.ndarray
     classes: list | None
+    feature_names: tuple[str, ...] | None = None   # one per column; kernel names use them
 
 
 def run_pipeline(spec, out: str | os.PathLike | None = None, cluster=None, quiet: bool = False,
-                 resume: bool = False) -> dict:
+                 resume: bool = False, overwrite: bool = False) -> dict:
     """Run every stage of a pipeline and return the results dict (also written to ``out/results.json``).
 
     ``spec``: a path, a dict or a :class:`Pipeline`. ``out``: the run directory (default
@@ -286,31 +320,64 @@ def run_pipeline(spec, out: str | os.PathLike | None = None, cluster=None, quiet
     (None: the embedded LocalCluster). ``quiet``: no progress bars, per-iteration lines or kernel
     lists; the summary lines (each solver's result or failure, bank warnings, where the results and
     the report went) are printed still.
-    ``resume``: continue an interrupted run in ``out`` (see the module docstring); without it,
-    earlier checkpoints in ``out`` are discarded. Raises ``Preempted`` on SIGTERM/SIGINT.
+    ``resume``: continue an interrupted run in ``out`` (see the module docstring); a finished run
+    is returned as it is (its report written if it is missing). ``overwrite``: replace an earlier
+    run in ``out`` (its bank too, when the bank lives in the run directory). An earlier run in
+    ``out`` without either is refused. SIGTERM/SIGINT raise ``Stopped``, whose message says what
+    was saved and how to resume.
     """
+    pipe = spec if isinstance(spec, Pipeline) else load_pipeline(spec)
+    run_dir = Path(out) if out is not None else Path("runs") / pipe.name
+    stage = _Stage()
+    with stop_cleanly():
+        try:
+            return _run(pipe, run_dir, cluster, quiet, resume, overwrite, stage)
+        except (Stopped, Preempted) as exc:
+            raise Stopped(exc.signum, _stop_message(exc, pipe, run_dir, stage)) from None
+
+
+@dataclasses.dataclass
+class _Stage:
+    """How far a run got, for the message of a stop: what it was doing, the bank, finished solvers."""
+
+    doing: str = "loading the data"
+    bank: Path | None = None
+    finished: list = dataclasses.field(default_factory=list)
+    solver: str | None = None
+
+
+def _run(pipe: Pipeline, run_dir: Path, cluster, quiet: bool, resume: bool, overwrite: bool, stage: _Stage) -> dict:
     from mklscale.runtime.cluster import load_cluster_config, open_client
 
-    pipe = spec if isinstance(spec, Pipeline) else load_pipeline(spec)
     cluster_config = load_cluster_config(cluster) if cluster is not None else None
-    run_dir = Path(out) if out is not None else Path("runs") / pipe.name
-    _check_run_dir(run_dir)
+    _check_run_dir(run_dir, resume, overwrite)
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
+    if resume and (run_dir / "results.json").is_file():
+        return _finished_run(pipe, run_dir, stage)
     started, t0 = _now(), time.perf_counter()
     data = _load_data(pipe)
+    _check_solvers(pipe, data.task)
     say(f"[{pipe.name}] {data.name}: {len(data.y_train)} training rows, {len(data.y_test)} test rows, "
         f"{data.X_train.shape[1]} features ({data.task})")
     null = null_model.null_model(data.task, data.y_train, data.y_test)
     say(f"[{pipe.name}] null model: {_null_text(null)}")
+    stage.doing = "starting the cluster"
     with open_client(cluster_config, quiet=quiet) as client:
         # the run folder is created only once the data loaded and the cluster answered, so a bad
         # dataset or an unreachable cluster leaves nothing on disk
-        _prepare_run_dir(run_dir, pipe)
+        _prepare_run_dir(run_dir, pipe, overwrite)
         try:
-            bank, bank_info = _build_bank(pipe, data, run_dir, client, quiet, say)
-            entries = [_run_solver(entry, bank, data, run_dir, client, quiet, say, pipe.checkpoint_every_s,
-                                   resume, seed=pipe.seed) for entry in pipe.solvers]
-            entries += [_run_path(entry, bank, data, client, quiet, say) for entry in pipe.paths]
+            bank, bank_info = _build_bank(pipe, data, run_dir, client, quiet, say, overwrite, stage)
+            entries = []
+            for entry in pipe.solvers:
+                stage.doing, stage.solver = f"running solver {entry['name']}", entry["name"]
+                entries.append(_run_solver(entry, bank, data, run_dir, client, quiet, say, pipe.checkpoint_every_s,
+                                           resume, seed=pipe.seed))
+                stage.finished.append(entry["name"])
+            for entry in pipe.paths:
+                stage.doing, stage.solver = f"running path {entry['name']}", entry["name"]
+                entries.append(_run_path(entry, bank, data, client, quiet, say))
+            stage.solver = None
         except ClusterUnavailableError as exc:
             source = pipe.source if pipe.source is not None else "PIPELINE.toml"
             raise ClusterUnavailableError(
@@ -320,15 +387,19 @@ def run_pipeline(spec, out: str | os.PathLike | None = None, cluster=None, quiet
         cluster_info = _cluster_info(cluster_config, client)
     results = {
         "schema_version": SCHEMA_VERSION, "mklscale_version": __version__,
-        "pipeline": {"name": pipe.name, "path": str(pipe.source) if pipe.source else None, "config": pipe.raw},
+        "pipeline": {"name": pipe.name, "description": pipe.description,
+                     "path": str(pipe.source) if pipe.source else None, "config": _redacted(pipe.raw)},
         "started": started, "finished": _now(), "seconds": time.perf_counter() - t0,
         "machine": _machine(), "cluster": cluster_info,
         "dataset": {"name": data.name, "task": data.task, "n_train": int(len(data.y_train)),
                     "n_test": int(len(data.y_test)), "n_features": int(data.X_train.shape[1]),
-                    "classes": data.classes, "null_model": null},
+                    "classes": data.classes, "null_model": null,
+                    "feature_names": None if data.feature_names is None else list(data.feature_names)},
         "bank": bank_info, "solvers": entries,
     }
+    stage.doing = "writing the results"
     write_json_atomic(run_dir / "results.json", json_safe(results))
+    stage.doing = "writing the report"
     if pipe.report:
         from mklscale.report import write_report
 
@@ -342,17 +413,107 @@ def _summary(line: str) -> None:
     print(line, flush=True)
 
 
-def _check_run_dir(run_dir: Path) -> None:
+def _finished_run(pipe: Pipeline, run_dir: Path, stage: _Stage) -> dict:
+    """``resume`` on a run that finished: its results as they are (timings included); only a missing
+    report is written."""
+    from mklscale.report import write_report
+
+    try:
+        results = json.loads((run_dir / "results.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise InvalidInputError(f"{run_dir / 'results.json'} is unreadable ({exc}); rerun the pipeline with "
+                                "--overwrite") from None
+    _summary(f"[{pipe.name}] finished before: {run_dir / 'results.json'} kept as it is")
+    if pipe.report and not (run_dir / "report" / "index.html").is_file():
+        stage.doing = "writing the report"
+        _summary(f"[{pipe.name}] report: {write_report(run_dir, quiet=True)}")
+    return results
+
+
+#: what an earlier run leaves in its run directory
+_RUN_OUTPUTS = ("results.json", "checkpoints", "models", "report")
+
+
+def _check_run_dir(run_dir: Path, resume: bool = False, overwrite: bool = False) -> None:
     if run_dir.exists() and not run_dir.is_dir():
         raise InvalidInputError(f"--out {run_dir} exists and is not a directory; choose another run directory")
+    earlier = [name for name in _RUN_OUTPUTS if (run_dir / name).exists()]
+    if earlier and not (resume or overwrite):
+        raise InvalidInputError(f"--out {run_dir} holds an earlier run ({', '.join(earlier)}); pass --resume to "
+                                "continue it, --overwrite to replace it (run_pipeline: resume=True / "
+                                "overwrite=True), or choose another --out")
 
 
-def _prepare_run_dir(run_dir: Path, pipe: Pipeline) -> None:
-    """Create the run directory and keep a copy of the spec that produced it."""
-    _check_run_dir(run_dir)
+def _redacted(raw: dict) -> dict:
+    """The parsed spec with the secrets of its bank's storage options replaced (results.json)."""
+    bank = raw.get("bank")
+    if not isinstance(bank, dict) or not isinstance(bank.get("storage_options"), dict):
+        return raw
+    return {**raw, "bank": {**bank, "storage_options": redact_options(bank["storage_options"])}}
+
+
+def _prepare_run_dir(run_dir: Path, pipe: Pipeline, overwrite: bool = False) -> None:
+    """Create the run directory and keep a copy of the spec that produced it; with ``overwrite``, the
+    earlier run's outputs go first (an earlier bank is replaced by the build)."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise InvalidInputError(f"--out {run_dir} exists and is not a directory; choose another run directory")
     run_dir.mkdir(parents=True, exist_ok=True)
+    if overwrite:
+        (run_dir / "results.json").unlink(missing_ok=True)
+        for name in ("checkpoints", "models", "report"):
+            shutil.rmtree(run_dir / name, ignore_errors=True)
     if pipe.source is not None:
-        shutil.copyfile(pipe.source, run_dir / "pipeline.toml")
+        # the copy never holds credentials of a [bank.storage_options] table
+        (run_dir / "pipeline.toml").write_text(redact_toml(Path(pipe.source).read_text()))
+
+
+def _check_solvers(pipe: Pipeline, task: str) -> None:
+    """Every [[solver]] entry's values (a loss typo, a solver without this task, a bad C) checked as the
+    estimators check them, before the cluster starts and the bank is built."""
+    from mklscale.estimators import MKLClassifier, MKLRegressor
+
+    Estimator = MKLClassifier if task == "classification" else MKLRegressor
+    where = f"pipeline {pipe.source}" if pipe.source else "pipeline"
+    for i, entry in enumerate(pipe.solvers):
+        label = f"{where} [[solver]] #{i + 1} ({entry['name']})"
+        for candidate in model_selection.candidates(entry, task, label):   # every value of a C grid
+            try:
+                Estimator(solver=candidate["solver"], C=candidate["C"],
+                          solver_params=dict(candidate["params"]))._check_solver()
+            except InvalidInputError as exc:
+                raise ConfigError(f"{label}: {exc}") from None
+
+
+def _stop_message(exc: Stopped | Preempted, pipe: Pipeline, run_dir: Path, stage: _Stage) -> str:
+    """One line: the signal, what the run was doing, what is saved, and the command that resumes."""
+    import signal as signals
+
+    saved = []
+    if stage.bank is not None:
+        saved.append(_bank_progress(stage.bank))
+    if stage.finished:
+        saved.append(f"finished solver(s) {', '.join(stage.finished)}")
+    if isinstance(exc, Preempted) and exc.checkpoint:
+        saved.append(f"the state of {stage.solver} ({exc.checkpoint})")
+    if (run_dir / "results.json").is_file():
+        saved.append("results.json")
+    note = "" if stage.solver is None or isinstance(exc, Preempted) and exc.checkpoint else \
+        f" ({stage.solver} keeps no checkpoint and starts over)"
+    source = pipe.source if pipe.source is not None else "PIPELINE.toml"
+    return (f"stopped by {signals.Signals(exc.signum).name} while {stage.doing}: saved "
+            f"{'; '.join(saved) if saved else 'nothing yet'}{note}; resume with: mklscale run {source} "
+            f"--out {run_dir} --resume")
+
+
+def _bank_progress(path: Path) -> str:
+    from mklscale.bank import KernelBank
+
+    try:
+        bank = KernelBank.open(path)
+        done = int(bank.complete.sum())
+    except Exception:  # noqa: BLE001 - a message about a stop must not fail on a bank it cannot read
+        return f"the bank {path}"
+    return f"{done} of {len(bank)} bank kernels ({path})"
 
 
 def _load_data(pipe: Pipeline) -> _Data:
@@ -362,35 +523,72 @@ def _load_data(pipe: Pipeline) -> _Data:
     from mklscale.datasets import load
 
     cfg = pipe.dataset
+    if cfg["options"].get("standardise", False):
+        raise ConfigError("pipeline [dataset] options: standardise = true is not allowed: the run fits on the raw "
+                          "features (the bank standardises them and every saved model keeps that standardisation, "
+                          "so it predicts from raw features); remove standardise")
     try:
-        ds = load(cfg["name"], **cfg["options"])
+        ds = load(cfg["name"], **{**cfg["options"], "standardise": False})
     except InvalidInputError as exc:
         raise ConfigError(f"pipeline [dataset]: {exc}") from None
     task = "regression" if ds.task == "regression" else "classification"
     stratify = ds.y if task == "classification" else None
-    X_tr, X_te, y_tr, y_te = train_test_split(ds.X, ds.y, test_size=cfg["test_fraction"],
-                                              random_state=pipe.seed, stratify=stratify)
+    try:
+        X_tr, X_te, y_tr, y_te = train_test_split(ds.X, ds.y, test_size=cfg["test_fraction"],
+                                                  random_state=pipe.seed, stratify=stratify)
+    except ValueError as exc:
+        raise ConfigError(f"pipeline [dataset] test_fraction = {cfg['test_fraction']}: {ds.name} ({len(ds.y)} rows) "
+                          f"cannot be split so ({exc}); give a smaller test_fraction") from None
     if cfg["max_train"] and cfg["max_train"] < len(y_tr):
         X_tr, y_tr = X_tr[: cfg["max_train"]], y_tr[: cfg["max_train"]]
+    counts = np.unique(y_tr, return_counts=True)[1] if task == "classification" else np.array([len(y_tr)])
+    if counts.size < (2 if task == "classification" else 1) or counts.min() < MIN_TRAIN_PER_CLASS:
+        per = "of each class" if task == "classification" else ""
+        raise ConfigError(f"pipeline [dataset]: test_fraction = {cfg['test_fraction']} (max_train = {cfg['max_train']}) "
+                          f"leaves {len(y_tr)} training rows of {ds.name}'s {len(ds.y)}, fewer than "
+                          f"{MIN_TRAIN_PER_CLASS} {per}; give a smaller test_fraction (0.25 is usual) or a larger "
+                          "max_train")
     classes = sorted(np.unique(y_tr).tolist()) if task == "classification" else None
-    return _Data(ds.name, task, X_tr, y_tr, X_te, y_te, classes)
+    return _Data(ds.name, task, X_tr, y_tr, X_te, y_te, classes, tuple(ds.feature_names))
 
 
-def _build_bank(pipe: Pipeline, data: _Data, run_dir: Path, client, quiet: bool, say):
-    """Build (or resume, or reuse) the bank on the training rows; return it and its results entry."""
+def _build_bank(pipe: Pipeline, data: _Data, run_dir: Path, client, quiet: bool, say, overwrite: bool = False,
+                stage: _Stage | None = None):
+    """Build (or resume, or reuse) the bank on the training rows; return it and its results entry.
+
+    ``overwrite`` replaces a bank of other data in the run directory (never a shared bank given by
+    an absolute path)."""
     from mklscale.bank import build_bank, families
+    from mklscale.errors import BankMismatchError
+
+    from mklscale.bank.size import check_fits, count_kernels
 
     cfg = pipe.bank
+    shared = is_url(cfg["path"]) or Path(cfg["path"]).is_absolute()
+    if is_url(cfg["path"]):  # a bank on an object store (its options never reach results or logs)
+        path = bank_location(cfg["path"], cfg.get("storage_options"))
+    else:
+        path = Path(cfg["path"]) if shared else run_dir / cfg["path"]
+        check_fits(path, count_kernels(cfg["kernels"], data.X_train.shape[1]), len(data.y_train), cfg["dtype"],
+                   (cfg.get("factor") or {}).get("rank"))
     specs = families.resolve(cfg["kernels"], data.X_train.shape[1])
-    path = Path(cfg["path"]) if Path(cfg["path"]).is_absolute() else run_dir / cfg["path"]
+    if stage is not None:
+        stage.doing, stage.bank = "building the bank", path
     normalize = None if cfg["normalize"] == "none" else cfg["normalize"]
     say(f"[{pipe.name}] bank: {len(specs)} kernels, n = {len(data.y_train)} -> {path}")
     t0 = time.perf_counter()
     factor = cfg.get("factor") or {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
-        bank = build_bank(data.X_train, specs, path, normalize=normalize, dtype=cfg["dtype"], client=client,
-                          progress=not quiet, **factor)
+        try:
+            bank = build_bank(data.X_train, specs, path, normalize=normalize, dtype=cfg["dtype"], client=client,
+                              progress=not quiet, overwrite=overwrite and not shared, **factor)
+        except BankMismatchError:
+            remedy = ("remove it or give [bank] path another folder" if shared else
+                      "pass --overwrite to mklscale run (run_pipeline: overwrite=True) to rebuild it, or choose "
+                      "another --out")
+            raise BankMismatchError(f"the bank {path} was built from other data or settings than this pipeline's "
+                                    f"training rows and [bank]; {remedy}") from None
     for w in caught:
         _summary(f"[{pipe.name}] bank: warning: {w.message}")
     info = {"path": str(path), "M": len(bank), "n": bank.n, "dtype": cfg["dtype"], "normalize": cfg["normalize"],
@@ -417,7 +615,11 @@ def _run_solver(entry: dict, bank, data: _Data, run_dir: Path, client, quiet: bo
               "error": None, "model": None, "path": None, "cv": None}
     done = run_dir / "checkpoints" / f"{name}.done.json"
     if resume and done.is_file():
-        previous = json.loads(done.read_text())
+        try:
+            previous = json.loads(done.read_text())
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"{done} is unreadable ({exc}): the record of finished solver {name} is damaged; "
+                                  f"delete it to run {name} again on --resume") from None
         same_cv = (previous.get("cv") or {}).get("folds", entry["cv_folds"]) == entry["cv_folds"]
         if model_selection.requested_params(previous) == json_safe(requested) and same_cv \
                 and (run_dir / str(previous.get("model"))).is_dir():
@@ -454,10 +656,15 @@ def _run_solver(entry: dict, bank, data: _Data, run_dir: Path, client, quiet: bo
     record["seconds"] = time.perf_counter() - t0
     record["convergence_warning"] = estimator.fit_stats_.get("convergence_warning")
     record["metrics"] = _metrics(estimator, data)
+    if data.task == "classification":
+        record["confusion_matrix"] = _confusion(estimator, data)
     record.update(_null_model_check(estimator, data, record["metrics"]))
-    record.update(_result_summary(estimator, bank))
+    record.update(_result_summary(estimator, bank, data.feature_names))
     model_dir = run_dir / "models" / name
-    estimator.save(model_dir)
+    try:
+        estimator.save(model_dir)
+    except OutputWriteError as exc:  # a full disk stops the run; the bank and finished solvers are kept
+        raise OutputWriteError(f"{exc}; add --resume to keep the run's bank and finished solvers") from None
     record["model"] = str(model_dir.relative_to(run_dir))
     write_json_atomic(done, json_safe(record))
     _say_solver(say, record, len(bank))
@@ -487,11 +694,20 @@ def _null_model_check(estimator, data: _Data, metrics: dict) -> dict:
 
 
 def _metrics(estimator, data: _Data) -> dict:
-    """Train and test accuracy (classification) or R^2 and RMSE (regression)."""
-    if data.task == "classification":
-        return {"train_accuracy": float(estimator.score(data.X_train, data.y_train)),
-                "test_accuracy": float(estimator.score(data.X_test, data.y_test))}
+    """Train and test accuracy, balanced accuracy and ROC AUC (classification), or R^2 and RMSE
+    (regression). The AUC ranks the decision values f(x); with K >= 3 classes it is the mean of the
+    K one-vs-rest AUCs (f_k ranking class k against the rest), or None when the split lacks a class."""
+    from sklearn.metrics import balanced_accuracy_score
+
     out = {}
+    if data.task == "classification":
+        for split, X, y in (("train", data.X_train, data.y_train), ("test", data.X_test, data.y_test)):
+            f = estimator.decision_function(X)
+            pred = estimator.predict(X)
+            out[f"{split}_accuracy"] = float(np.mean(pred == y))
+            out[f"{split}_balanced_accuracy"] = float(balanced_accuracy_score(y, pred))
+            out[f"{split}_roc_auc"] = _roc_auc(y, f, estimator.classes_)
+        return out
     for split, X, y in (("train", data.X_train, data.y_train), ("test", data.X_test, data.y_test)):
         pred = estimator.predict(X)
         out[f"{split}_r2"] = float(estimator.score(X, y))
@@ -499,13 +715,35 @@ def _metrics(estimator, data: _Data) -> dict:
     return out
 
 
-def _result_summary(estimator, bank) -> dict:
+def _roc_auc(y, f: np.ndarray, classes) -> float | None:
+    """ROC AUC of decision values (binary: f ranks classes[1]; one-vs-rest: mean over the heads)."""
+    from sklearn.metrics import roc_auc_score
+
+    if f.ndim == 1:
+        targets, scores = [y == classes[1]], [f]
+    else:
+        targets, scores = [y == c for c in classes], list(f.T)
+    if any(t.all() or not t.any() for t in targets):
+        return None   # a class missing from this split: the AUC is undefined
+    return float(np.mean([roc_auc_score(t, s) for t, s in zip(targets, scores)]))
+
+
+def _confusion(estimator, data: _Data) -> dict:
+    """The test rows' confusion matrix: counts[i][j] = rows of class labels[i] predicted labels[j]."""
+    from sklearn.metrics import confusion_matrix
+
+    labels = estimator.classes_
+    counts = confusion_matrix(data.y_test, estimator.predict(data.X_test), labels=labels)
+    return {"labels": json_safe(labels.tolist()), "counts": counts.tolist()}
+
+
+def _result_summary(estimator, bank, feature_names=None) -> dict:
     """Kept kernels (per head for one-vs-rest), history, convergence and pass counts of a fitted estimator."""
     results = estimator.result_ if isinstance(estimator.result_, list) else [estimator.result_]
     heads = [str(c) for c in estimator.classes_] if len(results) > 1 else [None]
     kernels, history = [], []
     for head, res in zip(heads, results):
-        kernels += [_kernel_entry(bank, int(m), float(res.weights[m]), head) for m in res.active]
+        kernels += [_kernel_entry(bank, int(m), float(res.weights[m]), head, feature_names) for m in res.active]
         history += [{"iteration": i + 1, **json_safe(h), "head": head} for i, h in enumerate(res.history)]
     stats = getattr(estimator, "fit_stats_", {}) or {}
     return {
@@ -516,9 +754,9 @@ def _result_summary(estimator, bank) -> dict:
     }
 
 
-def _kernel_entry(bank, m: int, weight: float, head) -> dict:
+def _kernel_entry(bank, m: int, weight: float, head, feature_names=None) -> dict:
     spec = bank.specs[m]
-    return {"index": m, "name": spec.name, "family": spec.family, "params": dict(spec.params),
+    return {"index": m, "name": spec.label(feature_names), "family": spec.family, "params": dict(spec.params),
             "features": None if spec.features is None else list(spec.features), "weight": weight, "head": head}
 
 
@@ -577,7 +815,7 @@ def _run_path(entry: dict, bank, data: _Data, client, quiet: bool, say) -> dict:
         seconds=time.perf_counter() - t0, passes=stats.get("passes"), bytes_read=stats.get("bytes_read"),
         converged=bool(np.all(p.converged)), objective=float(p.objectives[-1]), gap=float(p.gaps[-1]),
         n_active=int(ever.size), metrics={},
-        path={"parameter": "tau", "values": p.taus.tolist(), "kernel_names": [bank.specs[m].name for m in ever],
+        path={"parameter": "tau", "values": p.taus.tolist(), "kernel_names": [bank.specs[m].label(data.feature_names) for m in ever],
               "weights": p.weights[:, ever].tolist(), "n_active": [len(a) for a in p.active],
               "scores": scores, "score_name": score_name})
     _summary(f"[{name}] path over {len(p.taus)} taus: up to {ever.size}/{len(bank)} kernels, "

@@ -9,8 +9,8 @@ Numbers may be JSON numbers or the strings "inf", "-inf", "nan" that results.jso
 non-finite floats (see :func:`mklscale.solvers.result.json_safe`); :func:`number` reads both.
 Points that a log axis cannot show (zero, negative, non-finite) are left out rather than drawn.
 
-matplotlib is the optional extra ``plot``: this module imports without it, and each figure raises
-``ImportError`` with an install hint when it is missing.
+matplotlib (a dependency of mklscale) is imported only when a figure is drawn, so importing this
+module stays cheap.
 """
 
 from __future__ import annotations
@@ -63,21 +63,52 @@ def series_by_head(label: str, history: Sequence[Mapping]) -> dict[str, list[Map
     return groups
 
 
-def kernel_label(kernel: Mapping) -> str:
-    """A short row label for a kept kernel: its parameters and feature subset, e.g. ``width=2 [3,5]``.
+def kernel_label(kernel: Mapping, feature_names: Sequence[str] | None = None, family: bool = False,
+                 max_features: int = 28) -> str:
+    """A short row label for a kept kernel: its parameters and feature subset, e.g. ``width=2 [3,5]``,
+    or ``width=2 [mean radius]`` with ``feature_names`` (one per data column).
 
-    The family is left out (the weights figure groups rows by family); a kernel without parameters
-    (linear, or unknown) falls back to its name.
+    The family is left out unless ``family`` (the weights figure groups rows by family); a kernel
+    without parameters (linear, or unknown) falls back to its name. A feature list longer than
+    ``max_features`` characters is cut.
     """
+    from mklscale.bank.spec import features_text
+
     params = kernel.get("params") or {}
     if not isinstance(params, Mapping) or not params:
-        return str(kernel.get("name", "?"))
+        if kernel.get("family") == "linear":
+            params = {}
+        else:
+            return str(kernel.get("name", "?"))
     args = ", ".join(f"{k}={_short(v)}" for k, v in params.items() if k != "offset" or number(v) != 1.0)
-    features = _features(kernel)
-    feats = "all" if features is None else ",".join(str(f) for f in features)
-    if len(feats) > 18:
-        feats = feats[:15] + "..."
-    return f"{args} [{feats}]"
+    feats = features_text(_features(kernel), feature_names)
+    if len(feats) > max_features:
+        feats = feats[:max_features - 3] + "..."
+    head = " ".join(t for t in (_family(kernel) if family else "", args) if t)
+    return f"{head} [{feats}]"
+
+
+def weight_shares(kernels: Sequence[Mapping]) -> list[float | None]:
+    """Each kernel entry's share of its head's total weight, |d_m| / sum_k |d_k| (None when the
+    weight is not a finite number). Shares are comparable across solvers whose weights live on
+    different scales (SpicyMKL's are unnormalised, SMO-MKL's sum to one)."""
+    totals: dict = {}
+    weights = []
+    for k in kernels:
+        w = number(k.get("weight"))
+        w = abs(w) if w is not None and math.isfinite(w) else None
+        weights.append(w)
+        totals[k.get("head")] = totals.get(k.get("head"), 0.0) + (w or 0.0)
+    return [None if w is None else (w / totals[k.get("head")] if totals[k.get("head")] > 0 else 0.0)
+            for k, w in zip(kernels, weights)]
+
+
+def is_uniform(kernels: Sequence[Mapping], rel_tol: float = 1e-9) -> bool:
+    """Whether every kept kernel (at least two) carries the same weight: a uniform baseline."""
+    ws = [number(k.get("weight")) for k in kernels]
+    if len(ws) < 2 or any(w is None or not math.isfinite(w) for w in ws):
+        return False
+    return max(ws) - min(ws) <= rel_tol * max(abs(w) for w in ws)
 
 
 def _features(kernel: Mapping) -> list | None:
@@ -118,11 +149,8 @@ def _new_axes(figsize: tuple[float, float], ax=None):
     """``ax`` itself, or the Axes of a fresh pyplot-free Figure of size ``figsize`` (inches)."""
     if ax is not None:
         return ax
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise ImportError("mklscale plots need matplotlib, which is not installed; install the 'plot' extra "
-                          "(pip install 'mklscale[plot]' or pip install matplotlib)") from None
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=figsize, layout="constrained")
     return fig.add_subplot()
 
@@ -169,14 +197,18 @@ def _legend(ax, count: int, max_entries: int = 14, below: bool = False, **kwargs
 
 # ---- (1) kernel weights ---------------------------------------------------------------------------
 
-def kernel_weights(kernels: Sequence[Mapping], ax=None, title: str | None = None, max_kernels: int = 50):
-    """Horizontal bars of the kept kernels' weights, grouped by family and sorted by parameter.
+def kernel_weights(kernels: Sequence[Mapping], ax=None, title: str | None = None, max_kernels: int = 50,
+                   feature_names: Sequence[str] | None = None):
+    """Horizontal bars of the kept kernels' shares of the total weight (%), grouped by family and
+    sorted by parameter.
 
     ``kernels`` are results.json kernel entries (name, family, params, features, weight, head).
-    One row per kernel, labelled with its parameters and feature subset; rows of one family share
-    a colour and are named by family right of the axes. One-vs-rest entries (``head`` set) get one
-    bar per head in each row, coloured by head. Only the ``max_kernels`` largest weights are drawn
-    (the title then says how many were left out).
+    One row per kernel, labelled with its parameters and feature subset (named by
+    ``feature_names`` when given); rows of one family share a colour and are named by family right
+    of the axes. Shares (:func:`weight_shares`) make solvers comparable. One-vs-rest entries
+    (``head`` set) get one bar per head in each row, coloured by head, each head's shares summing
+    to 100 %. Only the ``max_kernels`` largest shares are drawn (the title then says how many were
+    left out).
     """
     rows, heads = _weight_rows(kernels, max_kernels)
     height = 1.3 + ROW_HEIGHT * max(len(rows), 2) * (1 if len(heads) <= 1 else 1 + 0.25 * len(heads))
@@ -187,22 +219,23 @@ def kernel_weights(kernels: Sequence[Mapping], ax=None, title: str | None = None
     ax.set_title((title or "kernel weights") + head_text)
     if not rows:
         return _empty(ax, "no kernel kept")
-    _draw_weight_bars(ax, rows, heads)
+    _draw_weight_bars(ax, rows, heads, feature_names)
     _label_families(ax, rows)
-    ax.set_xlabel("kernel weight d_m")
+    ax.set_xlabel("share of the total weight (%)")
     ax.set_ylim(len(rows) - 0.5, -0.5)
     ax.grid(True, axis="x", alpha=0.3)
     return ax
 
 
 def _weight_rows(kernels: Sequence[Mapping], max_kernels: int) -> tuple[list[dict], list]:
-    """One row per kernel name (weights per head), the ``max_kernels`` heaviest, in family order."""
+    """One row per kernel name (shares in % per head), the ``max_kernels`` heaviest, in family order."""
     by_name: dict[str, dict] = {}
     heads: list = []
-    for k in kernels or ():
-        weight = number(k.get("weight"))
-        if weight is None or not math.isfinite(weight):
+    kernels = list(kernels or ())
+    for k, share in zip(kernels, weight_shares(kernels)):
+        if share is None:
             continue
+        weight = 100.0 * share
         head = k.get("head")
         if head not in heads:
             heads.append(head)
@@ -212,7 +245,7 @@ def _weight_rows(kernels: Sequence[Mapping], max_kernels: int) -> tuple[list[dic
     return sorted(heaviest[:max_kernels], key=lambda r: _sort_key(r["kernel"])), heads
 
 
-def _draw_weight_bars(ax, rows: list[dict], heads: list) -> None:
+def _draw_weight_bars(ax, rows: list[dict], heads: list, feature_names=None) -> None:
     """Bars for every row: one colour per family (single head) or per head (one-vs-rest)."""
     y = np.arange(len(rows))
     if len(heads) <= 1:
@@ -221,15 +254,15 @@ def _draw_weight_bars(ax, rows: list[dict], heads: list) -> None:
         widths = [next(iter(r["weights"].values())) for r in rows]
         ax.barh(y, widths, height=0.7, color=[color[_family(r["kernel"])] for r in rows])
         for yi, w in zip(y, widths):
-            ax.annotate(f"{w:.3g}", (w, yi), xytext=(3, 0), textcoords="offset points", va="center",
+            ax.annotate(f"{w:.0f}" if w >= 10 else f"{w:.2g}", (w, yi), xytext=(3, 0), textcoords="offset points", va="center",
                         fontsize="x-small")
     else:
         bar = 0.8 / len(heads)
         for i, (head, c) in enumerate(zip(heads, _colors(len(heads)))):
             widths = [r["weights"].get(head, 0.0) for r in rows]
-            ax.barh(y - 0.4 + bar * (i + 0.5), widths, height=bar, color=c, label=f"head {head}")
+            ax.barh(y - 0.4 + bar * (i + 0.5), widths, height=bar, color=c, label=f"class {head}")
         _legend(ax, len(heads), max_entries=20, below=True)
-    ax.set_yticks(y, [kernel_label(r["kernel"]) for r in rows], fontsize="small")
+    ax.set_yticks(y, [kernel_label(r["kernel"], feature_names) for r in rows], fontsize="small")
     ax.margins(x=0.12)
 
 
@@ -250,9 +283,67 @@ def _label_families(ax, rows: list[dict]) -> None:
                     ha="left", va="center", fontsize="small", fontweight="bold", color="0.3")
 
 
+def weight_heatmap(solvers: Mapping[str, Sequence[Mapping]], ax=None, max_kernels: int = 40,
+                   feature_names: Sequence[str] | None = None):
+    """A kernel x solver heatmap of the shares of the total weight (%), so solvers can be compared.
+
+    ``solvers`` maps a solver label to its results.json kernel entries; a one-vs-rest solver's
+    heads are added up (each kernel's share of the weight of all heads). Rows are the kernels kept
+    by some solver, the ``max_kernels`` with the largest share anywhere, in family and parameter
+    order; a blank cell means the solver dropped that kernel. Cells of 0.5 % or more are labelled.
+    """
+    columns = {label: _kernel_shares(ks) for label, ks in solvers.items()}
+    entries: dict[str, Mapping] = {}
+    for ks in solvers.values():
+        for k in ks:
+            entries.setdefault(str(k.get("name")), k)
+    best = {name: max(col.get(name, 0.0) for col in columns.values()) for name in entries}
+    names = sorted(best, key=lambda n: -best[n])[:max_kernels]
+    names.sort(key=lambda n: _sort_key(entries[n]))
+    labels = list(columns)
+    height = 1.6 + 0.24 * max(len(names), 3)
+    ax = _new_axes((FIG_WIDTH, min(height, 30.0)), ax)
+    total = len(entries)
+    ax.set_title(f"share of each solver's total kernel weight (%): {total} kernels kept"
+                 + (f", the {len(names)} largest shown" if len(names) < total else ""), fontsize="medium")
+    if not names or not labels:
+        return _empty(ax, "no kernel kept")
+    grid = np.array([[100.0 * columns[c][n] if n in columns[c] else np.nan for c in labels] for n in names])
+    image = ax.imshow(np.ma.masked_invalid(grid), cmap="Blues", vmin=0.0, vmax=max(np.nanmax(grid), 1e-12),
+                      aspect="auto", interpolation="nearest")
+    for (i, j), v in np.ndenumerate(grid):
+        if np.isfinite(v) and v >= 0.5:
+            ax.text(j, i, f"{v:.0f}", ha="center", va="center", fontsize="x-small",
+                    color="white" if v > 0.6 * np.nanmax(grid) else "black")
+    short = [lab if len(lab) <= 24 else lab[:23] + "…" for lab in labels]
+    ax.set_xticks(range(len(labels)), short, rotation=30 if len(labels) > 3 else 0, ha="right" if len(labels) > 3
+                  else "center", fontsize="small")
+    ax.set_yticks(range(len(names)), [kernel_label(entries[n], feature_names, family=True) for n in names],
+                  fontsize="small")
+    ax.set_xticks(np.arange(len(labels) + 1) - 0.5, minor=True)
+    ax.set_yticks(np.arange(len(names) + 1) - 0.5, minor=True)
+    ax.grid(which="minor", color="0.9", linewidth=0.6)
+    ax.tick_params(which="minor", length=0)
+    ax.figure.colorbar(image, ax=ax, label="share (%)", shrink=min(1.0, 8.0 / max(len(names), 1)) if len(names) > 8
+                       else 1.0)
+    return ax
+
+
+def _kernel_shares(kernels: Sequence[Mapping]) -> dict[str, float]:
+    """{kernel name: share of the weight of all heads together} for one solver's kept kernels."""
+    weights: dict[str, float] = {}
+    for k in kernels:
+        w = number(k.get("weight"))
+        if w is not None and math.isfinite(w):
+            weights[str(k.get("name"))] = weights.get(str(k.get("name")), 0.0) + abs(w)
+    total = sum(weights.values())
+    return {n: (w / total if total > 0 else 0.0) for n, w in weights.items()}
+
+
 # ---- (2) and (3) convergence ----------------------------------------------------------------------
 
-def duality_gap(histories: Mapping[str, Sequence[Mapping]], ax=None, tolerances: Mapping[str, Any] | None = None):
+def duality_gap(histories: Mapping[str, Sequence[Mapping]], ax=None, tolerances: Mapping[str, Any] | None = None,
+                title: str = "duality gap versus time"):
     """Relative duality gap versus wall time (log y), one line per solver, or per head (one-vs-rest).
 
     ``histories`` maps a solver label to its results.json history (entries with "seconds" and
@@ -260,7 +351,7 @@ def duality_gap(histories: Mapping[str, Sequence[Mapping]], ax=None, tolerances:
     optionally maps solver labels to their stopping tolerance, drawn as a dashed line.
     """
     ax = _new_axes((FIG_WIDTH, 4.2), ax)
-    ax.set_title("duality gap versus time")
+    ax.set_title(title)
     lines = [(label, key, positive_points([e.get("seconds") for e in entries], [e.get("gap") for e in entries]))
              for label, h in histories.items() for key, entries in series_by_head(label, h).items()]
     lines = [line for line in lines if line[2][1].size]
@@ -276,11 +367,12 @@ def duality_gap(histories: Mapping[str, Sequence[Mapping]], ax=None, tolerances:
     ax.set_xlabel("wall time (s)")
     ax.set_ylabel("relative duality gap")
     ax.grid(True, which="both", alpha=0.3)
-    _legend(ax, len(lines))
+    if len(lines) > 1:
+        _legend(ax, len(lines))
     return ax
 
 
-def active_set(histories: Mapping[str, Sequence[Mapping]], ax=None):
+def active_set(histories: Mapping[str, Sequence[Mapping]], ax=None, title: str = "active-set size per iteration"):
     """Number of active kernels per iteration, one step line per solver (or per head).
 
     Uses each entry's "iteration" (else its position) and "n_active". The y axis turns
@@ -288,7 +380,7 @@ def active_set(histories: Mapping[str, Sequence[Mapping]], ax=None):
     when some runs are over 20 times longer than others.
     """
     ax = _new_axes((FIG_WIDTH, 4.2), ax)
-    ax.set_title("active-set size per iteration")
+    ax.set_title(title)
     lines = [(key, _iteration_points(entries)) for label, h in histories.items()
              for key, entries in series_by_head(label, h).items()]
     lines = [(key, pts) for key, pts in lines if pts.size]
@@ -310,8 +402,44 @@ def active_set(histories: Mapping[str, Sequence[Mapping]], ax=None):
     ax.set_xlabel("iteration")
     ax.set_ylabel("active kernels")
     ax.grid(True, which="both", alpha=0.3)
-    _legend(ax, len(lines))
+    if len(lines) > 1:
+        _legend(ax, len(lines))
     return ax
+
+
+def convergence_panels(histories: Mapping[str, Sequence[Mapping]], tolerances: Mapping[str, Any] | None = None,
+                       ncols: int = 3):
+    """Small multiples: one column of two panels per solver (wrapped after ``ncols`` solvers), the
+    duality gap versus wall time above (:func:`duality_gap`, its tolerance dashed) and the
+    active-set size per iteration below (:func:`active_set`). Each solver gets its own axes, so
+    runs of very different lengths stay readable. Returns the figure."""
+    from matplotlib.figure import Figure
+
+    labels = list(histories)
+    ncols = max(1, min(ncols, len(labels)))
+    nrows = -(-len(labels) // ncols)
+    fig = Figure(figsize=(FIG_WIDTH if ncols > 1 else FIG_WIDTH * 0.6, 4.6 * nrows), layout="constrained")
+    grid = fig.add_gridspec(2 * nrows, ncols)
+    tolerances = tolerances or {}
+    for i, label in enumerate(labels):
+        r, c = divmod(i, ncols)
+        one = {label: histories[label]}
+        title = label if len(label) <= 24 else label[:23] + "…"
+        gap = duality_gap(one, fig.add_subplot(grid[2 * r, c]), {label: tolerances.get(label)}, title=title)
+        active = active_set(one, fig.add_subplot(grid[2 * r + 1, c]), title="")
+        for ax in (gap, active):
+            ax.xaxis.label.set_fontsize("small")
+            ax.yaxis.label.set_fontsize("small")
+            ax.tick_params(labelsize="small")
+            if ax.get_legend() is not None:   # one-vs-rest heads: a small legend inside, on the gap panel only
+                ax.get_legend().remove()
+                if ax is gap:
+                    handles, keys = ax.get_legend_handles_labels()
+                    ax.legend(handles, [k.split(" [", 1)[-1].rstrip("]") for k in keys], title="class",
+                              fontsize="x-small", title_fontsize="x-small", frameon=False)
+        gap.title.set_fontweight("bold")
+        gap.title.set_fontsize("medium")
+    return fig
 
 
 def _iteration_points(entries: Sequence[Mapping]) -> np.ndarray:
@@ -379,38 +507,57 @@ def _mark_best(ax, values: np.ndarray, scores, score_name) -> None:
 
 # ---- (5) metrics ----------------------------------------------------------------------------------
 
-def metrics(solvers: Sequence[Mapping], ax=None, metric: str | None = None):
+def metrics(solvers: Sequence[Mapping], ax=None, metric: str | None = None, reference: Any = None,
+            reference_label: str = "constant predictor", label: str | None = None):
     """Horizontal bars of a test metric per solver (and its train counterpart in a lighter shade).
 
     ``solvers`` are results.json solver entries; entries without the metric (e.g. failed runs) are
-    left out. ``metric`` defaults to the first "test_*" metric any solver reports.
+    left out. ``metric`` defaults to :func:`main_test_metric`. ``reference`` (e.g. the majority-class
+    rate for accuracy) is drawn as a dotted vertical line labelled ``reference_label``. ``label``
+    names the metric in the title, axis and legend (default: its key, e.g. "test_r2").
     """
-    metric = metric or first_test_metric(solvers)
+    metric = metric or main_test_metric(solvers)
     rows = [(str(s.get("name")), (s.get("metrics") or {})) for s in solvers]
     rows = [(name, m) for name, m in rows if math.isfinite(_finite_or_nan(m.get(metric)))]
     ax = _new_axes((FIG_WIDTH, 1.3 + 0.45 * max(len(rows), 2)), ax)
-    ax.set_title(f"{metric or 'metric'} per solver")
+    name = label or metric or "metric"
+    ax.set_title(f"{name} per solver")
     if metric is None or not rows:
         return _empty(ax, "no metric recorded")
     train = "train_" + metric[5:] if metric.startswith("test_") else None
+    test_label, train_label = ("test rows", "training rows") if label else (metric, train)
     y = np.arange(len(rows))
     test_values = [_finite_or_nan(m.get(metric)) for _, m in rows]
     train_values = [_finite_or_nan(m.get(train)) for _, m in rows] if train else []
     has_train = any(math.isfinite(v) for v in train_values)
     h = 0.38 if has_train else 0.7
-    bars = ax.barh(y - (h / 2 if has_train else 0), test_values, height=h, color="C0", label=metric)
+    bars = ax.barh(y - (h / 2 if has_train else 0), test_values, height=h, color="C0", label=test_label)
     ax.bar_label(bars, fmt="%.4g", padding=3, fontsize="x-small")
     if has_train:
-        bars = ax.barh(y + h / 2, np.nan_to_num(train_values), height=h, color="C0", alpha=0.4, label=train)
+        bars = ax.barh(y + h / 2, np.nan_to_num(train_values), height=h, color="C0", alpha=0.4, label=train_label)
         ax.bar_label(bars, labels=[f"{v:.4g}" if math.isfinite(v) else "" for v in train_values], padding=3,
                      fontsize="x-small")
-        _legend(ax, 2)
+    ref = number(reference)
+    if ref is not None and math.isfinite(ref):
+        ax.axvline(ref, color="0.3", linestyle=":", linewidth=1.2, label=f"{reference_label} {ref:.3g}")
+    if has_train or (ref is not None and math.isfinite(ref)):
+        _legend(ax, len(ax.get_legend_handles_labels()[1]))
     ax.set_yticks(y, [name for name, _ in rows], fontsize="small")
     ax.set_ylim(len(rows) - 0.5, -0.5)
     ax.margins(x=0.15)
-    ax.set_xlabel(metric)
+    ax.set_xlabel(name)
     ax.grid(True, axis="x", alpha=0.3)
     return ax
+
+
+#: the test metric the report's bar chart shows first, when solvers report it
+MAIN_METRICS = ("test_balanced_accuracy", "test_r2", "test_accuracy")
+
+
+def main_test_metric(solvers: Sequence[Mapping]) -> str | None:
+    """Balanced accuracy (classification) or R^2 (regression) when recorded, else the first "test_*"."""
+    keys = {str(k) for s in solvers for k in (s.get("metrics") or {})}
+    return next((m for m in MAIN_METRICS if m in keys), None) or first_test_metric(solvers)
 
 
 def first_test_metric(solvers: Sequence[Mapping]) -> str | None:
@@ -420,3 +567,64 @@ def first_test_metric(solvers: Sequence[Mapping]) -> str | None:
             if str(key).startswith("test_"):
                 return str(key)
     return None
+
+
+# ---- (6) model selection ---------------------------------------------------------------------------
+
+def model_selection(selections: Mapping[str, Mapping], ncols: int = 3):
+    """Small multiples of cross-validated scores: one panel per solver, the mean score per grid
+    value with +-1 standard deviation across folds as error bars and the chosen value marked.
+
+    ``selections`` maps a solver label to its results.json ``cv`` entry (see
+    :func:`selection_table`). A grid of positive numbers spanning more than a decade gets a log
+    axis. Returns the figure.
+    """
+    from matplotlib.figure import Figure
+
+    labels = list(selections)
+    ncols = max(1, min(ncols, len(labels)))
+    nrows = -(-len(labels) // ncols)
+    fig = Figure(figsize=(FIG_WIDTH if ncols > 1 else FIG_WIDTH * 0.6, 2.9 * nrows + 0.3), layout="constrained")
+    for i, label in enumerate(labels):
+        ax = fig.add_subplot(nrows, ncols, i + 1)
+        table = selection_table(selections[label])
+        ax.set_title(label, fontsize="medium", fontweight="bold")
+        points = [(x, m, s) for x, m, s in zip(table["values"], table["mean"], table["std"])
+                  if number(x) is not None and number(m) is not None]
+        if not points:
+            _empty(ax, "no CV scores recorded")
+            continue
+        x = np.array([number(p[0]) for p in points])
+        mean = np.array([number(p[1]) for p in points])
+        std = np.array([number(p[2]) if number(p[2]) is not None else 0.0 for p in points])
+        ax.errorbar(x, mean, yerr=std, marker="o", markersize=3, capsize=2, linewidth=1.2)
+        chosen = number(table["chosen"])
+        if chosen is not None:
+            ax.axvline(chosen, color="C3", linestyle=":", linewidth=1.2, label=f"chosen {chosen:g}")
+            ax.legend(fontsize="x-small", frameon=False)
+        if np.all(x > 0) and x.max() > 10 * x.min():
+            ax.set_xscale("log")
+        ax.set_xlabel(str(table["parameter"]), fontsize="small")
+        ax.set_ylabel(f"CV {table['score_name']}" if table["score_name"] else "CV score", fontsize="small")
+        ax.tick_params(labelsize="small")
+        ax.grid(True, which="both", alpha=0.3)
+    return fig
+
+
+def selection_table(selection: Mapping) -> dict:
+    """A results.json ``cv`` entry (model selection by cross-validation; docs/design.md, "Model
+    selection and the null model") read leniently: {parameter, values, mean, std, chosen, folds,
+    score_name}, missing parts as None or empty lists. Read from ``grid`` (the tried values),
+    ``mean`` and ``std`` (one per value, over the folds), ``chosen``, ``folds``, ``metric`` and
+    ``parameter`` (also accepted: ``values``, ``mean_score``, ``std_score``, ``score_name``)."""
+    def first(*keys, default=None):
+        return next((selection[k] for k in keys if selection.get(k) is not None), default)
+
+    values = list(first("grid", "values", default=[]) or [])
+    mean = list(first("mean_score", "mean", "scores", "mean_scores", default=[]) or [])
+    std = list(first("std_score", "std", "std_scores", default=[]) or [])
+    mean += [None] * (len(values) - len(mean))
+    std += [None] * (len(values) - len(std))
+    return {"parameter": first("parameter", "param", default="value"), "values": values,
+            "mean": mean[:len(values)], "std": std[:len(values)], "chosen": first("chosen", "best", "selected"),
+            "folds": first("folds", "cv_folds", "n_folds"), "score_name": first("score_name", "metric", "scoring")}

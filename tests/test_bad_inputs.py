@@ -22,11 +22,13 @@ on a bank with y of another length is an error (row ``api-fit_bank_y_of_other_n`
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
 import socket
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +92,12 @@ BAD_PIPELINES = {
     "unknown_solver_param": ("solver = \"uniform\"", "solver = \"uniform\"\nloss = \"hinge\""),
     "unknown_dataset": ("name = \"breast_cancer\"", "name = \"no_such_dataset\""),
     "syntax_error": ("[bank]", "[bank"),
+    "seed_negative": ("seed = 0", "seed = -1"),
+    "seed_huge": ("seed = 0", f"seed = {2**70}"),
+    "n_taus_huge": ("[report]", "[[path]]\nname = \"p\"\nn_taus = 1000000000\n\n[report]"),
+    "test_fraction_0999": ("test_fraction = 0.3", "test_fraction = 0.999"),
+    "loss_typo": ("solver = \"uniform\"", "solver = \"spicy\"\nloss = \"logistc\""),
+    "standardise": ("max_train = 40", "max_train = 40\noptions = { standardise = true }"),
 }
 
 #: broken cluster files: name -> text
@@ -99,6 +107,43 @@ BAD_CLUSTERS = {
     "unknown_kind": 'kind = "kubernetes"\n',
     "no_qsub": 'kind = "pbs"\ncores = 1\nstartup_timeout_s = 5\n',
 }
+
+
+#: crafted model files (issue 18): name -> (model copied, arrays.npz members replaced, model.json entries
+#: replaced); the checksum in model.json is updated, as someone editing a model would
+CRAFTED_MODELS = {
+    "model_narrow_X_rows": ("model", lambda a: {"X_rows": a["X_rows"][:, :2].copy()}, {}),
+    "model_nan_weights": ("model", lambda a: {"weights": np.full_like(a["weights"], np.nan)}, {}),
+    "model_float32_weights": ("model", lambda a: {"weights": a["weights"].astype(np.float32)}, {}),
+    "model_nan_mean": ("model", lambda a: {"mean": np.where(np.arange(a["mean"].size) == 3, np.nan, a["mean"])}, {}),
+    "model_zero_scale": ("model", lambda a: {"scale": np.where(np.arange(a["scale"].size) == 1, 0.0, a["scale"])},
+                         {}),
+    "model_row_out_of_range": ("model", lambda a: {"rows": a["rows"] + 1000}, {}),
+    "model_unknown_task": ("model", None, {"task": "clustering"}),
+    "model_unknown_normalize": ("model", None, {"normalize": "max"}),
+    "factor_narrow_landmarks": ("model_factor",
+                                lambda a: {"factor_landmark_rows": a["factor_landmark_rows"][:, :2].copy()}, {}),
+    "factor_landmark_out_of_range": ("model_factor",
+                                     lambda a: {"factor_landmark_index": a["factor_landmark_index"] + 10**6}, {}),
+    "factor_nan_coef": ("model_factor", lambda a: {"factor_coef": a["factor_coef"] * np.nan}, {}),
+    "factor_short_transforms": ("model_factor", lambda a: {"factor_transforms": a["factor_transforms"][:, :3].copy()},
+                                {}),
+}
+
+
+def _craft(src: Path, dst: Path, arrays, doc: dict) -> None:
+    """Copy model ``src`` to ``dst`` with arrays and model.json entries replaced and the checksum updated."""
+    shutil.copytree(src, dst)
+    with np.load(dst / "arrays.npz") as npz:
+        a = {k: npz[k] for k in npz.files}
+    a.update(arrays(a) if arrays else {})
+    with open(dst / "arrays.npz", "wb") as f:
+        np.savez(f, **a)
+    meta = json.loads((dst / "model.json").read_text())
+    meta.update(doc)
+    data = (dst / "arrays.npz").read_bytes()
+    meta["arrays"].update(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
+    (dst / "model.json").write_text(json.dumps(meta))
 
 
 # ---- the workspace -----------------------------------------------------------------------------------
@@ -119,6 +164,7 @@ def ws(tmp_path_factory) -> Path:
     np.save(ws / "X.npy", X)
     np.save(ws / "y.npy", y)
     np.save(ws / "X_wrong_width.npy", X[:5, :3])
+    np.save(ws / "y_objects.npy", np.array(list(y), dtype=object), allow_pickle=True)
     X_nan = X.copy()
     X_nan[3, 2] = np.nan
     np.save(ws / "X_nan.npy", X_nan)
@@ -138,6 +184,13 @@ def ws(tmp_path_factory) -> Path:
     meta = json.loads(doc.read_text())
     meta["schema_version"] = MODEL_SCHEMA_VERSION + 1  # newer than any layout this mklscale reads
     doc.write_text(json.dumps(meta))
+
+    with warnings.catch_warnings():  # rank 8 approximates these kernels coarsely; the file is what matters here
+        warnings.simplefilter("ignore", UserWarning)
+        factor = MKLClassifier(kernels=SPECS, solver="uniform", rank=8, cache_dir=ws / "cache").fit(X, y)
+    factor.save(ws / "model_factor")
+    for name, (src, arrays, doc) in CRAFTED_MODELS.items():
+        _craft(ws / src, ws / name, arrays, doc)
 
     for folder in ("not_a_model", "not_a_bank"):
         (ws / folder).mkdir()
@@ -214,6 +267,11 @@ def _model(ws: Path):
 
 def _clf(ws: Path, **kwargs) -> MKLClassifier:
     return MKLClassifier(kernels=SPECS, cache_dir=ws / "cache", **kwargs)
+
+
+def _nan_weights(est):
+    est.model_.weights = np.full_like(est.model_.weights, np.nan)
+    return est
 
 
 def _open(ws: Path, name: str):
@@ -312,6 +370,35 @@ API = [
          r"model.json is missing; give the folder written by est.save"),
     Case("save_over_a_folder_that_is_not_a_model", lambda ws: _model(ws).save(ws / "not_a_model"), ModelFileError,
          r"not an mklscale model directory; choose another path"),
+    # -- crafted model files (issue 18): every field checked before compiled code reads it ---------------------
+    Case("load_model_with_X_rows_narrower_than_n_features", lambda ws: mklscale.load(ws / "model_narrow_X_rows"),
+         ModelFileError, r"X_rows has shape \(\d+, 2\); expected \(\d+, 30\).*refit the model"),
+    Case("load_model_with_nan_weights", lambda ws: mklscale.load(ws / "model_nan_weights"), ModelFileError,
+         r"weights contains NaN or inf.*refit the model"),
+    Case("load_model_with_float32_weights", lambda ws: mklscale.load(ws / "model_float32_weights"), ModelFileError,
+         r"weights must be a float64 array; got float32.*refit the model"),
+    Case("load_model_with_nan_mean", lambda ws: mklscale.load(ws / "model_nan_mean"), ModelFileError,
+         r"mean contains NaN or inf.*refit the model"),
+    Case("load_model_with_zero_scale", lambda ws: mklscale.load(ws / "model_zero_scale"), ModelFileError,
+         r"scale has entries <= 0.*refit the model"),
+    Case("load_model_with_rows_out_of_range", lambda ws: mklscale.load(ws / "model_row_out_of_range"), ModelFileError,
+         r"rows must be increasing indices in \[0, 40\).*refit the model"),
+    Case("load_model_with_unknown_task", lambda ws: mklscale.load(ws / "model_unknown_task"), ModelFileError,
+         r"task 'clustering' is not one of.*refit the model"),
+    Case("load_model_with_unknown_normalize", lambda ws: mklscale.load(ws / "model_unknown_normalize"),
+         ModelFileError, r"normalize 'max' is not one of.*refit the model"),
+    Case("load_factor_model_with_landmarks_narrower_than_n_features",
+         lambda ws: mklscale.load(ws / "factor_narrow_landmarks"), ModelFileError,
+         r"factor_landmark_rows has 2 columns but n_features is 30.*refit the model"),
+    Case("load_factor_model_with_landmark_index_out_of_range",
+         lambda ws: mklscale.load(ws / "factor_landmark_out_of_range"), ModelFileError,
+         r"factor_landmark_index must lie in \[-1, \d+\).*refit the model"),
+    Case("load_factor_model_with_nan_coef", lambda ws: mklscale.load(ws / "factor_nan_coef"), ModelFileError,
+         r"factor_coef contains NaN or inf.*refit the model"),
+    Case("load_factor_model_with_short_transforms", lambda ws: mklscale.load(ws / "factor_short_transforms"),
+         ModelFileError, r"factor_transforms has shape .*expected.*refit the model"),
+    Case("save_a_model_whose_weights_were_set_to_nan", lambda ws: _nan_weights(_model(ws)).save(ws / "out"),
+         InvalidInputError, r"weights contains NaN or inf.*refit it", absent=("out",)),
 ]
 
 CONFIGS = [
@@ -331,6 +418,12 @@ CONFIGS = [
          r"does not take loss; remove it or use one of"),
     Case("pipeline_toml_syntax_error", lambda ws: load_pipeline(ws / "pipelines" / "syntax_error.toml"), ConfigError,
          r"not valid TOML.*fix the syntax"),
+    Case("pipeline_negative_seed", lambda ws: load_pipeline(ws / "pipelines" / "seed_negative.toml"), ConfigError,
+         r"seed: must be between 0 and 2\*\*32 - 1.*give a seed in that range"),
+    Case("pipeline_seed_above_2_32", lambda ws: load_pipeline(ws / "pipelines" / "seed_huge.toml"), ConfigError,
+         r"seed: must be between 0 and 2\*\*32 - 1.*give a seed"),
+    Case("pipeline_a_billion_taus", lambda ws: load_pipeline(ws / "pipelines" / "n_taus_huge.toml"), ConfigError,
+         r"n_taus: must be between 1 and 10000.*give fewer values", max_seconds=5),
     Case("cluster_unknown_key", lambda ws: load_cluster_config(ws / "clusters" / "unknown_key.toml"), ConfigError,
          r"unknown key\(s\) 'n_worker'.*remove or rename.*n_workers"),
     Case("cluster_wrong_type", lambda ws: load_cluster_config(ws / "clusters" / "wrong_type.toml"), ConfigError,
@@ -349,6 +442,28 @@ CONFIGS = [
 ]
 
 CLI = [
+    Case("build_a_billion_kernels", _cli("bank", "build", "--features", "{ws}/X.npy", "--family", "random_subsets",
+                                         "--n-kernels", "1000000000", "--out", "{ws}/out", "--quiet"),
+         None, r"1000000000 kernels over n = 40 rows .*takes 6.4 TB.*free; use fewer kernels or rows",
+         absent=("out",), max_seconds=20),
+    Case("build_width_1e-300", _cli("bank", "build", "--features", "{ws}/X.npy", "--family", "gaussian", "--widths",
+                                    "1e-300", "--out", "{ws}/out", "--quiet"),
+         None, r"width 1e-300 is below 1e-06.*give a width of about 0.1 to 20", absent=("out",)),
+    Case("build_width_1e-160", _cli("bank", "build", "--features", "{ws}/X.npy", "--family", "gaussian", "--widths",
+                                    "1", "1e-160", "--out", "{ws}/out", "--quiet"),
+         None, r"width 1e-160 is below 1e-06.*give a width", absent=("out",)),
+    Case("build_degree_1000", _cli("bank", "build", "--features", "{ws}/X.npy", "--family", "polynomial", "--degrees",
+                                   "2", "1000", "--out", "{ws}/out", "--quiet"),
+         None, r"degree 1000 is above 20.*give a degree from 1 to 20", absent=("out",)),
+    Case("fit_object_dtype_labels", _cli("fit", "--features", "{ws}/X.npy", "--labels", "{ws}/y_objects.npy", "--task",
+                                         "classification", "--cache-dir", "{ws}/cache", "--out", "{ws}/out", "--quiet"),
+         None, r"--labels .*holds Python objects \(dtype object\).*save plain numbers or strings", absent=("out",)),
+    Case("run_test_fraction_0999", _cli("run", "{ws}/pipelines/test_fraction_0999.toml", "--out", "{ws}/out",
+                                        "--quiet"),
+         None, r"test_fraction = 0.999.*give a smaller test_fraction", absent=("out",), max_seconds=30),
+    Case("run_loss_typo_before_any_work", _cli("run", "{ws}/pipelines/loss_typo.toml", "--out", "{ws}/out", "--quiet"),
+         None, r"\[\[solver\]\] #1 \(uni\): spicy loss 'logistc' does not fit task 'classification'; use one of",
+         absent=("out",), max_seconds=30),
     Case("fit_unknown_dataset", _cli("fit", "--dataset", "no_such_dataset", "--cache-dir", "{ws}/cache",
                                      "--out", "{ws}/out"),
          None, r"unknown dataset 'no_such_dataset'; choose one of", absent=("out",)),
@@ -387,6 +502,20 @@ CLI = [
     Case("predict_with_a_folder_that_is_not_a_model",
          _cli("predict", "{ws}/not_a_model", "--features", "{ws}/X.npy", "--out", "{ws}/pred.npy"),
          None, r"model.json is missing; give the folder", absent=("pred.npy",)),
+    Case("predict_with_X_rows_narrower_than_n_features",
+         _cli("predict", "{ws}/model_narrow_X_rows", "--features", "{ws}/X.npy", "--out", "{ws}/pred.npy"),
+         None, r"X_rows has shape \(\d+, 2\); expected \(\d+, 30\).*refit the model", absent=("pred.npy",)),
+    Case("predict_with_factor_landmarks_narrower_than_n_features",
+         _cli("predict", "{ws}/factor_narrow_landmarks", "--features", "{ws}/X.npy", "--out", "{ws}/pred.npy"),
+         None, r"factor_landmark_rows has 2 columns.*refit the model", absent=("pred.npy",)),
+    Case("predict_with_nan_weights", _cli("predict", "{ws}/model_nan_weights", "--features", "{ws}/X.npy"),
+         None, r"weights contains NaN or inf.*refit the model"),
+    Case("predict_out_into_a_missing_folder",
+         _cli("predict", "{ws}/model", "--features", "{ws}/X.npy", "--out", "{ws}/no_such_dir/pred.npy"),
+         None, r"cannot write the predictions to .*pred.npy: .*choose another path", absent=("no_such_dir",)),
+    Case("run_pipeline_asking_for_standardised_features",
+         _cli("run", "{ws}/pipelines/standardise.toml", "--out", "{ws}/out", "--quiet"),
+         None, r"standardise = true is not allowed.*remove standardise", absent=("out",)),
     Case("verify_a_folder_that_is_not_a_bank", _cli("bank", "verify", "{ws}/not_a_bank", "--quiet"),
          None, r"not an mklscale kernel bank.*give the folder written by `mklscale bank build"),
     Case("info_a_missing_bank", _cli("bank", "info", "{ws}/no_such_bank"),

@@ -5,12 +5,11 @@ any work."""
 
 from __future__ import annotations
 
-import contextlib
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _disk import remount, tmpfs
 
 from mklscale import cli
 from mklscale.bank import KernelBank, build_bank, families
@@ -166,31 +165,12 @@ def test_cli_verify_and_repair_exit_codes(bank, fresh, capsys):
 
 
 # ---- disk full and read-only stores ------------------------------------------------------------------
-@contextlib.contextmanager
-def _tmpfs(path: Path, size: str):
-    """A tmpfs of ``size`` mounted at ``path`` for the duration (needs root and CAP_SYS_ADMIN)."""
-    path.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=False,
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs to simulate a full or read-only disk: {r.stderr.strip() or r.returncode}")
-    try:
-        yield path
-    finally:
-        if subprocess.run(["umount", str(path)], check=False, capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(path)], check=False, capture_output=True)
-
-
-def _remount(path: Path, options: str) -> None:
-    subprocess.run(["mount", "-o", f"remount,{options}", str(path)], check=True, capture_output=True)
-
-
 def test_disk_full_build_stops_cleanly_and_resumes(tmp_path):
     X = np.random.default_rng(4).normal(size=(200, 4))
     specs = families.gaussian(list(np.linspace(0.2, 5.0, 30)))  # 30 x 160 kB = 4.8 MB
     layout = {"chunk_mb": 0.16, "shard_mb": 0.5}  # three kernels a shard
     reference = build_bank(X, specs, tmp_path / "ref", progress=False, **layout)
-    with _tmpfs(tmp_path / "small", "3M") as mnt:
+    with tmpfs(tmp_path / "small", "3M") as mnt:
         with pytest.raises(DiskFullError) as err:
             build_bank(X, specs, mnt / "b", progress=False, flush_every_s=0, **layout)
         msg = str(err.value)
@@ -204,7 +184,7 @@ def test_disk_full_build_stops_cleanly_and_resumes(tmp_path):
         assert bank.verify(kernels=np.flatnonzero(done).tolist()).ok
         np.testing.assert_array_equal(bank.checksums[done], reference.checksums[done])
         assert not [p for p in mnt.rglob("*") if "partial" in p.name]
-        _remount(mnt, "size=16M")
+        remount(mnt, "size=16M")
         resumed = build_bank(X, specs, mnt / "b", progress=False, **layout)
         assert resumed.last_build_computed == len(specs) - done.sum()
         assert resumed.verify().ok and resumed.complete.all()
@@ -215,7 +195,7 @@ def test_read_only_store_is_refused_before_any_work(X, tmp_path, monkeypatch):
     calls = []
     real = build_module.build_shard
     monkeypatch.setattr(build_module, "build_shard", lambda *a: calls.append(a[5]) or real(*a))
-    with _tmpfs(tmp_path / "ro", "8M") as mnt:
+    with tmpfs(tmp_path / "ro", "8M") as mnt:
         bank = build_bank(X, SPECS, mnt / "b", progress=False, **LAYOUT)
         assert len(calls) == 2  # the counter sees the build's tasks
         _flip_byte(bank, 2)
@@ -223,7 +203,7 @@ def test_read_only_store_is_refused_before_any_work(X, tmp_path, monkeypatch):
         flags = group["complete"][:]
         flags[5] = False  # an unfinished kernel: a build would have work to do
         group["complete"][:] = flags
-        _remount(mnt, "ro")
+        remount(mnt, "ro")
         calls.clear()
         with pytest.raises(ReadOnlyStoreError, match="read-only.*(Remount|copy)"):
             KernelBank.open(mnt / "b", mode="r+")
@@ -237,7 +217,7 @@ def test_read_only_store_is_refused_before_any_work(X, tmp_path, monkeypatch):
         report = KernelBank.open(mnt / "b").verify()  # still reports, cannot record
         assert report.bad_indices == [2] and report.marked is False and "read-only" in str(report)
         assert cli.main(["bank", "repair", str(mnt / "b"), "--quiet"]) == 2
-        _remount(mnt, "rw")
+        remount(mnt, "rw")
 
 
 # ---- kernel arithmetic version ---------------------------------------------------------------------

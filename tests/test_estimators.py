@@ -303,14 +303,19 @@ def test_import_is_lazy():
 
 
 def test_dataframe_feature_names_survive_save_and_load(cancer, tmp_path):
+    """... and name the kernels' features (kernel_weights_, selected_kernels_), before and after loading."""
     import mklscale
 
     X, y, Xt, _ = cancer
     cols = [f"f{j}" for j in range(X.shape[1])]
-    est = MKLClassifier(kernels=TWO, solver="uniform", cache_dir=tmp_path / "c").fit(pd.DataFrame(X, columns=cols), y)
+    kernels = [TWO, {"family": "linear", "features": [1, 3]}]
+    est = MKLClassifier(kernels=kernels, solver="uniform", cache_dir=tmp_path / "c").fit(pd.DataFrame(X, columns=cols), y)
     np.testing.assert_array_equal(est.feature_names_in_, cols)
+    names = ["gaussian(width=1)[all]", "gaussian(width=2)[all]", "linear()[f1,f3]"]
+    assert est.selected_kernels_ == names and list(est.kernel_weights_.index) == names
     loaded = mklscale.load(est.save(tmp_path / "m"))
     np.testing.assert_array_equal(loaded.feature_names_in_, cols)
+    assert list(loaded.kernel_weights_.index) == names
     np.testing.assert_array_equal(loaded.predict(pd.DataFrame(Xt, columns=cols)), est.predict(pd.DataFrame(Xt, columns=cols)))
     with pytest.raises(ValueError, match="feature names"):
         loaded.predict(pd.DataFrame(Xt, columns=[c.upper() for c in cols]))

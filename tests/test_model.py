@@ -17,7 +17,7 @@ import mklscale
 from mklscale import datasets
 from mklscale.bank import KernelBank, KernelSpec, build_bank, families
 from mklscale.errors import InvalidInputError, ModelFileError
-from mklscale.model import DENSE_SCHEMA_VERSION, SCHEMA_VERSION, MKLModel
+from mklscale.model import SCHEMA_VERSION, MKLModel
 from mklscale.solvers.result import MKLResult
 
 SPECS = (families.gaussian([0.5, 2.0]) + families.gaussian([1.0], features=[0, 2])
@@ -130,7 +130,7 @@ def test_save_load_predict_is_bit_identical(tmp_path, data):
     assert list(loaded.kernel_weights_.index) == est.selected_kernels_
     assert loaded.n_features_in_ == X.shape[1]
     doc = json.loads((path / "model.json").read_text())
-    assert doc["schema_version"] == DENSE_SCHEMA_VERSION and doc["mklscale_version"] == mklscale.__version__
+    assert doc["schema_version"] == SCHEMA_VERSION and doc["mklscale_version"] == mklscale.__version__
     assert doc["task"] == "classification" and doc["classes"] == [-1.0, 1.0]
     assert len(doc["specs"]) == len(est.selected_kernels_) and len(doc["heads"]) == 1
     assert doc["heads"][0]["bias"] == float(est.model_.bias[0])
@@ -252,3 +252,65 @@ def test_fitted_estimator_matches_its_result_through_bank_cross(tmp_path, data, 
     assert est.model_.rows.size == np.count_nonzero(r.dual_coef) < bank.n  # hinge loss: sparse dual
     expected = r.decision_function_from_kernels(bank.cross(X_new, r.active))
     np.testing.assert_allclose(est.decision_function(X_new), expected, rtol=0, atol=1e-8)
+
+
+# ---- issue 18: compiled kernels never see operands of other shapes -------------------------------------
+def test_distance_kernels_check_their_operands_shapes():
+    """The numba kernels prediction runs (pairwise bases, factor rows) raise on operands of other shapes
+    instead of reading out of bounds; operands of the right shapes give the values."""
+    from mklscale.bank import _compute, factor
+
+    X, Z = np.ones((3, 4)), np.zeros((2, 4))
+    np.testing.assert_array_equal(_compute.sqdist(X, Z), np.full((3, 2), 4.0))
+    for fn in (_compute.sqdist, _compute.dot):
+        with pytest.raises(ValueError, match="operand shapes disagree"):
+            fn(X, Z[:, :3])  # Z narrower than X
+        with pytest.raises(ValueError, match="operand shapes disagree"):
+            fn(X[:, :3], Z)  # X narrower than Z
+    Xt, Zt = np.ones((4, 3)), np.ones((4, 2))
+    with pytest.raises(ValueError, match="operand shapes disagree"):
+        _compute.base_row(Xt, 0, Zt, 0, 5, _compute.SQDIST, np.empty(5))  # j1 beyond Z's points
+    with pytest.raises(ValueError, match="operand shapes disagree"):
+        _compute.base_row(Xt, 3, Zt, 0, 2, _compute.SQDIST, np.empty(2))  # i beyond X's points
+    with pytest.raises(ValueError, match="operand shapes disagree"):
+        _compute.base_row(Xt, 0, Zt, 0, 2, _compute.SQDIST, np.empty(1))  # out too short
+    params = np.array([[_compute.LINEAR, 0.0, 1.0]] * 2)
+    with pytest.raises(ValueError, match="_fill_grams"):
+        _compute.fill_grams(X, _compute.DOT, params, _compute.NO_NORM, np.empty((1, 3, 3)))  # room for 1 kernel of 2
+    with pytest.raises(ValueError, match="_kernel_row"):
+        _compute._kernel_row(np.ones(5), _compute.LINEAR, 0.0, 1, 1.0, np.ones(5), np.empty(3), False)
+    with pytest.raises(ValueError, match="_cross_cols"):
+        factor._cross_cols(Xt, Zt, _compute.SQDIST, _compute.GAUSSIAN, -0.5, 1, np.empty((2, 2)))
+    with pytest.raises(ValueError, match="operand shapes disagree"):
+        factor._cross_cols(Xt, Zt[:3], _compute.SQDIST, _compute.GAUSSIAN, -0.5, 1, np.empty((2, 3)))
+    with pytest.raises(ValueError, match="_apply"):
+        factor._apply(np.ones((3, 5)), np.ones((2, 4)), False, np.empty((5, 4)))  # T has fewer rows than landmarks
+    with pytest.raises(ValueError, match="_apply"):
+        factor._apply(np.ones((2, 5)), np.ones((2, 4)), False, np.empty((4, 4)))  # out of the wrong shape
+
+
+def test_results_that_do_not_make_a_valid_model_are_refused(tmp_path, data):
+    X, _, _ = data
+    bank = _bank(tmp_path, X, "trace")
+    r = _sparse_result(bank.M, bank.n, seed=1)
+    r.dual_coef[np.flatnonzero(r.dual_coef)[0]] = np.nan
+    with pytest.raises(InvalidInputError, match="dual_coef contains NaN or inf"):
+        MKLModel.from_results(bank, r, "regression")
+    with pytest.raises(InvalidInputError, match=r"3 classes need one head per class"):
+        MKLModel.from_results(bank, _sparse_result(bank.M, bank.n, seed=1), "classification", classes=[0, 1, 2])
+
+
+def test_model_files_of_schema_1_still_load_and_take_standardised_dataset_features(tmp_path, data):
+    """A dense model file of schema 1 (written before issue 18) loads and predicts as before; it is taken
+    to expect a named dataset's standardised features (what `mklscale fit --dataset` fitted it on)."""
+    X, y, X_new = data
+    est = mklscale.MKLClassifier(kernels=SPECS[:2], solver="uniform", cache_dir=tmp_path / "c").fit(X, y)
+    path = est.save(tmp_path / "m")
+    assert mklscale.load(path).model_.dataset_features == "raw"
+    doc = json.loads((path / "model.json").read_text())
+    doc["schema_version"] = 1
+    del doc["representation"]  # schema 1 files had no representation entry
+    (path / "model.json").write_text(json.dumps(doc))
+    old = mklscale.load(path)
+    assert old.model_.dataset_features == "standardised"
+    np.testing.assert_array_equal(old.decision_function(X_new), est.decision_function(X_new))

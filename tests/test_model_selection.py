@@ -53,6 +53,14 @@ def test_bad_grid_is_a_config_error_naming_the_key(solver, fragment):
     assert fragment in str(info.value)
 
 
+def test_grid_under_a_name_the_task_does_not_use_fails_before_any_work(tmp_path):
+    """uniform regularises a classification by its SVM's C: a lam grid is refused before the cluster starts."""
+    spec = {**SPEC, "solver": [{"name": "s", "solver": "uniform", "lam": [0.1, 1.0]}]}
+    with pytest.raises(ConfigError, match="lam is not what uniform regularises on a classification task"):
+        run_pipeline(spec, out=tmp_path / "run", quiet=True)
+    assert not (tmp_path / "run").exists()
+
+
 def test_grid_requests_are_read_from_C_or_the_solvers_own_name():
     pipe = load_pipeline({**SPEC, "solver": [
         {"name": "a", "solver": "smo", "C": [100, 10]},

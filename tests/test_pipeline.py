@@ -22,7 +22,7 @@ SHIPPED = sorted((ROOT / "pipelines").glob("*.toml"))
 TINY = {
     "name": "t",
     "dataset": {"name": "breast_cancer", "test_fraction": 0.3, "max_train": 60},
-    "bank": {"families": [{"family": "gaussian", "widths": [1, 2, 5]}, {"family": "linear"}]},
+    "bank": {"families": [{"family": "gaussian", "widths": [1, 2, 5]}, {"family": "linear", "features": [0, 2]}]},
     "solver": [{"name": "spicy", "solver": "spicy", "C": 0.1, "loss": "logistic"},
                {"name": "uni", "solver": "uniform", "C": 1.0}],
     "report": {"enabled": False},
@@ -112,14 +112,38 @@ def test_run_writes_results_models_and_report(tiny_run):
         assert (out / entry["model"] / "model.json").is_file()
 
 
+def test_results_name_features_and_hold_the_classification_metrics(tiny_run):
+    """Kernel names show the dataset's feature names; balanced accuracy, ROC AUC and the test rows'
+    confusion matrix are recorded next to the accuracy."""
+    out, results = tiny_run
+    assert results["dataset"]["feature_names"][:3] == ["mean radius", "mean texture", "mean perimeter"]
+    assert results["pipeline"]["description"] == ""
+    uni = results["solvers"][1]
+    by_name = {k["name"]: k for k in uni["kernels"]}
+    assert by_name["linear()[mean radius,mean perimeter]"]["features"] == [0, 2]
+    assert "gaussian(width=2)[all]" in by_name
+    for entry in results["solvers"]:
+        m = entry["metrics"]
+        for key in ("test_balanced_accuracy", "test_roc_auc", "train_balanced_accuracy", "train_roc_auc"):
+            assert 0.0 <= m[key] <= 1.0, key
+        cm = entry["confusion_matrix"]
+        counts = np.array(cm["counts"])
+        assert cm["labels"] == results["dataset"]["classes"] == [-1.0, 1.0]
+        assert counts.sum() == results["dataset"]["n_test"]
+        assert np.trace(counts) / counts.sum() == pytest.approx(m["test_accuracy"], abs=1e-12)
+        recall = np.diag(counts) / counts.sum(axis=1)
+        assert recall.mean() == pytest.approx(m["test_balanced_accuracy"], abs=1e-12)
+
+
 def test_saved_model_reproduces_the_recorded_test_accuracy(tiny_run):
-    """The model file alone (no bank) predicts the held-out rows with the accuracy results.json records."""
+    """The model file alone (no bank) predicts the held-out raw rows (as a user has them: the run fits on
+    raw features and the model standardises them, issue 18) with the accuracy results.json records."""
     from sklearn.model_selection import train_test_split
 
     from mklscale.datasets import load
 
     out, results = tiny_run
-    ds = load("breast_cancer")
+    ds = load("breast_cancer", standardise=False)
     _, X_te, _, y_te = train_test_split(ds.X, ds.y, test_size=0.3, random_state=0, stratify=ds.y)
     for entry in results["solvers"]:
         model = mklscale.load(out / entry["model"])
@@ -132,10 +156,13 @@ def test_kept_kernels_and_weights_match_the_model(tiny_run):
     spicy = results["solvers"][0]
     model = mklscale.load(out / spicy["model"])
     recorded = {k["name"]: k["weight"] for k in spicy["kernels"]}
-    assert set(recorded) == set(model.selected_kernels_)
+    # the model was fitted on a bank (arrays, no column names): its names show column indices
+    names = results["dataset"]["feature_names"]
+    labels = {spec.name: spec.label(names) for spec in model.model_.specs}
+    assert set(recorded) == set(labels.values()) and set(labels) == set(model.selected_kernels_)
     weights = model.kernel_weights_
-    for name, w in recorded.items():
-        assert weights[name] == pytest.approx(w, rel=1e-12)
+    for name, label in labels.items():
+        assert weights[name] == pytest.approx(recorded[label], rel=1e-12)
 
 
 def test_unconverged_solver_is_flagged_in_console_results_and_report(tmp_path, cluster_client, capsys):

@@ -1,124 +1,23 @@
 """``mklscale report``: the HTML report and its PNG figures, from a results.json of real solver runs.
 
-The results.json is built here the way ``mklscale run`` writes it (schema_version 1): a small
-trace-normalised bank on 60 rows of breast_cancer, SpicyMKL (logistic, block 1-norm) with its
-history, a one-vs-rest style pair of SpicyMKL heads, a PFBS tau path, and one failed solver.
+The results.json is built the way ``mklscale run`` writes it, by tests/_report_results.py.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import sys
 
 import numpy as np
 import pytest
 
+from _report_results import DESCRIPTION, build_results
+
 from mklscale.errors import InvalidInputError
 from mklscale.report import write_report
-from mklscale.solvers.result import json_safe
 
 INJECTION = '<script>alert("x")</script>&'
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-# ---- building a results.json from real runs --------------------------------------------------------
-
-def _kernel_entries(result, specs, head=None) -> list[dict]:
-    return [{"index": int(m), "name": specs[m].name, "family": specs[m].family, "params": dict(specs[m].params),
-             "features": None if specs[m].features is None else list(specs[m].features),
-             "weight": float(result.weights[m]), "head": head} for m in result.active]
-
-
-def _accuracy(result, bank, X, y) -> float:
-    if result.active.size == 0:
-        return float(np.mean(np.sign(result.bias) == y))
-    f = result.decision_function_from_kernels(bank.cross(X, kernels=result.active))
-    return float(np.mean(np.where(f >= 0.0, 1.0, -1.0) == y))
-
-
-def _solver_entry(name, algorithm, results, specs, bank, data, heads=(None,), path=None) -> dict:
-    """A results.json solver entry from one MKLResult per head (one-vs-rest heads are merged)."""
-    X_tr, y_tr, X_te, y_te = data
-    kernels, history = [], []
-    for head, (res, sign) in zip(heads, results):
-        kernels += _kernel_entries(res, specs, head)
-        history += [{**{k: e[k] for k in ("iteration", "primal", "dual", "gap", "n_active", "passes",
-                                             "bytes_read", "seconds") if k in e}, "head": head} for e in res.history]
-    first = results[0][0]
-    seconds = sum(r.history[-1]["seconds"] for r, _ in results if r.history)
-    return json_safe({
-        "name": name, "solver": algorithm, "params": first.params, "status": "ok", "error": None,
-        "metrics": {"train_accuracy": _accuracy(first, bank, X_tr, results[0][1] * y_tr),
-                    "test_accuracy": _accuracy(first, bank, X_te, results[0][1] * y_te)},
-        "seconds": seconds, "passes": sum(r.history[-1]["passes"] for r, _ in results if r.history),
-        "bytes_read": sum(r.history[-1]["bytes_read"] for r, _ in results if r.history),
-        "converged": all(r.converged for r, _ in results), "objective": first.objective,
-        "gap": max(r.gap for r, _ in results), "n_active": len({k["name"] for k in kernels}),
-        "kernels": kernels, "history": history, "path": path, "model": f"models/{name}",
-    })
-
-
-def _path_entry(pfbs_path, specs) -> dict:
-    ever = np.flatnonzero((pfbs_path.weights > 0.0).any(axis=0))
-    return json_safe({
-        "parameter": "tau", "values": pfbs_path.taus, "kernel_names": [specs[m].name for m in ever],
-        "weights": pfbs_path.weights[:, ever], "n_active": [a.size for a in pfbs_path.active],
-        "scores": None, "score_name": None,
-    })
-
-
-def build_results(run_dir, n_train: int = 60, n_test: int = 40, specs=None, name: str = "report-test") -> dict:
-    """Build a bank, run the solvers and write ``run_dir/results.json``; returns the dict written."""
-    from mklscale.bank import build_bank, families
-    from mklscale.datasets import load
-    from mklscale.engine import Engine
-    from mklscale.solvers import paths, spicy
-
-    ds = load("breast_cancer")
-    order = np.random.default_rng(0).permutation(len(ds.y))
-    tr, te = order[:n_train], order[n_train:n_train + n_test]
-    if specs is None:
-        specs = (families.gaussian([0.5, 1, 2, 4, 8, 16]) + families.polynomial([1, 2, 3])
-                 + [s for j in (0, 7, 21) for s in families.gaussian([1, 4, 16], features=[j])]
-                 + families.gaussian([2, 8], features=[3, 7, 20]) + families.polynomial([2], features=[0, 1]))
-    bank = build_bank(ds.X[tr], specs, run_dir / "bank.zarr", progress=False)
-    data = (ds.X[tr], ds.y[tr], ds.X[te], ds.y[te])
-    with Engine(bank, threads=1) as engine:
-        l1 = spicy.fit(engine, ds.y[tr], 0.5, loss="logistic", tol=1e-4)
-        ovr = [(spicy.fit(engine, sign * ds.y[tr], C, loss="hinge", tol=1e-4), sign)
-               for sign, C in ((1.0, 0.3), (-1.0, 0.1))]
-        tau_path = paths.path(engine, ds.y[tr], n_taus=10, mu=1e-4, tol=1e-5, accelerated=True)
-    pfbs_last = tau_path.results[-1]
-    for e in pfbs_last.history:       # PFBS entries keep no "dual" in this run: must still plot
-        e.pop("dual", None)
-    solvers = [
-        _solver_entry("spicy_l1", "spicy", [(l1, 1.0)], specs, bank, data),
-        _solver_entry("spicy_ovr", "spicy", ovr, specs, bank, data, heads=("1", "-1")),
-        _solver_entry("pfbs_path", "pfbs", [(pfbs_last, 1.0)], specs, bank, data,
-                      path=_path_entry(tau_path, specs)),
-        {"name": "smo_broken", "solver": "smo", "params": {"C": 1.0}, "status": "failed",
-         "error": "InvalidInputError: C must be > 0 <and> finite", "metrics": None, "history": None,
-         "kernels": [], "path": None, "model": None},
-    ]
-    families_count = {}
-    for s in specs:
-        families_count[s.family] = families_count.get(s.family, 0) + 1
-    results = {
-        "schema_version": 1, "mklscale_version": "0.1.0",
-        "pipeline": {"name": name, "path": "pipelines/report-test.toml", "config": {"solvers": ["spicy"]}},
-        "started": "2026-11-22T07:00:00+00:00", "finished": "2026-11-22T07:00:09+00:00", "seconds": 9.1,
-        "machine": {"cpus": 2, "memory": 8_000_000_000, "python": sys.version.split()[0]},
-        "cluster": {"kind": "local", "dashboard": None, "workers": 1},
-        "dataset": {"name": "breast_cancer", "task": "classification", "n_train": int(tr.size),
-                    "n_test": int(te.size), "n_features": int(ds.X.shape[1]), "classes": [-1, 1]},
-        "bank": {"path": "bank.zarr", "M": len(specs), "n": int(tr.size), "dtype": "float32",
-                 "normalize": "trace", "build_seconds": 0.5, "kernels_computed": len(specs),
-                 "families": families_count},
-        "solvers": solvers,
-    }
-    (run_dir / "results.json").write_text(json.dumps(results, indent=1))
-    return results
 
 
 # ---- fixtures --------------------------------------------------------------------------------------
@@ -179,12 +78,50 @@ def test_report_has_the_tables_and_a_figure_per_section(run_dir, report_index, r
     assert "breast_cancer" in page and "gaussian: 17, polynomial: 4" in page
     assert '<tr class="failed">' in page and "C must be &gt; 0 &lt;and&gt; finite" in page
     assert f"{results['solvers'][0]['metrics']['test_accuracy']:.4g}" in page
-    assert _pngs(index.parent) == ["active.png", "gap.png", "metrics.png", "path-02-pfbs_path.png",
-                                   "weights-00-spicy_l1.png", "weights-01-spicy_ovr.png",
-                                   "weights-02-pfbs_path.png"]
+    assert _pngs(index.parent) == ["convergence.png", "metrics.png", "path-02-pfbs_path.png", "weights-00-spicy_l1.png",
+                                   "weights-01-spicy_ovr.png", "weights-02-pfbs_path.png", "weights-heatmap.png"]
     assert sorted(re.findall(r'<img src="([^"]+)"', page)) == _pngs(index.parent)
-    assert "<script" not in page and "http" not in page.split("</style>")[1]   # static, nothing fetched
+    # static, nothing fetched, and no link to the run's Dask dashboard (gone once the run ended)
+    assert "<script" not in page and "http" not in page.split("</style>")[1] and "dashboard" not in page
+    assert "href=" not in page
     assert _leftovers(run_dir) == []
+
+
+def test_description_comes_first_and_features_are_named(report_index, results):
+    page = report_index.read_text()
+    body = page.split("<body>")[1]
+    assert re.match(rf'\s*<h1>mklscale report: report-test</h1>\s*<p class="description">{re.escape(DESCRIPTION)}</p>',
+                    body)
+    # a kernel on feature 7 is named by the dataset's column name in the kernel tables
+    assert "<td>gaussian(width=4)[mean concave points]</td>" in page and "<td>mean concave points</td>" in page
+    assert "<td>gaussian(width=4)[7]</td>" not in page
+
+
+def test_weights_are_shares_and_the_uniform_baseline_is_one_line(report_index, results):
+    """Every weighting solver's shares sum to 100 % (whatever the scale of its weights); the uniform
+    baseline is summarised in one line: no figure, no table of its kernels."""
+    from mklscale import plots
+
+    page = report_index.read_text()
+    M = len(results["solvers"][3]["kernels"])
+    assert (f"<li><b>uniform</b> (uniform): the same weight on each of its {M} kernels "
+            f"({100 / M:.3g} % each)</li>") in page
+    assert "<h3>uniform" not in page and "weights-03-uniform.png" not in page
+    assert page.count(f"<td>{1 / M:.4g}</td>") == 0
+    for solver in results["solvers"][:3]:
+        shares = plots.weight_shares(solver["kernels"])
+        heads = {k["head"] for k in solver["kernels"]}
+        assert sum(shares) == pytest.approx(len(heads))           # 1 per head
+    weighting = {s["name"]: s["kernels"] for s in results["solvers"][:3]}
+    ax = plots.weight_heatmap(weighting, feature_names=results["dataset"]["feature_names"])
+    grid = np.ma.filled(ax.images[0].get_array(), 0.0)
+    assert grid.shape[1] == 3 and np.allclose(grid.sum(axis=0), 100.0)   # every kept kernel shown: 100 %
+    assert [t.get_text() for t in ax.get_xticklabels()] == list(weighting)
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert "gaussian width=4 [mean concave points]" in labels
+    ax = plots.kernel_weights(results["solvers"][0]["kernels"], feature_names=results["dataset"]["feature_names"])
+    assert sum(p.get_width() for p in ax.patches) == pytest.approx(100.0)
+    assert ax.get_xlabel() == "share of the total weight (%)"
 
 
 def test_figures_are_valid_non_blank_pngs(report_index):
@@ -238,7 +175,7 @@ def test_second_run_replaces_the_report_whole(small_results, tmp_path, monkeypat
     with pytest.raises(RuntimeError, match="drawing failed"):
         write_report(run, quiet=True)
     assert "second-run" in (run / "report" / "index.html").read_text()
-    assert _pngs(run / "report") == ["active.png", "gap.png", "metrics.png", "weights-00-spicy_l1.png"]
+    assert _pngs(run / "report") == ["convergence.png", "metrics.png", "weights-00-spicy_l1.png"]
     assert _leftovers(run) == []
 
 
@@ -276,7 +213,7 @@ def test_missing_optional_fields_still_give_a_report(tmp_path):
     assert "<td>bare</td>" in page and "<td>k2</td>" in page
     assert "no path values recorded" in page
     # no gap recorded and an empty path: no figure for either
-    assert _pngs(tmp_path / "report") == ["active.png", "weights-01-no_gap.png"]
+    assert _pngs(tmp_path / "report") == ["convergence.png", "weights-01-no_gap.png"]
 
 
 def test_unconverged_solver_is_flagged_next_to_its_name(tmp_path):
@@ -297,17 +234,75 @@ def test_unconverged_solver_is_flagged_next_to_its_name(tmp_path):
     assert f'<td class="not-converged" title="{escaped}">no: NOT CONVERGED</td>' in page
     assert '<h3>stuck <small>(smo)</small> <span class="not-converged">NOT CONVERGED</span></h3>' in page
     assert f"<li><b>stuck</b>: NOT CONVERGED &mdash; {escaped}</li>" in page
-    assert page.count("NOT CONVERGED") == 3  # not for the converged solver nor the failed one
+    assert '<td>stuck <span class="not-converged">NOT CONVERGED</span></td>' in page    # in the metrics table
+    assert page.count("NOT CONVERGED") == 4  # not for the converged solver nor the failed one
     assert "<h3>fine <small>(uniform)</small></h3>" in page
 
 
-def test_without_matplotlib_the_tables_are_written_with_a_note(small_results, tmp_path, monkeypatch):
-    results = small_results
-    for module in ("matplotlib", "matplotlib.figure", "matplotlib.pyplot"):
-        monkeypatch.setitem(sys.modules, module, None)
+def test_matplotlib_is_a_runtime_dependency():
+    """The report (the main job's output) has figures on a plain install: no extra needed."""
+    import tomllib
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    assert any(re.match(r"matplotlib\b", d) for d in project["dependencies"])
+
+
+CLASSIFICATION_EXTRAS = {
+    "metrics": {"train_accuracy": 0.99, "test_accuracy": 0.62, "test_balanced_accuracy": 0.5, "test_roc_auc": 0.71,
+                "train_balanced_accuracy": 0.98, "train_roc_auc": 0.99},
+    "confusion_matrix": {"labels": [-1.0, 1.0], "counts": [[0, 15], [0, 25]]},
+    # the fields of docs/design.md, "Model selection and the null model"
+    "cv": {"key": "C", "parameter": "C", "requested": "auto", "grid": [0.01, 0.1, 1.0, 10.0],
+           "mean": [0.6, 0.8, 0.85, 0.84], "std": [0.05, 0.04, 0.031, 0.02], "metric": "accuracy", "folds": 5,
+           "seed": 0, "chosen": 1.0},
+    "null_model": {"metric": "test_accuracy", "solver": 0.62, "null": 0.625, "at_least_null": False},
+    "constant_predictor": {"constant": True, "value": 1.0},
+}
+NULL_CLASSIFIER = {"kind": "majority_class", "label": 1.0, "train_accuracy": 0.63, "test_accuracy": 0.625}
+
+
+def test_classification_metrics_model_selection_and_a_constant_predictor(tmp_path):
+    """Balanced accuracy, ROC AUC, the confusion matrix, the CV spread of the chosen value, the
+    majority-class rate and the constant-predictor flag are shown when results.json has them."""
+    results = {"schema_version": 1, "dataset": {"task": "classification", "classes": [-1.0, 1.0],
+                                                "null_model": NULL_CLASSIFIER}, "solvers": [
+        {"name": "picked", "solver": "spicy", "status": "ok", "converged": True,
+         "kernels": [{"name": "a", "weight": 2.0}, {"name": "b", "weight": 6.0}], **CLASSIFICATION_EXTRAS}]}
+    index = write_report(_copy_run(results, tmp_path), quiet=True)
+    page = index.read_text()
+    for header in ("test balanced accuracy", "test ROC AUC", "test accuracy", "CV score (mean ± std)",
+                   "train balanced accuracy"):
+        assert f"<th>{header}</th>" in page, header
+    assert '<td class="num">0.85 ± 0.031</td>' in page
+    assert "C = 1 chosen, 5 folds" in page and "<td>chosen</td>" in page
+    assert ('<tr><th>-1</th><td class="num hit">0</td><td class="num">15</td></tr>'
+            '<tr><th>1</th><td class="num">0</td><td class="num hit">25</td></tr>') in page
+    assert ("null model: always predicting the training majority class 1 scores test accuracy 0.625 "
+            "(the majority-class rate)") in page
+    assert ('<td>picked <span class="constant">CONSTANT PREDICTOR</span> '
+            '<span class="constant">BELOW THE NULL MODEL</span></td>') in page
+    assert '<span class="constant">CONSTANT PREDICTOR</span>: picked predicts 1 for every row' in page
+    assert _pngs(tmp_path / "report") == ["metrics.png", "model-selection.png", "weights-00-picked.png"]
+    from mklscale import plots
+
+    fig = plots.model_selection({"picked": CLASSIFICATION_EXTRAS["cv"]})
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log" and ax.get_title() == "picked"
+    assert [line.get_xdata()[0] for line in ax.get_lines() if line.get_linestyle() == ":"] == [1.0]
+
+
+def test_regression_shows_r2_rmse_and_the_mean_predictor_error(tmp_path):
+    null = {"kind": "mean", "value": 151.2, "train_r2": 0.0, "test_r2": -0.01, "train_rmse": 77.0, "test_rmse": 77.5}
+    results = {"schema_version": 1, "dataset": {"task": "regression", "null_model": null}, "solvers": [
+        {"name": "ridge", "solver": "pfbs", "status": "ok",
+         "metrics": {"train_r2": 0.6, "test_r2": 0.45, "train_rmse": 50.1, "test_rmse": 57.25},
+         "null_model": {"metric": "test_r2", "solver": 0.45, "null": -0.01, "at_least_null": True},
+         "constant_predictor": {"constant": False, "value": None}}]}
     page = write_report(_copy_run(results, tmp_path), quiet=True).read_text()
-    assert "matplotlib is not installed" in page and "<img" not in page
-    assert "<td>spicy_l1</td>" in page and _pngs(tmp_path / "report") == []
+    assert "<th>test R²</th><th>test RMSE</th>" in page and '<td class="num">57.25</td>' in page
+    assert "predicting the training mean 151.2 for every row scores test R² -0.01, test RMSE 77.5" in page
+    assert "CONSTANT PREDICTOR" not in page and "BELOW THE NULL MODEL" not in page
 
 
 # ---- the figures, from plain data ------------------------------------------------------------------
@@ -315,7 +310,7 @@ def test_without_matplotlib_the_tables_are_written_with_a_note(small_results, tm
 def test_convergence_figures_draw_one_line_per_solver_and_head(results):
     from mklscale import plots
 
-    histories = {s["name"]: s["history"] for s in results["solvers"] if s["history"]}
+    histories = {s["name"]: s["history"] for s in results["solvers"][:3]}
     ax = plots.duality_gap(histories)
     assert ax.get_yscale() == "log"
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [
@@ -325,6 +320,9 @@ def test_convergence_figures_draw_one_line_per_solver_and_head(results):
     assert len(ax.get_lines()) == 4
     n_active = [e["n_active"] for e in results["solvers"][0]["history"]]
     np.testing.assert_array_equal(ax.get_lines()[0].get_ydata(), n_active)
+    fig = plots.convergence_panels(histories, {"spicy_l1": 1e-4}, ncols=2)   # small multiples
+    assert len(fig.axes) == 6 and [a.get_title() for a in fig.axes[::2]] == list(histories)
+    assert [len(a.get_lines()) for a in fig.axes] == [1 + 1, 1, 2, 2, 1, 1]   # spicy_l1: gap + its tolerance
 
 
 def test_log_axes_skip_zero_negative_and_non_finite_values():

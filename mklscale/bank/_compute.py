@@ -46,8 +46,14 @@ def base_row(Xt, i, Zt, j0, j1, kind, out):
 
     kind SQDIST: sum_k (Xt[k, i] - Zt[k, j])^2;  kind DOT: sum_k Xt[k, i] Zt[k, j];
     Xt (d, n) and Zt (d, m) are feature-major float64. Four features per pass over out (one
-    load and store of out[j] per four terms, still added one by one in feature order).
+    load and store of out[j] per four terms, still added one by one in feature order). Operands of
+    other shapes (Zt with another number of features, i or j0:j1 outside them, out too short) raise
+    ValueError instead of reading out of bounds.
     """
+    if (Zt.shape[0] != Xt.shape[0] or i < 0 or i >= Xt.shape[1] or j0 < 0 or j1 < j0 or j1 > Zt.shape[1]
+            or out.shape[0] < j1 - j0):
+        raise ValueError("base_row: operand shapes disagree (Xt and Zt need the same number of features, "
+                         "i and j0:j1 must lie inside them, out must hold j1 - j0 values)")
     L = j1 - j0
     out[:L] = 0.0
     d = Xt.shape[0]
@@ -189,9 +195,12 @@ def _kernel_row(src, fam, a, p, ci, r, dst, single):
     ``single``: dst is float32; else ``exp_f64``);
     POLYNOMIAL f(b) = (b + a)^p, a = offset, on inner products; LINEAR f(b) = b.
     ci * r[j] is the normalisation (trace: 1 / tr K and 1; diag: 1 / sqrt(K_ii K_jj) as r_i r_j).
-    dst may be float32: the cast rounds to nearest, as ndarray.astype.
+    dst may be float32: the cast rounds to nearest, as ndarray.astype. dst and r shorter than src raise
+    ValueError.
     """
     L = src.shape[0]
+    if dst.shape[0] < L or r.shape[0] < L:
+        raise ValueError("_kernel_row: dst and r must be at least as long as src")
     if fam == GAUSSIAN and single:
         for j in range(L):
             dst[j] = exp_single(a * src[j]) * ci * r[j]
@@ -270,9 +279,12 @@ def _fill_grams(Xt, kind, fams, a, p, norm, out, single):
 
     One sweep over the upper triangle, _TILE rows at a time: each row of the base is computed
     once and mapped, scaled and cast into every kernel of the group, then the block of rows is
-    mirrored into the lower triangle (exact symmetry). Returns the normalisation factors.
+    mirrored into the lower triangle (exact symmetry). Returns the normalisation factors. Operands of
+    other shapes (out not (G, n, n), a or p not one entry per kernel) raise ValueError.
     """
     n, G = Xt.shape[1], fams.shape[0]
+    if out.shape[0] != G or out.shape[1] != n or out.shape[2] != n or a.shape[0] != G or p.shape[0] != G:
+        raise ValueError("_fill_grams: out must have shape (kernels, n, n) and a, p one entry per kernel")
     factors, scales = _normalisers(Xt, kind, fams, a, p, norm)
     buf = np.empty(n)
     for I in range(0, n, _TILE):

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from mklscale.bank import _compute
+from mklscale.bank import _compute, remote
 from mklscale.bank import factor as factor_math
 from mklscale.bank.spec import KernelSpec, specs_from_json, specs_to_json
 from mklscale.bank.direct_io import aligned_empty
@@ -38,6 +38,8 @@ from mklscale.bank.group import (
     data_array_name,
     json_attr,
 )
+from mklscale.bank.location import ObjectURL, bank_location
+from mklscale.bank.objlock import object_writer
 from mklscale.bank.inputs import NORMALIZATIONS, validate_dtype, validate_features
 from mklscale.bank.shard_format import write_shard_file
 from mklscale.bank.stats import checksum, kernel_stats
@@ -73,6 +75,7 @@ def build_bank(
     tol: float = 1e-6,
     seed: int = 0,
     max_error: float = 0.05,
+    storage_options: dict | None = None,
 ) -> KernelBank:
     """Compute K_m(X, X) for every spec and store them as a bank at ``path``.
 
@@ -115,30 +118,32 @@ def build_bank(
     mean, scale = _standardisation(X) if standardize else (None, None)
     Xs = X if mean is None else (X - mean) / scale
     fingerprint = _fingerprint(X, specs, normalize, dt.name, standardize, rows, factor)
-    path = Path(path)
-    if not prepare_path(path, overwrite=overwrite, fingerprint=fingerprint):
-        attrs = {
-            "normalize": normalize,
-            "standardization": None if mean is None else json_attr({"mean": mean.tolist(), "scale": scale.tolist()}),
-            "train_rows": rows,
-            "fingerprint": fingerprint,
-            "source": "build_bank",
-            "arithmetic": _compute.ARITHMETIC,
-            "created": creation_info(),
-        }
-        if factor is not None:
-            attrs["factor"] = json_attr(factor.to_attrs())
-        create_bank_group(path, specs=specs, n=X.shape[0], dtype=dt, attrs=attrs, X=Xs,
-                          chunk_mb=chunk_mb, shard_mb=shard_mb, rank=None if factor is None else factor.rank)
+    path = bank_location(path, storage_options)  # a folder, or s3://bucket/prefix (``remote``)
+    with _writer(path, "build"):  # issue 20: one writer per bank on an object store (``objlock``)
+        if not prepare_path(path, overwrite=overwrite, fingerprint=fingerprint):
+            attrs = {
+                "normalize": normalize,
+                "standardization": None if mean is None else json_attr({"mean": mean.tolist(), "scale": scale.tolist()}),
+                "train_rows": rows,
+                "fingerprint": fingerprint,
+                "source": "build_bank",
+                "arithmetic": _compute.ARITHMETIC,
+                "created": creation_info(),
+            }
+            if factor is not None:
+                attrs["factor"] = json_attr(factor.to_attrs())
+            create = remote.create_group if isinstance(path, ObjectURL) else create_bank_group
+            create(path, specs=specs, n=X.shape[0], dtype=dt, attrs=attrs, X=Xs,
+                   chunk_mb=chunk_mb, shard_mb=shard_mb, rank=None if factor is None else factor.rank)
 
-    bank = KernelBank.open(path)
-    done = bank.complete
-    bank.last_build_computed = 0  # kernels computed by this call (tests check resumption with it)
-    if not done.all():
-        bank = KernelBank.open(path, mode="r+")  # ReadOnlyStoreError here, before any task runs
-        bank.last_build_computed = _compute_shards(bank, specs, Xs, _unfinished_shards(done, bank.kernels_per_shard),
-                                                   keep=done, client=client, progress=progress,
-                                                   flush_every_s=flush_every_s)
+        bank = KernelBank.open(path)
+        done = bank.complete
+        bank.last_build_computed = 0  # kernels computed by this call (tests check resumption with it)
+        if not done.all():
+            bank = KernelBank.open(path, mode="r+")  # ReadOnlyStoreError here, before any task runs
+            bank.last_build_computed = _compute_shards(bank, specs, Xs, _unfinished_shards(done, bank.kernels_per_shard),
+                                                       keep=done, client=client, progress=progress,
+                                                       flush_every_s=flush_every_s)
     if factor is not None:
         _warn_approximation(bank, max_error)
     return bank
@@ -189,7 +194,7 @@ def _compute_shards(bank: KernelBank, specs: Sequence[KernelSpec], Xs: np.ndarra
     compiling = bool(progress and todo) and will_compile(_ENTRY_POINTS["dense" if bank.rank is None else "factor"])
     with _progress(len(specs), len(specs) - todo, progress, compiling) as bar:
         try:
-            with contextlib.closing(runner(client, str(bank.path), specs, Xs, bank.normalize, bank.dtype.name,
+            with contextlib.closing(runner(client, bank.path if bank.remote else str(bank.path), specs, Xs, bank.normalize, bank.dtype.name,
                                            layout, shards, expected, _factor_of(bank))) as results:
                 for first, stats in results:
                     writer.record(first, stats)
@@ -262,7 +267,12 @@ def repair_bank(bank: KernelBank, kernels: Sequence[int] | None = None, client=N
     dropped. Banks imported with ``from_arrays`` hold no features: repair raises SpecError saying
     to re-import them. A read-only store raises ReadOnlyStoreError before anything is read.
     """
-    bank = KernelBank.open(bank.path if isinstance(bank, KernelBank) else bank, mode="r+")
+    path = bank.path if isinstance(bank, KernelBank) else bank_location(bank)
+    with _writer(path, "repair"):
+        return _repair_locked(KernelBank.open(path, mode="r+"), kernels, client, progress)
+
+
+def _repair_locked(bank: KernelBank, kernels, client, progress: bool) -> RepairReport:
     Xs = bank.X_train
     if Xs is None:
         raise SpecError(f"bank {bank.path} was imported from Gram matrices (KernelBank.from_arrays) and holds no "
@@ -323,7 +333,7 @@ def build_shard(path: str, specs_json: str, Xs: np.ndarray, normalize, dtype: st
             stats["trace"][k], stats["fro"][k], stats["lambda_max"][k], stats["checksum"][k] = kernel_stats(block[k])
         _check_reproduced(s, s * per_shard, stats["checksum"], expected)
         with _off_the_worker_pool():
-            write_shard_file(Path(path), s, block, per_chunk, per_shard)
+            _write_shard(path, s, block, per_chunk, per_shard)
     return s * per_shard, stats
 
 
@@ -347,8 +357,21 @@ def _build_factor_shard(path: str, specs: list[KernelSpec], Xs: np.ndarray, norm
             stats["approx_error"][q], stats["exact_trace"][q] = f.approx_error, f.exact_trace
         _check_reproduced(s, first, stats["checksum"], expected)
         with _off_the_worker_pool():
-            write_shard_file(Path(path), s, block, per_chunk, per_shard, data_array_name("factor"))
+            _write_shard(path, s, block, per_chunk, per_shard, data_array_name("factor"))
     return first, stats
+
+
+def _writer(path, what: str):
+    """The writer lock of a bank on an object store (``objlock.object_writer``); nothing for a folder."""
+    return object_writer(path, what) if isinstance(path, ObjectURL) else contextlib.nullcontext()
+
+
+def _write_shard(path, s: int, block: np.ndarray, per_chunk: int, per_shard: int, array: str = "gram") -> None:
+    """One shard file, or one verified object PUT for a bank on an object store (``remote``)."""
+    if isinstance(path, ObjectURL):
+        remote.write_shard(path, s, block, per_chunk, per_shard, array)
+    else:
+        write_shard_file(Path(path), s, block, per_chunk, per_shard, array)
 
 
 @contextmanager
@@ -513,7 +536,7 @@ def _run_distributed(client, path, specs, Xs, normalize, dtype, layout, shards, 
     X_future = client.scatter(Xs, broadcast=True)
     futures = [
         client.submit(build_shard, path, specs_to_json(specs[s * S:(s + 1) * S]), X_future, normalize, dtype, s, layout,
-                      expected[s], factor, key=f"mklscale-build-{os.path.basename(path)}-{s}-{os.getpid()}-{time.monotonic_ns()}", pure=False)
+                      expected[s], factor, key=f"mklscale-build-{os.path.basename(str(path))}-{s}-{os.getpid()}-{time.monotonic_ns()}", pure=False)
         for s in shards
     ]
     watch = SchedulerWatch(client, f"the build of {path}")

@@ -110,8 +110,11 @@ def _columns(spec: KernelSpec, Xs: np.ndarray) -> np.ndarray:
 def _cross_cols(Xt, Zt, kind, fam, a, p, Ct):
     """Ct[j, i] = k(x_i, z_j) (unnormalised, float64) with the build's arithmetic (``base_row``,
     ``_kernel_row`` with ``exp_f64``), one landmark at a time over all points (long inner loops);
-    base(z, x) = base(x, z) bit for bit, so this is k(X, Z) transposed."""
+    base(z, x) = base(x, z) bit for bit, so this is k(X, Z) transposed. Operands of other shapes raise
+    ValueError (``base_row`` checks the features)."""
     m, n = Zt.shape[1], Xt.shape[1]
+    if Ct.shape[0] != m or Ct.shape[1] != n:
+        raise ValueError("_cross_cols: Ct must have shape (landmarks, points)")
     ones = np.ones(n)
     buf = np.empty(n)
     for j in range(m):
@@ -122,9 +125,12 @@ def _cross_cols(Xt, Zt, kind, fam, a, p, Ct):
 @numba.njit(cache=True, nogil=True)
 def _apply(Ct, T, row_normalise, out):
     """out[i, :] = sum_q Ct[q, i] T[q, :], q in order (then scaled to unit norm if row_normalise;
-    zero rows stay zero). Accumulated in a local row, which vectorises."""
+    zero rows stay zero). Accumulated in a local row, which vectorises. Operands of other shapes (T with
+    fewer than k rows, out not (n, r)) raise ValueError."""
     k, n = Ct.shape
     r = T.shape[1]
+    if T.shape[0] < k or out.shape[0] != n or out.shape[1] != r:
+        raise ValueError("_apply: T must have a row per landmark and out the shape (points, rank)")
     acc = np.empty(r)
     for i in range(n):
         acc[:] = 0.0

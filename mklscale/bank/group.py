@@ -67,13 +67,14 @@ def layout_for(M: int, n: int, itemsize: int, chunk_mb: float = 16, shard_mb: fl
     return per_chunk, per_shard
 
 
-def open_bank_group(path: Path, mode: str) -> zarr.Group | None:
+def open_bank_group(path, mode: str, store=None) -> zarr.Group | None:
     """The bank's group at ``path`` opened in ``mode``; None when ``path`` holds no bank. Raises
-    SchemaVersionError for a bank written with a newer schema than this mklscale reads."""
-    if not (path / "zarr.json").is_file():
+    SchemaVersionError for a bank written with a newer schema than this mklscale reads. ``store``:
+    the zarr store to open instead of the folder ``path`` (a bank on an object store, ``remote``)."""
+    if store is None and not (path / "zarr.json").is_file():
         return None
     try:
-        group = zarr.open_group(path, mode=mode)
+        group = zarr.open_group(path if store is None else store, mode=mode)
     except Exception:
         return None
     info = group.attrs.get("mklscale")

@@ -60,16 +60,7 @@ def write_shard_file(bank_path: Path, s: int, block: np.ndarray, per_chunk: int,
     outgrows memory, where it cannot stay cached anyway). The price: a bank that fits in memory is
     read from the disk on its first pass instead of from the cache.
     """
-    k = block.shape[0]
-    kernel_bytes = block.shape[1] * block.shape[2] * block.dtype.itemsize
-    n_chunks = -(-k // per_chunk)
-    chunk_bytes = per_chunk * kernel_bytes
-    index = np.full((per_shard // per_chunk, 2), _EMPTY, dtype="<u8")
-    index[:n_chunks, 0] = np.arange(n_chunks, dtype=np.uint64) * chunk_bytes
-    index[:n_chunks, 1] = chunk_bytes
-    index_bytes = index.tobytes()
-    crc = np.array([google_crc32c.value(index_bytes)], dtype="<u4").tobytes()
-    pad = n_chunks * per_chunk - k
+    kernel_bytes, pad, tail = _tail(block, per_chunk, per_shard)
     target = shard_path(bank_path, s, array)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".0.{uuid.uuid4().hex[:8]}.partial")
@@ -81,11 +72,36 @@ def write_shard_file(bank_path: Path, s: int, block: np.ndarray, per_chunk: int,
             f.write(data[done:])
             if pad:
                 f.write(bytes(pad * kernel_bytes))
-            f.write(index_bytes)
-            f.write(crc)
+            f.write(tail)
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _tail(block: np.ndarray, per_chunk: int, per_shard: int) -> tuple[int, int, bytes]:
+    """(bytes per kernel, zero kernels padding the last chunk, the index and its crc32c) of the
+    shard holding the kernels ``block``."""
+    k = block.shape[0]
+    kernel_bytes = block.shape[1] * block.shape[2] * block.dtype.itemsize
+    n_chunks = -(-k // per_chunk)
+    chunk_bytes = per_chunk * kernel_bytes
+    index = np.full((per_shard // per_chunk, 2), _EMPTY, dtype="<u8")
+    index[:n_chunks, 0] = np.arange(n_chunks, dtype=np.uint64) * chunk_bytes
+    index[:n_chunks, 1] = chunk_bytes
+    index_bytes = index.tobytes()
+    crc = np.array([google_crc32c.value(index_bytes)], dtype="<u4").tobytes()
+    return kernel_bytes, n_chunks * per_chunk - k, index_bytes + crc
+
+
+def shard_bytes(block: np.ndarray, per_chunk: int, per_shard: int) -> np.ndarray:
+    """The bytes ``write_shard_file`` writes, as one uint8 array (one object PUT on an object store)."""
+    kernel_bytes, pad, tail = _tail(block, per_chunk, per_shard)
+    data = np.frombuffer(memoryview(block.astype(block.dtype.newbyteorder("<"), copy=False)).cast("B"), np.uint8)
+    out = np.empty(data.size + pad * kernel_bytes + len(tail), dtype=np.uint8)
+    out[:data.size] = data
+    out[data.size:data.size + pad * kernel_bytes] = 0
+    out[out.size - len(tail):] = np.frombuffer(tail, np.uint8)
+    return out
 
 
 def chunk_offsets(tail: bytes, file_size: int, *, n_kernels: int, per_chunk: int, per_shard: int,

@@ -99,11 +99,16 @@ class KernelSpec:
     @property
     def name(self) -> str:
         """A readable, unique label, e.g. ``gaussian(width=0.5)[3]`` or ``polynomial(degree=2,offset=1)[all]``."""
+        return self.label()
+
+    def label(self, feature_names=None) -> str:
+        """:attr:`name` with the feature indices replaced by ``feature_names`` (one per column of the
+        data, e.g. a DataFrame's columns), e.g. ``gaussian(width=0.5)[mean radius]``; without names,
+        or when an index has no name, the index is kept."""
         if self.family == "precomputed":
             return str(self.param("name"))
         args = ",".join(f"{k}={_fmt(v)}" for k, v in self.params)
-        feats = "all" if self.features is None else ",".join(map(str, self.features))
-        return f"{self.family}({args})[{feats}]"
+        return f"{self.family}({args})[{features_text(self.features, feature_names)}]"
 
     @property
     def base_key(self) -> tuple:
@@ -185,6 +190,15 @@ class KernelSpec:
         return cls.from_dict(json.loads(s))
 
 
+def features_text(features, feature_names=None) -> str:
+    """``all`` for None, else the features joined by commas: their names where ``feature_names``
+    (one per data column) gives them, else their column indices."""
+    if features is None:
+        return "all"
+    names = list(feature_names) if feature_names is not None else []
+    return ",".join(str(names[f]) if 0 <= f < len(names) else str(f) for f in features)
+
+
 def specs_to_json(specs) -> str:
     return json.dumps([s.to_dict() for s in specs], sort_keys=True)
 
@@ -207,17 +221,30 @@ def _fmt(v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
+#: the smallest Gaussian width: below it 1 / (2 s^2) overflows or every off-diagonal entry is 0
+MIN_WIDTH = 1e-6
+#: the largest polynomial degree: (<x,z> + 1)^p of standardised features overflows float32 beyond it
+MAX_DEGREE = 20
+
+
 def _validate_params(family: str, p: dict) -> None:
     if family == "gaussian":
         w = p["width"]
         if not isinstance(w, (int, float, np.floating, np.integer)) or not math.isfinite(w) or w <= 0:
             raise SpecError(f"gaussian width must be a positive finite number, got {w!r}; give the standard deviation "
                             "s > 0 of exp(-||x-z||^2/(2 s^2)), e.g. 1.0")
+        if w < MIN_WIDTH:
+            raise SpecError(f"gaussian width {w!r} is below {MIN_WIDTH:g}: exp(-||x-z||^2/(2 s^2)) underflows to 0 "
+                            "(or 2 s^2 to 0) for every pair of distinct rows of standardised features; give a width "
+                            "of about 0.1 to 20")
         p["width"] = float(w)
     elif family == "polynomial":
         deg, off = p["degree"], p["offset"]
         if isinstance(deg, bool) or not float(deg).is_integer() or deg < 1:
-            raise SpecError(f"polynomial degree must be an integer >= 1, got {deg!r}")
+            raise SpecError(f"polynomial degree must be an integer >= 1, got {deg!r}; give a degree such as 2")
+        if deg > MAX_DEGREE:
+            raise SpecError(f"polynomial degree {deg!r} is above {MAX_DEGREE}: (<x,z> + c)^p overflows on standardised "
+                            f"features; give a degree from 1 to {MAX_DEGREE} (SimpleMKL uses 1-3)")
         if not math.isfinite(off) or off < 0:
             raise SpecError(f"polynomial offset must be finite and >= 0, got {off!r}")
         p["degree"], p["offset"] = int(deg), float(off)

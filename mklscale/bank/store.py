@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from mklscale.bank import shard_format
+from mklscale.bank import remote, shard_format
 from mklscale.bank.factor import factor_rows
 from mklscale.bank.direct_io import DIRECT_ALIGN, aligned_empty, write_direct
 from mklscale.bank.fs_errors import disk_full_message, raise_store_error, require_writable
@@ -46,6 +46,7 @@ from mklscale.bank.group import (
     layout_for,
     open_bank_group,
 )
+from mklscale.bank.location import ObjectURL, bank_location
 from mklscale.bank.inputs import DTYPES, NORMALIZATIONS, check_gram, validate_dtype, validate_features
 from mklscale.bank.normalize import normalize_block
 from mklscale.bank.shard_format import write_shard_file
@@ -56,6 +57,7 @@ from mklscale.errors import (
     BankMismatchError,
     InvalidInputError,
     NotABankError,
+    ObjectStoreError,
     ReadOnlyStoreError,
     SpecError,
 )
@@ -112,7 +114,9 @@ class KernelBank:
     repair: Callable[..., object]
 
     def __init__(self, path: str | os.PathLike, group: zarr.Group):
-        self.path = Path(path)
+        self.path = bank_location(path)  # a Path, or an ObjectURL for a bank on an object store
+        #: True for a bank on an object store (s3://; ``remote``)
+        self.remote: bool = isinstance(self.path, ObjectURL)
         self._group = group
         attrs = group.attrs.asdict()
         self._attrs = attrs
@@ -198,7 +202,7 @@ class KernelBank:
                 raise InvalidInputError(f"cross_grams must have shape ({len(mats)}, n_new, {n}), got {crosses.shape}")
             if not np.isfinite(crosses).all():
                 raise InvalidInputError("cross_grams contains NaN or inf")
-        path = Path(path)
+        path = bank_location(path)
         prepare_path(path, overwrite=overwrite, fingerprint=None)
         specs = [KernelSpec.precomputed(x) for x in names]
 
@@ -220,15 +224,24 @@ class KernelBank:
 
         attrs = {"normalize": normalize, "standardization": None, "train_rows": list(range(n)),
                  "fingerprint": None, "source": "from_arrays", "created": creation_info()}
-        create_bank_group(path, specs=specs, n=n, dtype=dt, attrs=attrs, X=None,
-                          chunk_mb=chunk_mb, shard_mb=shard_mb, fill=fill)
+        (remote.create_group if isinstance(path, ObjectURL) else create_bank_group)(
+            path, specs=specs, n=n, dtype=dt, attrs=attrs, X=None, chunk_mb=chunk_mb, shard_mb=shard_mb, fill=fill)
         return cls.open(path)
 
     # ---- opening ------------------------------------------------------------------------------
     @classmethod
-    def open(cls, path: str | os.PathLike, mode: str = "r") -> KernelBank:
-        """Open an existing bank (mode "r" or "r+"); errors say what is wrong with the path."""
-        path = Path(path)
+    def open(cls, path: str | os.PathLike, mode: str = "r", storage_options: dict | None = None) -> KernelBank:
+        """Open an existing bank (mode "r" or "r+") at a path or an s3:// URL (``storage_options``
+        override the AWS_* environment variables); errors say what is wrong with the path."""
+        path = bank_location(path, storage_options)
+        if isinstance(path, ObjectURL):  # issue 20: a bank on an object store
+            group = remote.open_group(path, mode)
+            if group is None:
+                raise NotABankError(f"no kernel bank at {path} (no zarr.json there); build one with build_bank or "
+                                    "`mklscale bank build`, or copy one there with `mklscale bank copy`")
+            bank = cls(path, group)
+            bank._mode = mode
+            return bank
         if not path.exists():
             raise NotABankError(f"no kernel bank at {path}: the path does not exist (build one with build_bank or `mklscale bank build`)")
         group = open_bank_group(path, mode)
@@ -243,6 +256,9 @@ class KernelBank:
 
     @staticmethod
     def is_bank(path: str | os.PathLike) -> bool:
+        path = bank_location(path)
+        if isinstance(path, ObjectURL):
+            return remote.is_bank(path)
         return Path(path).is_dir() and open_bank_group(Path(path), "r") is not None
 
     # ---- sizes and metadata -------------------------------------------------------------------
@@ -457,7 +473,19 @@ class KernelBank:
 
     def shard_file(self, s: int) -> Path:
         """The file holding shard s (zarr's default chunk key encoding)."""
+        if self.remote:
+            raise InvalidInputError(f"bank {self.path} is on an object store: its shards are objects, not files")
         return shard_format.shard_path(self.path, s, data_array_name(self.representation))
+
+    def _shard_raw(self, s: int) -> np.ndarray | None:
+        """The bytes of shard s's file or object (uint8), None when there is none."""
+        if self.remote:
+            return remote.read_shard_bytes(self, s)
+        file = self.shard_file(s)
+        return np.fromfile(file, dtype=np.uint8) if file.exists() else None
+
+    def _shard_exists(self, s: int) -> bool:
+        return remote.shard_size(self, s) is not None if self.remote else self.shard_file(s).exists()
 
     @property
     def shard_index_bytes(self) -> int:
@@ -490,10 +518,9 @@ class KernelBank:
         if not self.plain_layout:
             return self._data[first:stop]
         shape = self.block_shape
-        file = self.shard_file(s)
-        if not file.exists():
+        raw = self._shard_raw(s)
+        if raw is None:
             return np.zeros((stop - first,) + shape, self.dtype)
-        raw = np.fromfile(file, dtype=np.uint8)
         offsets = self.chunk_offsets(s, raw.size, raw[raw.size - self.shard_index_bytes:].tobytes())
         C = int(self._attrs["layout"]["kernels_per_chunk"])
         chunk_bytes = C * self._kernel_bytes
@@ -576,8 +603,10 @@ class KernelBank:
         """(kernel, name, reason) for the kernels ms (all of one shard) whose stored bytes are bad."""
         S = self.kernels_per_shard
         s = int(ms[0]) // S
-        if self.plain_layout and not self.shard_file(s).exists():
-            return [(int(m), self.specs[m].name, f"shard file {self.shard_file(s)} is missing") for m in ms]
+        if self.plain_layout and not self._shard_exists(s):
+            where = f"object {remote.shard_key(s, data_array_name(self.representation))}" if self.remote \
+                else f"file {self.shard_file(s)}"
+            return [(int(m), self.specs[m].name, f"shard {where} is missing") for m in ms]
         try:
             block = self.read_shard(s)
         except Exception as exc:  # a truncated or garbled shard fails to decode
@@ -590,13 +619,15 @@ class KernelBank:
         """Record kernels found bad: the reason in ``attrs["integrity"]`` first, then clear their
         ``complete`` flags (each write is atomic). Returns False when the store is read-only."""
         try:
-            group = zarr.open_group(self.path, mode="r+")
+            group = self._open_group("r+")
             record = dict((group.attrs.get("integrity") or {}).get("bad") or {})
             record.update({str(m): why for m, why in bad.items()})
             group.attrs["integrity"] = {"bad": record, "verified": creation_info()["time"]}
             flags = group["complete"][:]
             flags[list(bad)] = False
             group["complete"][:] = flags
+        except ObjectStoreError:  # an object store that cannot be reached is not a read-only one
+            raise
         except OSError:  # read-only or full: report without marking
             return False
         finally:
@@ -605,7 +636,7 @@ class KernelBank:
 
     def forget_bad(self, kernels: Sequence[int]) -> None:
         """Drop the recorded reasons of ``kernels`` (after they were recomputed)."""
-        group = zarr.open_group(self.path, mode="r+")
+        group = self._open_group("r+")
         record = dict((group.attrs.get("integrity") or {}).get("bad") or {})
         if any(str(int(m)) in record for m in kernels):
             for m in kernels:
@@ -615,9 +646,14 @@ class KernelBank:
 
     def _reload(self) -> None:
         """Re-read the group's metadata (attributes written through another handle)."""
-        self._group = zarr.open_group(self.path, mode=self._mode)
+        self._group = self._open_group(self._mode)
         self._attrs = self._group.attrs.asdict()
         self._data = self._group[data_array_name(self.representation)]
+
+    def _open_group(self, mode: str) -> zarr.Group:
+        if self.remote:
+            return remote.open_group(self.path, mode)
+        return zarr.open_group(self.path, mode=mode)
 
     # ---- cross kernels ------------------------------------------------------------------------
     def standardize(self, X: np.ndarray) -> np.ndarray:
@@ -668,6 +704,9 @@ def prepare_path(path: Path, overwrite: bool, fingerprint: str | None) -> bool:
     """Decide what to do with the target path. Returns True when an existing bank with the same
     fingerprint should be resumed; removes an existing bank if ``overwrite``; refuses anything
     else that exists (a non-empty folder that is not a bank is never deleted)."""
+    if isinstance(path, ObjectURL):
+        return remote.prepare(path, overwrite, fingerprint,
+                              lambda fp: KernelBank.open(path).attrs.get("fingerprint") == fp)
     if not path.exists():
         parent = path.parent if str(path.parent) else Path(".")
         try:

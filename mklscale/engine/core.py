@@ -89,7 +89,8 @@ class Engine(KernelEngine):
         self.M: int = len(bank)
         self._complete = complete
         self._lambda_max = np.where(complete, np.asarray(bank.lambda_max, dtype=np.float64), np.nan)
-        self._path = str(bank.path.resolve())
+        # tasks reopen the bank from this: a resolved folder, or the ObjectURL of a bank on an object store
+        self._path = bank.path if bank.remote else str(bank.path.resolve())
         self.representation: str = bank.representation
         self._factor = self.representation == "factor"
         self._tasks = factor_tasks if self._factor else tasks

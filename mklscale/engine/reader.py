@@ -24,6 +24,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from mklscale.bank.remote import ObjectShard, prefetch_runs
 from mklscale.errors import BankCorruptError
 
 #: Bytes copied per read call: big enough that a read costs far more than the call, small enough
@@ -127,7 +128,8 @@ class KernelReader:
 
     def _shard(self, s: int) -> _Shard:
         if s not in self._shards:
-            self._shards[s] = _Shard(self.bank, s)
+            # issue 20: a bank on an object store reads shard objects with ranged GETs
+            self._shards[s] = ObjectShard(self.bank, s) if self.bank.remote else _Shard(self.bank, s)
         return self._shards[s]
 
     def _fallback(self, m: int) -> np.ndarray:
@@ -148,6 +150,8 @@ class KernelReader:
                 yield pos, 1, 0, n, np.ascontiguousarray(self._fallback(int(m)))[None]
             return
         S = self.bank.kernels_per_shard
+        if self.bank.remote:
+            prefetch_runs(self, kernels)  # concurrent ranged GETs of the task's bytes, pieces served from them
         if kb <= self.piece_bytes:
             per = self.piece_bytes // kb
             buf = thread_buffer(per * kb)

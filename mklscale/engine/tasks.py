@@ -24,8 +24,12 @@ _BANKS_LOCK = threading.Lock()
 _MAX_BANKS = 8
 
 
-def _bank_key(path: str) -> tuple[str, int]:
+def _bank_key(path) -> tuple[str, int | str]:
     # the metadata file's mtime tells a bank rebuilt at the same path from the one opened before
+    if not isinstance(path, str) and getattr(path, "scheme", None):  # an ObjectURL: the ETag of zarr.json
+        from mklscale.bank.objstore import ObjectBank
+
+        return str(path), str((ObjectBank(path).head("zarr.json") or {}).get("e_tag"))
     return str(Path(path).resolve()), os.stat(Path(path) / "zarr.json").st_mtime_ns
 
 
@@ -46,7 +50,7 @@ def open_bank(path: str):
 
 def remember_bank(bank) -> None:
     """Put an already opened bank in this process's cache (the engine does so for its own bank)."""
-    key = _bank_key(str(bank.path))
+    key = _bank_key(bank.path if bank.remote else str(bank.path))
     with _BANKS_LOCK:
         _BANKS[key] = bank
         _BANKS.move_to_end(key)

@@ -37,9 +37,11 @@ from typing import Any
 import numpy as np
 
 from mklscale.errors import CheckpointError, InvalidInputError, Preempted
-from mklscale.runtime.atomic import fsync_dir
+from mklscale.runtime.atomic import write_file
 
 EXIT_PREEMPTED = 75
+#: a checkpoint's temp file untouched this long belongs to a writer that was killed
+STALE_TEMP_S = 300.0
 FORMAT_VERSION = 1
 _META = "__meta__"
 
@@ -51,7 +53,8 @@ def stop_on_signals(signums=(signal.SIGTERM, signal.SIGINT)) -> Iterator[None]:
     """Within the block, SIGTERM/SIGINT set a flag that the next ``Checkpoint.step`` acts on.
 
     Only the main thread can install handlers; elsewhere this is a no-op (signals keep their
-    default action). Previous handlers are restored on exit.
+    default action). Previous handlers are restored on exit; a signal caught after the last step
+    (the block ended without a step acting on it) is then raised again for the handler outside.
     """
     global _stop_signal
     if threading.current_thread() is not threading.main_thread():
@@ -67,9 +70,12 @@ def stop_on_signals(signums=(signal.SIGTERM, signal.SIGINT)) -> Iterator[None]:
     try:
         yield
     finally:
+        pending = _stop_signal
         for s, h in previous.items():
             signal.signal(s, h)
         _stop_signal = None
+    if pending is not None:  # caught after the last step: hand it to the handler outside the block
+        signal.raise_signal(pending)
 
 
 def stop_requested() -> int | None:
@@ -123,9 +129,11 @@ class Checkpoint:
     # ---- writing ------------------------------------------------------------------------------
     def step(self, iteration: int, get_state: Callable[[], dict]) -> None:
         """Called once per outer iteration: save on a caught signal (then raise Preempted) or when due."""
+        global _stop_signal
         signum = stop_requested()
         if signum is not None:
             self.save(iteration, get_state())
+            _stop_signal = None  # acted on
             raise Preempted(signum, self.path)
         due_time = self.every_s is not None and time.monotonic() - self._last_time >= self.every_s
         due_iter = self.every_iter is not None and iteration - self._last_iter >= self.every_iter
@@ -175,19 +183,22 @@ def write_atomic(path: Path, write: Callable[[Any], None]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise CheckpointError(_os_message(path, exc)) from None
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    _sweep_temp_files(path)
     try:
-        with open(tmp, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
+        write_file(path, write)
     except OSError as exc:
         raise CheckpointError(_os_message(path, exc)) from None
-    finally:
+
+
+def _sweep_temp_files(path: Path) -> None:
+    """Remove the temp files of ``path`` that writers killed mid-write left behind (SIGKILL, a lost
+    node): those untouched for :data:`STALE_TEMP_S` seconds (a live writer keeps its file's mtime
+    fresh as it writes)."""
+    now = time.time()
+    for tmp in path.parent.glob(f".{path.name}.tmp-*"):
         with contextlib.suppress(OSError):
-            tmp.unlink()
+            if now - tmp.stat().st_mtime > STALE_TEMP_S:
+                tmp.unlink()
 
 
 def _os_message(path: Path, exc: OSError) -> str:

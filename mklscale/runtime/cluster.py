@@ -46,6 +46,7 @@ from typing import Any, ClassVar, Union, get_args, get_origin, get_type_hints
 
 from mklscale.config import read_toml
 from mklscale.errors import ClusterUnavailableError, ConfigError
+from mklscale.runtime.interrupt import held
 
 KINDS = ("local", "address", "slurm", "pbs")
 
@@ -409,15 +410,21 @@ def _local(config: LocalConfig) -> Iterator[Any]:
 
     security = security_of(config)
     tls = {} if security is None else {"protocol": "tls://", "security": security}
-    try:
-        cluster = LocalCluster(n_workers=config.n_workers, threads_per_worker=config.threads_per_worker,
-                               processes=config.processes, memory_limit=config.memory_limit,
-                               dashboard_address=":0" if config.dashboard else None,
-                               scheduler_kwargs={"dashboard_address": ":0"}, **tls)  # its bare HTTP port: any free one
-    except Exception as exc:  # noqa: BLE001 - any failure to start is reported the same way
-        raise ClusterUnavailableError(f"could not start a local Dask cluster ({config.n_workers} workers, "
-                                      f"processes={config.processes}): {exc}; try fewer workers or processes = false") from exc
-    with cluster, Client(cluster, security=security) as client:
+    with contextlib.ExitStack() as stack:
+        # workers started here ignore Ctrl-C: it stops only this process, which then closes them
+        # (runtime.interrupt.held)
+        with held():
+            try:
+                cluster = stack.enter_context(LocalCluster(
+                    n_workers=config.n_workers, threads_per_worker=config.threads_per_worker,
+                    processes=config.processes, memory_limit=config.memory_limit,
+                    dashboard_address=":0" if config.dashboard else None,
+                    scheduler_kwargs={"dashboard_address": ":0"}, **tls))  # its bare HTTP port: any free one
+            except Exception as exc:  # noqa: BLE001 - any failure to start is reported the same way
+                raise ClusterUnavailableError(f"could not start a local Dask cluster ({config.n_workers} workers, "
+                                              f"processes={config.processes}): {exc}; try fewer workers or "
+                                              "processes = false") from exc
+            client = stack.enter_context(Client(cluster, security=security))
         yield client
 
 
