@@ -312,6 +312,7 @@ def test_sigterm_during_cv_then_resume_keeps_the_finished_folds(tmp_path, capsys
     resumed = run_pipeline(spec, out=run_dir, cluster=cluster, quiet=True, resume=True)["solvers"][0]["cv"]
     assert resumed["fold_scores"] == whole["fold_scores"] and resumed["chosen"] == whole["chosen"]
     capsys.readouterr()
+    (run_dir / "results.json").unlink()    # as if stopped after the solver finished, before the results
     again = run_pipeline(spec, out=run_dir, cluster=cluster, quiet=True, resume=True)["solvers"][0]
     assert "[sgd] finished before the interruption; kept" in capsys.readouterr().out   # no second CV or refit
     assert again["cv"] == resumed
