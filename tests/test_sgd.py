@@ -104,6 +104,34 @@ def test_polynomial_sampler_chi_square():
     assert fam.size == 1 + 3 + 9
 
 
+def test_sgd_polynomial_family_reaches_the_cvxpy_optimum():
+    """SGD-1s on a family against the optimum of the same problem (issue 21), not against a baseline.
+
+    The polynomial family with r = 3, D = 2 has 13 ordered multi-indices: the problem over Delta_2 is
+    finite and cvxpy solves it exactly (kernels K_I / rho_d^2). Algorithm 3 draws I with s_I = q_I / C, so
+    the importance-weighted step (1/2) q_I / s_I is what makes the gradient estimate unbiased. Stated
+    (lam = 0.1, T = 4000, seed 0, n = 30): J(theta_bar) / J* - 1 <= 4e-3 (measured 2.0e-3; seeds 1, 2:
+    1.7e-3, 2.2e-3). Dropping the 1 / s_I correction (a biased gradient) gives 7.0e-3 (6.6e-3 to 7.0e-3
+    over seeds 0-2): it converges to another point.
+
+    The Gaussian and Dirichlet families take nu = 2 only, and over a continuum of widths Delta_2 has no
+    optimum (k nearby widths with weight 1/sqrt(k) each have ||theta||_2 = 1 and sum sqrt(k) K: J tends to
+    its infimum as k grows), so there the tests state J's progress, not a distance to J*.
+    """
+    import itertools
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-1, 1, (30, 3))
+    y = X[:, 0] * X[:, 1] + 0.5 * X[:, 0] + 0.1 * rng.standard_normal(30)
+    fam = PolynomialFamily(X, D=2)
+    keys = [k for d in range(3) for k in itertools.product(range(3), repeat=d)]
+    assert len(keys) == fam.size == 13
+    grams = np.stack([fam.block(k) * fam.weight(k) for k in keys])
+    J_star, _ = one_stage_optimum(grams, y - y.mean(), 0.1, nu=2)
+    res = sgd.fit(fam, y, lam=0.1, T=4000, seed=0)
+    assert J_star * (1 - 1e-7) <= res.objective <= J_star * (1 + 4e-3), (res.objective / J_star - 1)
+
+
 def test_polynomial_family_scale_r100_D3():
     """The family with r = 100, D = 3 (1 010 101 ordered multi-indices) runs without enumerating it."""
     rng = np.random.default_rng(0)
