@@ -34,6 +34,13 @@ pfbs: tau; sgd/gcd: ridge lam). ``predict_proba`` exists only for ``solver="spic
 loss (its default for classification): P(classes_[1] | x) = sigmoid(f(x)) for binary, and
 sigmoid(f_k(x)) / sum_j sigmoid(f_j(x)) for one-vs-rest.
 
+Tuning C: use scikit-learn's ``GridSearchCV`` (each fold's training rows get their own bank in the
+cache). The grids the pipelines' ``C = "auto"`` uses (:mod:`mklscale.model_selection`) suit the
+default unit-trace kernels here too: SVM constants (smo, citi, the baselines' final SVM)
+``C = n_train * (0.1, 1, 10)`` (C = 1 or 10 on unit-trace kernels usually predicts the majority class);
+ridges (sgd, gcd, regression baselines) ``lam = (1e-3, 1e-2, 1e-1, 1, 10) / n_train``; spicy's ``C``
+and pfbs' tau as (0.1, 0.03, 0.01, 0.003) times the value above which no kernel is kept.
+
 ``load(path)`` (``mklscale.load``) reads a saved model back as a fitted estimator.
 """
 

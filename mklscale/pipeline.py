@@ -27,7 +27,10 @@ A pipeline is a TOML file (see ``pipelines/``)::
     [[solver]]                          # any number; each becomes one fitted model
     name = "spicy_l1"                   # unique label
     solver = "spicy"                    # mklscale.solvers.registry name
-    C = 0.05                            # the solver's main regularisation (see the registry)
+    C = 0.05                            # the solver's main regularisation (see the registry); a list
+                                        # [0.01, 0.1] or "auto": chosen by k-fold CV on the training
+                                        # rows (mklscale.model_selection; also tau / lam by their names)
+    cv_folds = 3                        # folds of that CV (only with a list or "auto")
     loss = "logistic"                   # every other key is a parameter of that solver
 
     [[path]]                            # optional: PFBS regularisation paths (square loss)
@@ -63,7 +66,7 @@ check them, the split must leave 2 training rows per class, and the bank must fi
 
 results.json: ``schema_version``, ``mklscale_version``, ``pipeline`` {name, description, path,
 config}, ``started``/``finished``/``seconds``, ``machine``, ``cluster`` {kind, dashboard, workers},
-``dataset`` {name, task, n_train, n_test, n_features, classes, feature_names}, ``bank`` {path, M,
+``dataset`` {name, task, n_train, n_test, n_features, classes, feature_names, null_model}, ``bank`` {path, M,
 n, dtype, normalize, build_seconds, kernels_computed, families}, ``solvers``: one entry per solver
 and per path with name, solver, params, status ("ok"/"failed"), error, metrics (train/test
 accuracy, balanced_accuracy and roc_auc, or r2 and rmse), confusion_matrix (classification, test
@@ -73,10 +76,16 @@ shows the dataset's feature names, e.g. ``gaussian(width=2)[mean radius]``, the 
 column indices), history (per iteration, with
 head for one-vs-rest), path (for [[path]] entries: parameter, values, kernel_names, weights,
 n_active, scores, score_name), convergence_warning (the estimator's ConvergenceWarning text:
-solver, class, gap and what to change; null when converged) and model (relative path or null).
+solver, class, gap and what to change; null when converged), model (relative path or null), cv
+(the cross-validation curve and the chosen value when C was a list or "auto", else null),
+null_model (the test metric beside the majority-class / mean predictor's) and constant_predictor
+(whether the model predicts one class / value everywhere). docs/design.md, "Model selection and
+the null model", lists these fields.
 
 A solver that did not converge is flagged on its console line (``!! NOT CONVERGED (gap ...)``,
-followed by the warning's text) and in the report; the run goes on.
+followed by the warning's text) and in the report; the run goes on. The console line shows the
+majority rate (or the mean predictor's R^2) beside the solver's test metric, the cross-validated
+value, and ``!! CONSTANT PREDICTOR (every row ...)`` for a model that predicts one class / value.
 """
 
 from __future__ import annotations
@@ -96,7 +105,7 @@ import numpy as np
 
 from sklearn.exceptions import ConvergenceWarning
 
-from mklscale import __version__
+from mklscale import __version__, model_selection, null_model
 from mklscale.bank.factor import LANDMARK_RULES, METHODS
 from mklscale.bank.location import bank_location, is_url, redact_options, redact_toml
 from mklscale.config import Field, check_table, check_value, fraction, one_of, positive, read_toml
@@ -120,6 +129,8 @@ MAX_TAUS = 10_000
 MIN_TRAIN_PER_CLASS = 2
 #: the flag the console line of an unconverged solver carries (the report shows its own)
 NOT_CONVERGED = "!! NOT CONVERGED"
+#: the flag of a model that predicts one class (or one value) for every train and test row
+CONSTANT_PREDICTOR = "!! CONSTANT PREDICTOR"
 #: the estimators' ConvergenceWarning, which the run prints and records instead of warning
 _CONVERGENCE_WARNING = r"MKL(Classifier|Regressor): solver .* did not converge"
 
@@ -156,7 +167,10 @@ _BANK = {
     "storage_options": Field((dict,), None),
 }
 _FACTOR_KEYS = ("method", "landmarks", "tol", "max_error")
-_SOLVER_FIXED = {"name": Field((str,)), "solver": Field((str,)), "C": Field((float,), None, positive)}
+_SOLVER_FIXED = {"name": Field((str,)), "solver": Field((str,)),
+                 "C": Field((float, list, str), None, model_selection.check_grid),
+                 "cv_folds": Field((int,), model_selection.DEFAULT_FOLDS,
+                                   lambda v: None if v >= 2 else f"must be >= 2, got {v!r}")}
 _PATH = {
     "name": Field((str,)),
     "mu": Field((float,), 1e-4, lambda v: None if v >= 0 else "must be >= 0"),
@@ -277,7 +291,11 @@ def _check_solver(table, where: str) -> dict:
                           f"one of its parameters: {', '.join(['C'] + sorted(set(accepted) - {'C'}))}")
     for key, value in params.items():
         check_value(value, Field(_PARAM_TYPES), f"{where}.{key}")
-    return {**fixed, "params": params}
+    entry = {**fixed, "params": params}
+    if model_selection.request(entry, where) is None and "cv_folds" in table:
+        raise ConfigError(f"{where}: cv_folds applies only when C (or the solver's tau / lam) is a list of values "
+                          'or "auto"; give a grid or remove cv_folds')
+    return entry
 
 
 # ---- running ---------------------------------------------------------------------------------------
@@ -341,6 +359,8 @@ def _run(pipe: Pipeline, run_dir: Path, cluster, quiet: bool, resume: bool, over
     _check_solvers(pipe, data.task)
     say(f"[{pipe.name}] {data.name}: {len(data.y_train)} training rows, {len(data.y_test)} test rows, "
         f"{data.X_train.shape[1]} features ({data.task})")
+    null = null_model.null_model(data.task, data.y_train, data.y_test)
+    say(f"[{pipe.name}] null model: {_null_text(null)}")
     stage.doing = "starting the cluster"
     with open_client(cluster_config, quiet=quiet) as client:
         # the run folder is created only once the data loaded and the cluster answered, so a bad
@@ -352,7 +372,7 @@ def _run(pipe: Pipeline, run_dir: Path, cluster, quiet: bool, resume: bool, over
             for entry in pipe.solvers:
                 stage.doing, stage.solver = f"running solver {entry['name']}", entry["name"]
                 entries.append(_run_solver(entry, bank, data, run_dir, client, quiet, say, pipe.checkpoint_every_s,
-                                           resume))
+                                           resume, seed=pipe.seed))
                 stage.finished.append(entry["name"])
             for entry in pipe.paths:
                 stage.doing, stage.solver = f"running path {entry['name']}", entry["name"]
@@ -373,7 +393,7 @@ def _run(pipe: Pipeline, run_dir: Path, cluster, quiet: bool, resume: bool, over
         "machine": _machine(), "cluster": cluster_info,
         "dataset": {"name": data.name, "task": data.task, "n_train": int(len(data.y_train)),
                     "n_test": int(len(data.y_test)), "n_features": int(data.X_train.shape[1]),
-                    "classes": data.classes,
+                    "classes": data.classes, "null_model": null,
                     "feature_names": None if data.feature_names is None else list(data.feature_names)},
         "bank": bank_info, "solvers": entries,
     }
@@ -453,12 +473,15 @@ def _check_solvers(pipe: Pipeline, task: str) -> None:
     from mklscale.estimators import MKLClassifier, MKLRegressor
 
     Estimator = MKLClassifier if task == "classification" else MKLRegressor
+    where = f"pipeline {pipe.source}" if pipe.source else "pipeline"
     for i, entry in enumerate(pipe.solvers):
-        try:
-            Estimator(solver=entry["solver"], C=entry["C"], solver_params=dict(entry["params"]))._check_solver()
-        except InvalidInputError as exc:
-            where = f"pipeline {pipe.source}" if pipe.source else "pipeline"
-            raise ConfigError(f"{where} [[solver]] #{i + 1} ({entry['name']}): {exc}") from None
+        label = f"{where} [[solver]] #{i + 1} ({entry['name']})"
+        for candidate in model_selection.candidates(entry, task, label):   # every value of a C grid
+            try:
+                Estimator(solver=candidate["solver"], C=candidate["C"],
+                          solver_params=dict(candidate["params"]))._check_solver()
+            except InvalidInputError as exc:
+                raise ConfigError(f"{label}: {exc}") from None
 
 
 def _stop_message(exc: Stopped | Preempted, pipe: Pipeline, run_dir: Path, stage: _Stage) -> str:
@@ -577,7 +600,7 @@ def _build_bank(pipe: Pipeline, data: _Data, run_dir: Path, client, quiet: bool,
 
 
 def _run_solver(entry: dict, bank, data: _Data, run_dir: Path, client, quiet: bool, say, every_s: float,
-                resume: bool) -> dict:
+                resume: bool, seed: int = 0) -> dict:
     """Fit one [[solver]] entry on the bank, evaluate it on the test rows and save its model.
 
     The finished entry is kept in ``checkpoints/<name>.done.json``; with ``resume`` a finished
@@ -587,9 +610,9 @@ def _run_solver(entry: dict, bank, data: _Data, run_dir: Path, client, quiet: bo
     from mklscale.runtime.checkpoint import Preempted
 
     name = entry["name"]
-    params = dict(entry["params"])
-    record = {"name": name, "solver": entry["solver"], "params": {"C": entry["C"], **params}, "status": "ok",
-              "error": None, "model": None, "path": None}
+    requested = {"C": entry["C"], **entry["params"]}
+    record = {"name": name, "solver": entry["solver"], "params": requested, "status": "ok",
+              "error": None, "model": None, "path": None, "cv": None}
     done = run_dir / "checkpoints" / f"{name}.done.json"
     if resume and done.is_file():
         try:
@@ -597,10 +620,24 @@ def _run_solver(entry: dict, bank, data: _Data, run_dir: Path, client, quiet: bo
         except (OSError, ValueError) as exc:
             raise CheckpointError(f"{done} is unreadable ({exc}): the record of finished solver {name} is damaged; "
                                   f"delete it to run {name} again on --resume") from None
-        if previous.get("params") == json_safe(record["params"]) and (run_dir / str(previous.get("model"))).is_dir():
+        same_cv = (previous.get("cv") or {}).get("folds", entry["cv_folds"]) == entry["cv_folds"]
+        if model_selection.requested_params(previous) == json_safe(requested) and same_cv \
+                and (run_dir / str(previous.get("model"))).is_dir():
             _summary(f"[{name}] finished before the interruption; kept")
             return previous
     done.unlink(missing_ok=True)
+    try:
+        record["cv"] = _cross_validate(entry, bank, data, run_dir, client, say, seed, resume)
+    except (Preempted, ClusterUnavailableError):
+        raise
+    except MKLScaleError as exc:
+        record.update(status="failed", error=f"cross-validation: {type(exc).__name__}: {exc}")
+        _summary(f"[{name}] FAILED: {record['error']}")
+        return record
+    if record["cv"] is not None:
+        entry = model_selection.at_choice(entry, record["cv"])
+        record["params"] = {"C": entry["C"], **entry["params"]}
+    params = dict(entry["params"])
     Estimator = MKLClassifier if data.task == "classification" else MKLRegressor
     estimator = Estimator(solver=entry["solver"], C=entry["C"], solver_params=params, client=client,
                           verbose=not quiet, checkpoint_dir=str(run_dir / "checkpoints" / name),
@@ -621,6 +658,7 @@ def _run_solver(entry: dict, bank, data: _Data, run_dir: Path, client, quiet: bo
     record["metrics"] = _metrics(estimator, data)
     if data.task == "classification":
         record["confusion_matrix"] = _confusion(estimator, data)
+    record.update(_null_model_check(estimator, data, record["metrics"]))
     record.update(_result_summary(estimator, bank, data.feature_names))
     model_dir = run_dir / "models" / name
     try:
@@ -631,6 +669,28 @@ def _run_solver(entry: dict, bank, data: _Data, run_dir: Path, client, quiet: bo
     write_json_atomic(done, json_safe(record))
     _say_solver(say, record, len(bank))
     return record
+
+
+def _cross_validate(entry: dict, bank, data: _Data, run_dir: Path, client, say, seed: int,
+                    resume: bool) -> dict | None:
+    """The ``cv`` record of a solver whose regularisation is a list or "auto" (None otherwise):
+    k-fold CV on the bank's rows (``mklscale.model_selection``); its state in checkpoints/<name>.cv.json."""
+    req = model_selection.request(entry)
+    if req is None:
+        return None
+    state = run_dir / "checkpoints" / f"{entry['name']}.cv.json"
+    if not resume:
+        state.unlink(missing_ok=True)
+    return model_selection.select(entry, req, bank, data.task, data.y_train, data.classes, client, seed, state,
+                                  resume, say)
+
+
+def _null_model_check(estimator, data: _Data, metrics: dict) -> dict:
+    """The null model beside the solver's test metric, and whether the model predicts one class / value."""
+    null = null_model.null_model(data.task, data.y_train, data.y_test)
+    predictions = [estimator.predict(data.X_train), estimator.predict(data.X_test)]
+    return {"null_model": null_model.compare(null, metrics),
+            "constant_predictor": null_model.constant_prediction(predictions, data.task, data.y_train)}
 
 
 def _metrics(estimator, data: _Data) -> dict:
@@ -700,15 +760,28 @@ def _kernel_entry(bank, m: int, weight: float, head, feature_names=None) -> dict
             "features": None if spec.features is None else list(spec.features), "weight": weight, "head": head}
 
 
+def _null_text(null: dict) -> str:
+    if null["kind"] == "majority_class":
+        return f"majority class {null['label']!r}: test accuracy {null['test_accuracy']:.4f}"
+    return f"training mean {null['value']:.4g}: test r2 {null['test_r2']:.4f}, test rmse {null['test_rmse']:.4g}"
+
+
 def _say_solver(say, record: dict, M: int) -> None:
-    """Print a solver's test metric and cost (a summary line, printed under ``quiet`` too), then through
-    ``say`` its convergence advice and kept kernels (top 5 by weight)."""
+    """Print a solver's test metric beside the null model's, the cross-validated value, its cost and its
+    flags (not converged, constant predictor) (a summary line, printed under ``quiet`` too), then
+    through ``say`` its convergence advice and kept kernels (top 5 by weight)."""
     metric = next((k for k in ("test_accuracy", "test_r2") if k in record["metrics"]), None)
     gap = record["gap"]  # json_safe: a float, or "inf"/"nan"
     flag = "" if record["converged"] else f"  {NOT_CONVERGED} (gap {gap:.3g})" if isinstance(gap, float) \
         else f"  {NOT_CONVERGED} (gap {gap})"
-    _summary(f"[{record['name']}] {metric} {record['metrics'][metric]:.4f}  kept {record['n_active']}/{M} kernels  "
-             f"passes {record['passes']}  {record['seconds']:.1f} s  converged {record['converged']}{flag}")
+    constant = record.get("constant_predictor") or {}
+    if constant.get("constant"):
+        flag += f"  {CONSTANT_PREDICTOR} (every row {constant['value']!r})"
+    versus = record.get("null_model")
+    beside = "" if not versus else f" ({'majority' if metric == 'test_accuracy' else 'mean'} {versus['null']:.4f})"
+    chosen = "" if not record.get("cv") else f"  cv {record['cv']['key']} = {record['cv']['chosen']:.4g}"
+    _summary(f"[{record['name']}] {metric} {record['metrics'][metric]:.4f}{beside}{chosen}  kept {record['n_active']}/"
+             f"{M} kernels  passes {record['passes']}  {record['seconds']:.1f} s  converged {record['converged']}{flag}")
     if record.get("convergence_warning"):
         say(f"    {record['convergence_warning']}")
     for k in sorted(record["kernels"], key=lambda k: -k["weight"])[:5]:

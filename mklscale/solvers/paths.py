@@ -161,8 +161,9 @@ class CrossValidation:
     seconds: float
 
 
-def _fold_assignment(y: np.ndarray, folds: int, classification: bool, seed: int) -> np.ndarray:
-    """Fold index per row: a seeded shuffle dealt round-robin (per class for classification)."""
+def fold_assignment(y: np.ndarray, folds: int, classification: bool, seed: int) -> np.ndarray:
+    """Fold index per row: a seeded shuffle dealt round-robin (per class for classification, so
+    every fold keeps the class proportions; also used by the pipelines' model selection)."""
     rng = np.random.default_rng(seed)
     fold = np.empty(y.size, dtype=np.int64)
     groups = [np.flatnonzero(y == c) for c in np.unique(y)] if classification else [np.arange(y.size)]
@@ -224,7 +225,7 @@ def cross_validate(engine, y, taus=None, mus=DEFAULT_MUS, folds: int = 5, task: 
         taus = tau_grid(tmax, n_taus, eps)
     else:
         taus = _check_taus(taus)
-    fold_of_row = _fold_assignment(y, int(folds), classification, int(seed))
+    fold_of_row = fold_assignment(y, int(folds), classification, int(seed))
     options = dict(taus=taus, tol=tol, max_iter=max_iter, accelerated=accelerated, center=center, step=step)
     fold_errors = np.empty((mus.size, taus.size, int(folds)))
     for i, mu in enumerate(mus):

@@ -41,7 +41,7 @@ This module imports no estimator code, so the pipeline runner can use it directl
 ``fit_solver(name, engine, y, task, C=None, params=None, checkpoint=None)``, ``names()``,
 ``supports(name, task)``, ``checkpoints(name)``, ``accepted_params(name)``, ``limit_params(name)``,
 ``convergence_advice(name, task, used)`` (the "what to change" of an unconverged run),
-``c_parameter(name, task, params)``, ``default_C(name, task, params)``.
+``c_parameter(name, task, params)``, ``c_names(name)``, ``default_C(name, task, params)``.
 
 Checkpoints: ``fit_solver(..., checkpoint=Checkpoint(path, fingerprint, ...))``
 (:mod:`mklscale.runtime.checkpoint`) is passed to the solvers whose row has ``checkpoints=True``
@@ -360,6 +360,12 @@ def _number_text(value) -> str:
 def c_parameter(name: str, task: str, params: dict | None = None) -> str:
     """Name of the solver parameter the estimators' ``C`` sets (e.g. "tau" for pfbs)."""
     return info(name).c_param(task, dict(params or {}))
+
+
+def c_names(name: str) -> tuple[str, ...]:
+    """Every solver parameter ``C`` can stand for (e.g. ("C", "lam") for the baselines: C for
+    classification, lam for regression); which one it sets for a task is :func:`c_parameter`."""
+    return _C_NAMES[info(name).name]
 
 
 def default_C(name: str, task: str, params: dict | None = None) -> float:
