@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -59,3 +60,17 @@ def write_direct(path: Path, data: memoryview) -> int:
     finally:
         os.close(fd)
     return done
+
+
+_thread_buffers = threading.local()
+
+
+def thread_buffer(nbytes: int, slot: str = "piece") -> np.ndarray:
+    """A uint8 buffer of at least ``nbytes`` owned by the calling thread and reused across calls;
+    ``slot`` names independent buffers of one thread (the engine's read pieces, an object-store
+    shard's prefetch window)."""
+    buf = getattr(_thread_buffers, slot, None)
+    if buf is None or buf.size < nbytes:
+        buf = np.empty(nbytes, dtype=np.uint8)
+        setattr(_thread_buffers, slot, buf)
+    return buf

@@ -16,12 +16,12 @@ The bank's objects have the keys its files would have on disk (``zarr.json``, ``
 from __future__ import annotations
 
 import tempfile
-import threading
 from pathlib import Path
 
 import numpy as np
 
 from mklscale.bank import shard_format
+from mklscale.bank.direct_io import thread_buffer
 from mklscale.bank.group import create_bank_group, data_array_name, open_bank_group
 from mklscale.bank.location import ObjectURL
 from mklscale.bank.objstore import ObjectBank
@@ -123,16 +123,6 @@ def read_shard_bytes(bank, s: int) -> np.ndarray | None:
     return out
 
 
-_local = threading.local()
-
-
-def _window(nbytes: int) -> np.ndarray:
-    buf = getattr(_local, "window", None)
-    if buf is None or buf.size < nbytes:
-        buf = _local.window = np.empty(nbytes, dtype=np.uint8)
-    return buf
-
-
 class ObjectShard:
     """``engine.reader``'s shard for a bank on an object store: the same interface as its file
     shard (``offset``, ``same_chunk``, ``read``, ``close``) plus ``prefetch``: the byte range a
@@ -189,7 +179,7 @@ class ObjectShard:
                 return
             # the thread's window buffer is shared by the shards this thread reads: claim it
             _local.owner = None
-            self._buf = _window(hi - lo)
+            self._buf = thread_buffer(hi - lo, slot="window")
             self._get(lo, self._buf[: hi - lo])
             self._lo, self._hi, _local.owner = lo, hi, self
         raw[:] = self._buf[offset - self._lo: end - self._lo]

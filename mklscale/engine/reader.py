@@ -19,28 +19,17 @@ back to ``bank.read_shard``.
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from mklscale.bank.direct_io import thread_buffer
 from mklscale.bank.remote import ObjectShard, prefetch_runs
 from mklscale.errors import BankCorruptError
 
 #: Bytes copied per read call: big enough that a read costs far more than the call, small enough
 #: to stay in a core's L2 (2 MB here) while the chunk kernel consumes it.
 PIECE_BYTES = 2 * 2**20
-
-_local = threading.local()
-
-
-def thread_buffer(nbytes: int) -> np.ndarray:
-    """A uint8 buffer of at least ``nbytes`` owned by the calling thread and reused across calls."""
-    buf = getattr(_local, "buffer", None)
-    if buf is None or buf.size < nbytes:
-        buf = _local.buffer = np.empty(nbytes, dtype=np.uint8)
-    return buf
-
 
 class _Shard:
     """One open shard file and its validated chunk index."""
