@@ -16,6 +16,7 @@ The bank's objects have the keys its files would have on disk (``zarr.json``, ``
 from __future__ import annotations
 
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -121,6 +122,10 @@ def read_shard_bytes(bank, s: int) -> np.ndarray | None:
     except (FileNotFoundError, EOFError):
         return None if not ob.exists(key) else read_shard_bytes(bank, s)  # replaced meanwhile: read again
     return out
+
+
+#: which ObjectShard's byte range the calling thread's prefetch window holds
+_local = threading.local()
 
 
 class ObjectShard:
