@@ -130,7 +130,8 @@ def render_pass() -> str:
     sb = r["small_bank"]
     return head + (
         f"Bank in the page cache: M = {c['M']}, n = {c['n']} {c['dtype']} ({c['bank_bytes'] / 1e9:.1f} GB, "
-        f"{c['shards']} shards), medians of {c['repeats']}.\nMachine: {_machine(r['machine'])}.\n\n"
+        f"{c['shards']} shards), medians of {c['repeats']}.\nMachine: {_machine(r['machine'])}; load average "
+        f"{r['machine'].get('load_average_at_record', '?')}.\n\n"
         + _table(["operation", "seconds", "GB/s", "x fromfile (1 thread)", "x fromfile (2 threads)"]
                  + ([f"x fastest plain read ({best})", "x memory read (floor)"] if best else []), rows)
         + f"\n\nk = 16 vectors cost {c['k16_over_k1_time']:.2f}x the time of k = 1 (target: well under 2x). "
