@@ -51,6 +51,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from sklearn.metrics import r2_score
 
 from mklscale.errors import ConfigError, Preempted
 from mklscale.solvers import registry
@@ -240,9 +241,7 @@ def _smallest_group(y: np.ndarray, classification: bool) -> int:
 def _score(f: np.ndarray, y: np.ndarray, classes) -> float:
     """Accuracy of the labels the estimators would predict from f (n, heads), or R^2 of f (regression)."""
     if classes is None:
-        f = f[:, 0]
-        total = float(np.sum((y - y.mean()) ** 2))
-        return 1.0 - float(np.sum((y - f) ** 2)) / total if total > 0 else float(np.all(f == y))
+        return float(r2_score(y, f[:, 0]))       # as the pipeline's test_r2 (the estimators' score)
     classes = np.asarray(classes)
     labels = classes[(f[:, 0] > 0).astype(np.int64)] if f.shape[1] == 1 else classes[np.argmax(f, axis=1)]
     return float(np.mean(labels == y))

@@ -18,6 +18,7 @@ model's, at_least_null: the solver's test accuracy / R^2 is >= the null model's)
 from __future__ import annotations
 
 import numpy as np
+from sklearn.metrics import r2_score
 
 #: a regression model counts as constant when the standard deviation of its predictions is below this
 #: fraction of the training targets' (it then explains less than CONSTANT_RTOL^2 of their variance)
@@ -35,7 +36,7 @@ def null_model(task: str, y_train, y_test) -> dict:
     mean = float(np.mean(y_train))
     out = {"kind": "mean", "value": mean}
     for split, y in (("train", y_train), ("test", y_test)):
-        out[f"{split}_r2"] = _r2(np.full(y.shape, mean), y)
+        out[f"{split}_r2"] = float(r2_score(y, np.full(y.shape, mean)))   # as the solvers' metrics
         out[f"{split}_rmse"] = float(np.sqrt(np.mean((y - mean) ** 2)))
     return out
 
@@ -65,7 +66,3 @@ def constant_prediction(predictions: list[np.ndarray], task: str, y_train) -> di
         value = value.item()
     return {"constant": bool(constant), "value": value}
 
-
-def _r2(pred: np.ndarray, y: np.ndarray) -> float:
-    total = float(np.sum((y - y.mean()) ** 2))
-    return 1.0 - float(np.sum((y - pred) ** 2)) / total if total > 0 else 0.0
