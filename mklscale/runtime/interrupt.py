@@ -26,9 +26,11 @@ import threading
 from collections.abc import Iterator
 
 from mklscale.errors import Stopped
+from mklscale.runtime.checkpoint import EXIT_PREEMPTED
 
-#: the CLI's exit status after a stop (``EX_TEMPFAIL``: try again later; batch scripts requeue on it)
-EXIT_STOPPED = 75
+#: the CLI's exit status after a stop: the one a preempted solver exits with (75, ``EX_TEMPFAIL``: try
+#: again later; batch scripts requeue on it)
+EXIT_STOPPED = EXIT_PREEMPTED
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 #: loggers that report a cluster closed under running work as errors and warnings
 _NOISY_LOGGERS = ("distributed", "tornado", "asyncio")
