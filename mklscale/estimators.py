@@ -130,6 +130,15 @@ _PARAMETERS = """\
 """
 
 
+def head_targets(y, classes) -> list[np.ndarray]:
+    """The +-1 targets of the binary problems a classifier solves: classes[1] -> +1 (two classes, one
+    head), else one head per class, that class against the rest."""
+    y = np.asarray(y)
+    if len(classes) == 2:
+        return [np.where(y == classes[1], 1.0, -1.0)]
+    return [np.where(y == c, 1.0, -1.0) for c in classes]
+
+
 class _MKLBase(BaseEstimator):
     """Shared parameters (``_PARAMETERS``), fitting and prediction; see the module docstring."""
 
@@ -465,14 +474,12 @@ class MKLClassifier(ClassifierMixin, _MKLBase):
 
     def _targets(self, y) -> list[np.ndarray]:
         check_classification_targets(y)
-        self.classes_, idx = np.unique(y, return_inverse=True)
+        self.classes_ = np.unique(y)
         if self.classes_.size < 2:
             only = self.classes_[:1].tolist()[0]
             raise InvalidInputError(f"y has only one class ({only!r}); a classifier needs at least two classes to "
                                     "train: give labels of at least two classes")
-        if self.classes_.size == 2:
-            return [np.where(idx == 1, 1.0, -1.0)]
-        return [np.where(idx == k, 1.0, -1.0) for k in range(self.classes_.size)]
+        return head_targets(y, self.classes_)
 
     def decision_function(self, X) -> np.ndarray:
         """f(x) = sum_m w_m k_m(x, X_S) c_S + b: (n,) for binary (> 0: classes_[1]), (n, K) for one-vs-rest."""

@@ -54,6 +54,7 @@ import numpy as np
 from sklearn.metrics import r2_score
 
 from mklscale.errors import ConfigError, Preempted
+from mklscale.estimators import head_targets
 from mklscale.solvers import registry
 
 AUTO = "auto"
@@ -177,7 +178,7 @@ def select(entry: dict, req: Request, bank, task: str, y, classes, client, seed:
     c_name = registry.c_parameter(solver, task, params)
     classification = task == "classification"
     y = np.asarray(y)
-    heads = _heads(y, classes) if classification else [np.asarray(y, dtype=np.float64)]
+    heads = head_targets(y, classes) if classification else [np.asarray(y, dtype=np.float64)]
     if not 2 <= req.folds <= _smallest_group(y, classification):
         raise ConfigError(f"[[solver]] {name}: cv_folds = {req.folds} needs at least that many training rows "
                           f"{'of every class' if classification else ''}; lower cv_folds")
@@ -225,13 +226,6 @@ _METRIC = {True: "accuracy", False: "r2"}
 
 def _c_args(key: str, value: float, params: dict) -> dict:
     return {"C": value, "params": params} if key == "C" else {"C": None, "params": {**params, key: value}}
-
-
-def _heads(y: np.ndarray, classes) -> list[np.ndarray]:
-    """+-1 targets as the estimators make them: classes[1] -> +1 (binary), one-vs-rest otherwise."""
-    if len(classes) == 2:
-        return [np.where(y == classes[1], 1.0, -1.0)]
-    return [np.where(y == c, 1.0, -1.0) for c in classes]
 
 
 def _smallest_group(y: np.ndarray, classification: bool) -> int:
