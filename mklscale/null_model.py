@@ -41,9 +41,14 @@ def null_model(task: str, y_train, y_test) -> dict:
     return out
 
 
+def test_metric(metrics: dict) -> str | None:
+    """The metric a solver is compared with the null model on: test accuracy or test R^2."""
+    return next((m for m in ("test_accuracy", "test_r2") if m in metrics), None)
+
+
 def compare(null: dict, metrics: dict) -> dict | None:
     """A solver's test metric beside the null model's (None when the solver has no test metric)."""
-    metric = next((m for m in ("test_accuracy", "test_r2") if m in metrics), None)
+    metric = test_metric(metrics)
     if metric is None or metric not in null:
         return None
     return {"metric": metric, "solver": metrics[metric], "null": null[metric],

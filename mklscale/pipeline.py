@@ -770,7 +770,7 @@ def _say_solver(say, record: dict, M: int) -> None:
     """Print a solver's test metric beside the null model's, the cross-validated value, its cost and its
     flags (not converged, constant predictor) (a summary line, printed under ``quiet`` too), then
     through ``say`` its convergence advice and kept kernels (top 5 by weight)."""
-    metric = next((k for k in ("test_accuracy", "test_r2") if k in record["metrics"]), None)
+    metric = null_model.test_metric(record["metrics"])
     gap = record["gap"]  # json_safe: a float, or "inf"/"nan"
     flag = "" if record["converged"] else f"  {NOT_CONVERGED} (gap {gap:.3g})" if isinstance(gap, float) \
         else f"  {NOT_CONVERGED} (gap {gap})"
