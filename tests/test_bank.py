@@ -389,6 +389,41 @@ def test_checksum_is_crc32c_of_the_little_endian_bytes():
         assert checksum(a) == google_crc32c.value(np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<")).tobytes())
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_read_files_direct_reads_exactly_the_files_bytes(tmp_path, threads):
+    """The direct-I/O reader (the out-of-core benchmark's reference read) hands over every byte of
+    every file once, in place, also for files whose size is not a multiple of the alignment
+    (a tail shorter than a page, a file shorter than a page, an empty file)."""
+    import errno
+
+    from mklscale.bank.direct_io import DIRECT_ALIGN, read_files_direct
+
+    rng = np.random.default_rng(0)
+    sizes = [3 * 16384, 2 * 16384 + 1000, 777, 0, DIRECT_ALIGN]
+    paths = []
+    for i, size in enumerate(sizes):
+        paths.append(tmp_path / f"f{i}")
+        paths[-1].write_bytes(rng.integers(0, 256, size, dtype=np.uint8).tobytes())
+    seen = {}
+
+    def consume(i, off, data):
+        assert (i, off) not in seen
+        seen[(i, off)] = bytes(data)
+
+    try:
+        total = read_files_direct(paths, threads=threads, block=16384, consume=consume)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            pytest.skip(f"no O_DIRECT on the filesystem of {tmp_path}")
+        raise
+    assert total == sum(sizes)
+    for i, path in enumerate(paths):
+        got = b"".join(seen[key] for key in sorted(seen) if key[0] == i)
+        assert got == path.read_bytes()
+    with pytest.raises(ValueError, match="multiple of"):
+        read_files_direct(paths, block=1000)
+
+
 @pytest.mark.parametrize("n", [64, 50])  # a kernel of 4 pages; a kernel that ends mid-page
 def test_shard_bytes_do_not_depend_on_direct_io(tmp_path, n):
     """Shards written from an aligned buffer (O_DIRECT for the aligned prefix, the rest buffered) and
