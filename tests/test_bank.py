@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import subprocess
 import sys
@@ -394,8 +395,6 @@ def test_read_files_direct_reads_exactly_the_files_bytes(tmp_path, threads):
     """The direct-I/O reader (the out-of-core benchmark's reference read) hands over every byte of
     every file once, in place, also for files whose size is not a multiple of the alignment
     (a tail shorter than a page, a file shorter than a page, an empty file)."""
-    import errno
-
     from mklscale.bank.direct_io import DIRECT_ALIGN, read_files_direct
 
     rng = np.random.default_rng(0)
@@ -422,6 +421,27 @@ def test_read_files_direct_reads_exactly_the_files_bytes(tmp_path, threads):
         assert got == path.read_bytes()
     with pytest.raises(ValueError, match="multiple of"):
         read_files_direct(paths, block=1000)
+
+
+def test_physical_benchmark_records_a_cache_drop_that_failed(tmp_path, monkeypatch, capsys):
+    """bench_scaling's item 6 never hides that the page cache was not dropped: the direct read's
+    record and the printed warning say so (here /proc's file is replaced by one that cannot be
+    written, so the test drops nothing on the machine)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_scaling
+
+    monkeypatch.setattr(bench_scaling, "DROP_CACHES", tmp_path / "absent" / "drop_caches")
+    f = tmp_path / "shard"
+    f.write_bytes(bytes(range(256)) * 41)
+    try:
+        r = bench_scaling.direct_read([f], threads=2, block=8192)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            pytest.skip(f"no O_DIRECT on the filesystem of {tmp_path}")
+        raise
+    assert r["bytes"] == f.stat().st_size and r["threads"] == 2
+    assert r["page_cache"]["dropped"] is False and "FileNotFoundError" in r["page_cache"]["error"]
+    assert "NOT dropped" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("n", [64, 50])  # a kernel of 4 pages; a kernel that ends mid-page
