@@ -37,7 +37,9 @@ def _table(header: list[str], rows: list[list]) -> str:
 
 
 def _machine(m: dict) -> str:
-    return (f"{m['cpu']}, {m['cores']} cores, {m['memory_GB']} GB RAM, {m['disk_free_GB']} GB disk free; "
+    pinned = m.get("cpu_affinity")
+    pinned = f" (pinned to core(s) {', '.join(map(str, pinned))})" if pinned and len(pinned) < m["cores"] else ""
+    return (f"{m['cpu']}, {m['cores']} cores{pinned}, {m['memory_GB']} GB RAM, {m['disk_free_GB']} GB disk free; "
             f"Python {m['python']}, numpy {m['numpy']}, numba {m['numba']}, dask {m['dask']}, zarr {m['zarr']}; "
             f"run {m['date']}")
 
