@@ -358,15 +358,16 @@ def render_peers() -> str:
         f"{', '.join(map(str, p['n']))} training points, up to {p['n_test']} test points (breast_cancer has 569 rows in "
         f"all); M = {', '.join(map(str, p['M']))} kernels ({p['family']}), unit diagonal, {p['dtype']}. Every method sees "
         f"the same Gram matrices: MKLpy reads them, exported from our bank, as float64 torch tensors held in memory "
-        f"(train and test); ours read the bank through the engine (block cache {p['cache_bytes']}) and compute the "
+        f"({'train kernels; each fit loads the test kernels after the fit' if 'peak_memory' in p else 'train and test'}); ours read the bank through the engine (block cache {p['cache_bytes']}) and compute the "
         f"cross kernels of the active kernels only. {_peers_footing(p)} Per-fit limit {p['time_limit_s']:.0f} s "
         f"(fit + prediction) and address-space cap {p['mem_limit_GB']} GB per fitting process; {p['skip_rule']}. "
         + (f"Peak memory is the peak resident set of the fitting process when the fit returns (MKLpy: {p['peak_memory']['mklpy']}; "
            f"ours: {p['peak_memory']['ours']}); both sides are warmed up on a tiny problem before timing. "
            if "peak_memory" in p else
            "Peak memory is the peak resident set of the process that fits and predicts (MKLpy: kernels included). ") +
-        f"The ratio is the peer's fit time over the matching mklscale method's (AverageMKL / UNIFORM, CKA and "
-        f"FHeuristic / alignment, the others / SpicyMKL hinge); > 1 means mklscale is faster. Load times (reading "
+        f"The ratio is the peer's fit time over the matching mklscale method's ("
+        + ", ".join(f"{k} / {_PEER_LABELS.get(v, v)}" for k, v in p.get("match", {}).items())
+        + f", the others / SpicyMKL hinge; the timed fit only, not the CV); > 1 means mklscale is faster. Load times (reading "
         f"the npz) are not in MKLpy's fit times; reading the bank is in ours.\n"
         f"Peers: MKLpy {v.get('MKLpy', '?')}, torch {v.get('torch', '?')}, scikit-learn {v.get('scikit-learn', '?')}, "
         f"cvxopt {v.get('cvxopt', '?')} (separate venv, `benchmarks/peers/setup_mklpy_venv.sh`); cvxpy "

@@ -4,18 +4,28 @@ Runs INSIDE the MKLpy virtual environment (benchmarks/peers/setup_mklpy_venv.sh)
 mklscale.
 
     .venv/bin/python benchmarks/peers/run_mklpy.py DATA.npz --out RESULT.json \
-        [--methods EasyMKL,AverageMKL,...] [--time-limit 120] [--mem-limit-gb 16] [--max-iter 100]
+        [--methods EasyMKL,AverageMKL,...] [--time-limit 120] [--mem-limit-gb 16] [--max-iter 2000] \
+        [--cv-methods PWMK,GRAM,RMKL,MEMO --cv-grid 0.1,1,10,100]
 
 DATA.npz (read with allow_pickle=False): K_train (M, n, n), K_test (M, n_test, n) (float32 or
-float64), y_train (n,), y_test (n_test,) labels in {-1, +1}.
+float64), y_train (n,), y_test (n_test,) labels in {-1, +1}, and fold (n,) CV fold per training row
+(needed with --cv-methods).
 
-Protocol. The kernels are loaded the way MKLpy holds them: every train and test kernel in memory as
-a float64 torch tensor (MKLpy casts kernels to float64 itself, ``utils.validation.check_X``, and its
-matrix products need one dtype). The npz members are streamed kernel by kernel into one float64
-array, so loading never holds a second copy. Each method then runs in its own forked process
-(copy-on-write: the kernels are not copied): its fit time is the wall time of ``fit(KL_train,
-y_train)``, its test accuracy is from ``predict(KL_test)``, and its peak memory is the ru_maxrss of
-that process from ``os.wait4`` (the kernels it inherited count: they are resident in it). A method
+Protocol. First every method is fitted and used to predict once on a tiny problem in this process
+(warm-up, untimed; --no-warmup skips it), so lazy imports and first-call set-up are inherited by the
+forked fits. Then the TRAIN kernels are loaded the way MKLpy holds them: in memory as float64 torch
+tensors (MKLpy casts kernels to float64 itself, ``utils.validation.check_X``, and its matrix products
+need one dtype), streamed kernel by kernel into one float64 array, so loading never holds a second
+copy. Each method then runs in its own forked process (copy-on-write: the kernels are not copied):
+its fit time is the wall time of ``fit(KL_train, y_train)``; its peak memory (``peak_rss_GB``) is the
+process's ru_maxrss read as the fit returns (the train kernels it inherited count: they are resident
+in it); only then does it load the test kernels from the npz and ``predict`` (test accuracy; the
+process's whole peak from ``os.wait4`` is ``predict_peak_rss_GB``). GRAM / RMKL / MEMO run until
+MKLpy's own rule stops them (``stopping``: the ReduceOnWorsening scheduler) or --max-iter; the
+iterations and the reason are recorded. Methods in --cv-methods first get their SVM constant C chosen
+by k-fold CV in another forked process (``cv_one``: the folds are the npz's ``fold`` member, the grid
+--cv-grid, accuracy, ties to the smaller C; limit --cv-time-limit); the timed fit then uses the chosen
+C, and the CV record and its seconds are reported beside it. A method
 still running after --time-limit seconds is killed and recorded as a timeout; one that dies of a
 signal (the kernel's out-of-memory killer) or raises (MemoryError, RuntimeError from torch's
 allocator, ...) is recorded with its message. --mem-limit-gb caps the address space
@@ -26,7 +36,8 @@ MemAvailable: the machine is shared, and other jobs must not be pushed into the 
 
 Output: one JSON object (also printed): versions, load (seconds, GB held), and per method status
 ("ok" | "error" | "timeout" | "killed"), fit_seconds, predict_seconds, peak_rss_GB, test_accuracy,
-n_nonzero_weights, message.
+n_nonzero_weights, C, iterations, stopped_on, cv, cv_seconds, predict_peak_rss_GB, weights and
+test_pred (bench_peers compares them across matched pairs and drops them), message.
 """
 
 from __future__ import annotations
@@ -179,7 +190,8 @@ def fold_rows(fold: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 def cv_one(name: str, KL_tr, y_tr, fold, grid, args) -> dict:
     """Runs in a forked child: k-fold CV of the SVM constant C of ``name`` over ``grid`` on the train
     kernels in memory (principal submatrices KL[m][tr][:, tr]; held-out rows KL[m][te][:, tr]),
-    accuracy per fold; the chosen C has the best mean (ties: the smaller C, the more regularised)."""
+    accuracy per fold (a fit that raises scores 0 and is listed in ``failed_fits``); the chosen C has
+    the best mean (ties: the smaller C, the more regularised)."""
     import contextlib
     import io
 
@@ -188,7 +200,7 @@ def cv_one(name: str, KL_tr, y_tr, fold, grid, args) -> dict:
     torch.set_num_threads(args.threads)
     folds = int(fold.max()) + 1
     scores = np.full((len(grid), folds), np.nan)
-    iters = []
+    iters, failed = [], []
     t0 = time.perf_counter()
     for k in range(folds):
         tr, te = (torch.from_numpy(r) for r in fold_rows(fold, k))
@@ -197,16 +209,23 @@ def cv_one(name: str, KL_tr, y_tr, fold, grid, args) -> dict:
         Y = torch.tensor(y_tr[tr.numpy()])
         for i, C in enumerate(grid):
             model = make(name, args, C)
-            with contextlib.redirect_stdout(io.StringIO()):
-                model.fit(KL_fit, Y)
-                pred = model.predict(KL_val)
+            try:
+                with contextlib.redirect_stdout(io.StringIO()):
+                    model.fit(KL_fit, Y)
+                    pred = model.predict(KL_val)
+            except Exception as exc:  # noqa: BLE001  (e.g. cvxopt's "domain error" in GRAM on a fold)
+                failed.append({"C": C, "fold": k, "message": f"{type(exc).__name__}: {exc}"[:300]})
+                continue
             pred = np.asarray(pred.numpy() if hasattr(pred, "numpy") else pred).reshape(-1)
             scores[i, k] = float(np.mean(pred == y_tr[te.numpy()]))
             iters.append(stopping(model, args).get("iterations"))
         del KL_fit, KL_val
-    mean = scores.mean(axis=1)
+    if np.isnan(scores).all():
+        raise RuntimeError(f"every CV fit failed, e.g. {failed[0]['message']}")
+    mean = np.nan_to_num(scores, nan=0.0).mean(axis=1)  # a fold fit that failed scores 0
     best = best_index(mean, grid, larger_regularises=False)
-    out = {"method": name, "status": "ok", "grid": list(grid), "mean": mean.tolist(), "fold_scores": scores.tolist(),
+    out = {"method": name, "status": "ok", "grid": list(grid), "mean": mean.tolist(),
+           "fold_scores": np.where(np.isnan(scores), None, scores).tolist(), "failed_fits": failed,
            "folds": folds, "chosen": float(grid[best]), "at_edge": best in (0, len(grid) - 1),
            "seconds": time.perf_counter() - t0}
     if any(i is not None for i in iters):
@@ -347,11 +366,11 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cv-methods", default="", help="methods whose C is chosen by CV on the npz's folds")
     ap.add_argument("--cv-grid", default="0.1,1,10,100", help="C values tried by the CV")
-    ap.add_argument("--cv-time-limit", type=float, default=None, help="seconds per method's CV (default 4 x --time-limit)")
+    ap.add_argument("--cv-time-limit", type=float, default=None, help="seconds per method's CV (default 2 x --time-limit)")
     ap.add_argument("--no-warmup", action="store_true")
     args = ap.parse_args(argv)
     if args.cv_time_limit is None:
-        args.cv_time_limit = 4 * args.time_limit
+        args.cv_time_limit = 2 * args.time_limit
     if args.mem_limit_gb:
         lim = int(args.mem_limit_gb * GB)
         resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
