@@ -91,7 +91,8 @@ def test_mklpy_cv_then_fit(runner, tmp_path):
     grams, y = subset_gaussian_bank(45, 3, seed=2)
     tr, te = np.arange(36), np.arange(36, 45)
     fold = np.arange(36) % 3
-    np.savez(tmp_path / "g.npz", K_train=grams[:, tr][:, :, tr], K_test=grams[:, te][:, :, tr],
+    c = np.ascontiguousarray
+    np.savez(tmp_path / "g.npz", K_train=c(grams[:, tr][:, :, tr]), K_test=c(grams[:, te][:, :, tr]),
              y_train=y[tr], y_test=y[te], fold=fold)
     run = subprocess.run([str(MKLPY_PY), str(ROOT / "benchmarks" / "peers" / "run_mklpy.py"), str(tmp_path / "g.npz"),
                           "--out", str(tmp_path / "r.json"), "--methods", "GRAM,AverageMKL", "--cv-methods", "GRAM",
