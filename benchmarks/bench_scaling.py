@@ -1,5 +1,5 @@
 """Scaling study (issue 10, items 2-6): six solvers against M, n, workers, a bank larger than memory,
-and the time of one plain read of the bank.
+and the time of one read of the bank at the disk's speed (issue 21).
 
     python benchmarks/bench_scaling.py --quick                     # every item at tiny sizes (< 2 min)
     python benchmarks/bench_scaling.py --m-scaling --n 200         # item 2: M = 100 ... 10,000 at n = 200
@@ -9,7 +9,17 @@ and the time of one plain read of the bank.
     python benchmarks/bench_scaling.py --n-scaling                 # item 3: n = 200 ... 4000 at M = 100
     python benchmarks/bench_scaling.py --workers                   # item 4: 1 vs 2 worker processes + a model
     python benchmarks/bench_scaling.py --out-of-core /tmp/mklscale-bench/big   # item 5 (builds the bank if absent)
-    python benchmarks/bench_scaling.py --physical /tmp/mklscale-bench/big      # item 6: fit time / plain read
+    python benchmarks/bench_scaling.py --physical /tmp/mklscale-bench/phys --physical-build
+                                                                   # item 6: cold pass and fit time / direct read
+
+Item 6 (issue 21) needs root: before each measurement it runs ``sync; echo 3 > /proc/sys/vm/drop_caches``
+(a failure is printed and recorded in the JSON's ``page_cache`` and ``cache_state``). Its reference is
+the fastest of O_DIRECT reads of the shard files with 1, 2 and 4 threads (``--physical-read-threads``);
+then one engine quad_forms pass from a cold cache, and each solver of ``--physical-solvers`` (SpicyMKL
+by default) in a fresh worker process, the cache dropped just before the timed fit: fit seconds over
+the reference, and over (bank reads x reference). ``--physical-build`` builds an absent bank at
+n = 1000 with M for about 1.4x the machine's memory (``--physical-M`` to choose; fewer where the disk
+is short, 5 GB kept free).
 
 Protocol (IDA, as bench_spicy.py): ringnorm, training rows ``load("ringnorm", n_samples=n, seed=0)``,
 test rows ``load("ringnorm", n_samples=1000, seed=1)`` (independent draws of the same generator);
@@ -157,7 +167,9 @@ def fit_job(job: dict, out=None) -> dict:
             C, call = _solver_call(job["solver"], eng, y, job.get("timeout"))
             if out is not None:
                 out.put({"started": time.time()})
-            times = []
+            times, cache = [], None
+            if job.get("drop_page_cache"):
+                cache = drop_page_cache()
             for _ in range(job.get("repeats", 1)):
                 p0, b0 = eng.stats["passes"], eng.stats["bytes_read"]
                 t0 = time.perf_counter()
@@ -171,7 +183,8 @@ def fit_job(job: dict, out=None) -> dict:
                 "passes": int(passes), "bytes_read": int(nbytes), "bank_reads": nbytes / bank.nbytes,
                 "active": int(res.n_active), "iterations": len(res.history),
                 "test_accuracy": float(np.mean(np.where(f >= 0, 1.0, -1.0) == y_test)),
-                "converged": bool(res.converged), "gap": float(res.gap), "objective": float(res.objective)}
+                "converged": bool(res.converged), "gap": float(res.gap), "objective": float(res.objective),
+                **({"page_cache": cache} if cache is not None else {})}
     finally:
         if client is not None:
             client.close()
@@ -456,33 +469,39 @@ def item_workers(args, warm) -> dict:
     }
 
 
-def item_out_of_core(args, runner, warm) -> dict:
+def ensure_big_bank(path: Path, n: int, M: int) -> tuple:
+    """The bank at ``path``: reused when complete (whatever its M), else built (or resumed) at (n, M),
+    M lowered to what the disk holds with 5 GB kept free. Returns (bank, build record, note)."""
     from bench_pass import PeakRSS
 
     from mklscale.bank import KernelBank
 
-    import psutil
-
-    path = args.out_of_core
-    kernel_bytes = args.ooc_n ** 2 * 4
-    build = {"reused": False}
+    kernel_bytes = n ** 2 * 4
     if KernelBank.is_bank(path) and KernelBank.open(path).complete.all():
         bank = KernelBank.open(path)
         build = {"reused": True, "seconds": None,
                  "note": "existing bank reused (built earlier by bench_pass.py --big or a previous run); build time not measured here"}
-        note = f"M={len(bank)}, n={bank.n}: existing bank"
-    else:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        existing = KernelBank.open(path).nbytes if KernelBank.is_bank(path) else 0
-        free = shutil.disk_usage(path.parent).free + existing
-        fits = int((free - 5 * 2**30) // (1.05 * kernel_bytes))
-        M = min(args.ooc_M, fits)
-        note = f"M={M}" + (f" (asked {args.ooc_M}: {free / GB:.0f} GB free, 5 GB kept)" if M < args.ooc_M else "")
-        print(f"  building {path}: {note}", flush=True)
-        with PeakRSS() as rss:
-            bank, secs = get_bank(path, args.ooc_n, M)
-        build = {"reused": False, "seconds": secs, "peak_rss_GB": rss.peak_total / GB,
-                 "kernels_per_s": M / secs if secs else None}
+        return bank, build, f"M={len(bank)}, n={bank.n}: existing bank"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    existing = KernelBank.open(path).nbytes if KernelBank.is_bank(path) else 0
+    free = shutil.disk_usage(path.parent).free + existing
+    fits = int((free - 5 * 2**30) // (1.05 * kernel_bytes))
+    M_built = min(M, fits)
+    note = f"M={M_built}" + (f" (asked {M}: {free / GB:.0f} GB free, 5 GB kept)" if M_built < M else "")
+    print(f"  building {path}: {note}", flush=True)
+    with PeakRSS() as rss:
+        bank, secs = get_bank(path, n, M_built)
+    build = {"reused": False, "seconds": secs, "peak_rss_GB": rss.peak_total / GB,
+             "kernels_per_s": M_built / secs if secs else None}
+    return bank, build, note
+
+
+def item_out_of_core(args, runner, warm) -> dict:
+    from bench_pass import PeakRSS
+
+    import psutil
+
+    bank, build, note = ensure_big_bank(args.out_of_core, args.ooc_n, args.ooc_M)
     mem = psutil.virtual_memory().total
     rows = []
     for workers in args.ooc_workers:
@@ -504,38 +523,106 @@ def item_out_of_core(args, runner, warm) -> dict:
                         "not counted"}
 
 
-def item_physical(args, runner, warm) -> dict:
-    from mklscale.bank import KernelBank
+DROP_CACHES = Path("/proc/sys/vm/drop_caches")
 
+
+def drop_page_cache() -> dict:
+    """``sync; echo 3 > /proc/sys/vm/drop_caches`` (needs root): the next read of any file comes from
+    the disk. Returns {"dropped": True} or {"dropped": False, "error": why}; a failure is printed."""
+    os.sync()
+    try:
+        DROP_CACHES.write_text("3\n")
+        return {"dropped": True}
+    except OSError as e:
+        print(f"  WARNING: the page cache was NOT dropped ({e}); the timing that follows may read from it", flush=True)
+        return {"dropped": False, "error": f"{type(e).__name__}: {e}"}
+
+
+def direct_read(files: list[Path], threads: int, block: int) -> dict:
+    """One O_DIRECT read of every shard file with ``threads`` threads, after dropping the page cache."""
+    from mklscale.bank.direct_io import read_files_direct
+
+    cache = drop_page_cache()
+    t0 = time.perf_counter()
+    nbytes = read_files_direct(files, threads=threads, block=block)
+    secs = time.perf_counter() - t0
+    return {"threads": threads, "seconds": secs, "bytes": nbytes, "GB_per_s": nbytes / secs / GB, "page_cache": cache}
+
+
+def cold_pass(bank, warm) -> dict:
+    """One engine quad_forms pass (k = 1, threaded default) over the whole bank by a fresh Engine (empty
+    engine cache) after dropping the page cache; numba compiled beforehand on the warm-up bank."""
+    from mklscale.engine import Engine
+
+    u = np.random.default_rng(0).standard_normal(bank.n)
+    with Engine(warm) as weng:
+        weng.quad_forms(np.random.default_rng(0).standard_normal(warm.n))
+    with Engine(bank) as eng:
+        cache = drop_page_cache()
+        p0, b0 = eng.stats["passes"], eng.stats["bytes_read"]
+        t0 = time.perf_counter()
+        eng.quad_forms(u)
+        secs = time.perf_counter() - t0
+        passes, nbytes = eng.stats["passes"] - p0, eng.stats["bytes_read"] - b0
+    return {"seconds": secs, "passes": int(passes), "bytes_read": int(nbytes), "bank_reads": nbytes / bank.nbytes,
+            "GB_per_s": nbytes / secs / GB, "page_cache": cache}
+
+
+def item_physical(args, runner, warm) -> dict:
+    """Item 6 (issue 21): fit time against the disk's own read speed. The reference is the fastest
+    of O_DIRECT reads of the shard files with 1, 2, 4 threads, each after dropping the page cache;
+    a cold engine pass and each fit (in a fresh worker process) also start after a drop."""
     import psutil
 
-    bank = KernelBank.open(args.physical)
+    mem = psutil.virtual_memory().total
+    # main() has refused an absent bank without --physical-build (under --quick, item 5 has built it)
+    M = args.physical_M or int(np.ceil(1.4 * mem / (args.physical_n ** 2 * 4)))
+    bank, build, note = ensure_big_bank(args.physical, args.physical_n, M)
     files = shard_files(bank)
     file_bytes = sum(f.stat().st_size for f in files)
-    mem = psutil.virtual_memory().total
     larger = file_bytes > mem
-    reads = [plain_read(files, 1)]
-    print(f"  plain read {file_bytes / GB:.1f} GB: {reads[0]:.1f} s", flush=True)
+    reads = []
+    for t in args.physical_read_threads:
+        reads.append(direct_read(files, t, args.physical_read_block))
+        print(f"  direct read, {t} thread(s), cache {'dropped' if reads[-1]['page_cache']['dropped'] else 'NOT dropped'}: "
+              f"{reads[-1]['seconds']:.1f} s, {reads[-1]['GB_per_s']:.2f} GB/s", flush=True)
+    ref = min(reads, key=lambda r: r["seconds"])
+    t_ref = ref["seconds"]
+    cold = cold_pass(bank, warm)
+    cold["over_reference"] = cold["seconds"] / t_ref
+    print(f"  cold engine pass: {cold['seconds']:.1f} s ({cold['over_reference']:.2f} x reference)", flush=True)
     rows = []
     timeout = args.physical_timeout or args.timeout
-    for s in args.solvers:
-        r = mark_time_limit(runner.run({"bank": str(bank.path), "solver": s, "repeats": 1, "warm": str(warm.path)},
-                                       timeout, fresh=True), timeout)
+    for s in args.physical_solvers:
+        r = mark_time_limit(runner.run({"bank": str(bank.path), "solver": s, "repeats": 1, "warm": str(warm.path),
+                                        "drop_page_cache": True}, timeout, fresh=True), timeout)
         rows.append({"solver": s, "label": SOLVERS[s]["label"], **r})
-        print(f"  {SOLVERS[s]['label']:9s} {r['status']:8s} {r.get('seconds', float('nan')):8.1f} s", flush=True)
-    reads.append(plain_read(files, 1))
-    t_read = statistics.median(reads)
-    for r in rows:
         if r["status"] == "ok":
-            r["fit_over_read"] = r["seconds"] / t_read
+            r = rows[-1]
+            r["fit_over_reference"] = r["seconds"] / t_ref
+            r["fit_over_reads_x_reference"] = r["seconds"] / (r["bank_reads"] * t_ref) if r["bank_reads"] else None
         elif r["status"] == "timeout":
-            r["fit_over_read_at_least"] = r["timeout_s"] / t_read
+            rows[-1]["fit_over_reference_at_least"] = r["timeout_s"] / t_ref
+        print(f"  {SOLVERS[s]['label']:9s} {r['status']:8s} {r.get('seconds', float('nan')):8.1f} s", flush=True)
+    drops = [r["page_cache"] for r in reads] + [cold["page_cache"]] + [r["page_cache"] for r in rows if "page_cache" in r]
+    failed = [d["error"] for d in drops if not d["dropped"]]
+    if failed:
+        cache_state = (f"page cache NOT dropped before {len(failed)} of {len(drops)} measurements ({failed[0]}): those "
+                       "may have read from memory" + ("" if larger else ", and the bank fits in it"))
+    else:
+        cache_state = (f"page cache dropped (sync; echo 3 > {DROP_CACHES}) before each of the {len(drops)} measurements; "
+                       + ("the bank is larger than memory, so a fit's later passes cannot be served from the cache either"
+                          if larger else "the bank FITS in memory, so a fit's passes after its first may read from "
+                                         "the page cache")
+                       + "; each engine starts with its own cache (2 GB) empty")
     return {"bank": str(bank.path), "M": len(bank), "n": bank.n, "bank_GB": file_bytes / GB, "memory_GB": mem / GB,
-            "plain_read_seconds": t_read, "plain_read_seconds_all": reads,
-            "plain_read": "np.fromfile of every shard file, 1 thread, once before and once after the fits (median)",
-            "cache_state": ("file larger than memory (page cache not dropped; most of it cannot be cached)" if larger
-                            else "bank fits in memory: page cache NOT dropped, so the plain read and the fits read "
-                                 "from the page cache"),
+            "larger_than_memory": larger, "note": note, "build": build,
+            "reference": {"seconds": t_ref, "threads": ref["threads"], "GB_per_s": ref["GB_per_s"],
+                          "how": f"O_DIRECT pread of every shard file ({len(files)} files) in blocks of "
+                                 f"{args.physical_read_block // 2**20} MiB into one aligned reused buffer per thread "
+                                 "(mklscale.bank.direct_io.read_files_direct), the page cache dropped before each; "
+                                 "the fastest of the thread counts tried"},
+            "direct_reads": reads, "cold_pass": cold, "cache_state": cache_state,
             "rows": rows, "target": {"spicy_fit_over_read": 8.0}}
 
 
@@ -617,7 +704,17 @@ def main() -> None:
     ap.add_argument("--ooc-n", type=int, default=1000)
     ap.add_argument("--ooc-workers", type=int, nargs="+", default=[0, 2], help="0 = threaded default")
     ap.add_argument("--ooc-timeout", type=float, default=1200.0)
-    ap.add_argument("--physical", type=Path, default=None, help="item 6 on the bank at this path")
+    ap.add_argument("--physical", type=Path, default=None, help="item 6 on the bank at this path (see --physical-build)")
+    ap.add_argument("--physical-build", action="store_true",
+                    help="build the item-6 bank when absent: n = --physical-n, M = --physical-M")
+    ap.add_argument("--physical-n", type=int, default=1000)
+    ap.add_argument("--physical-M", type=int, default=None,
+                    help="default: the M whose bank is about 1.4x this machine's memory (lowered to what the disk holds)")
+    ap.add_argument("--physical-solvers", nargs="+", default=["spicy"], choices=ALL_SOLVERS,
+                    help="solvers fitted in item 6 (default SpicyMKL only)")
+    ap.add_argument("--physical-read-threads", type=int, nargs="+", default=[1, 2, 4],
+                    help="thread counts of the direct-I/O reference read")
+    ap.add_argument("--physical-read-block", type=int, default=8 * 2**20, help="bytes per O_DIRECT read (multiple of 4096)")
     ap.add_argument("--solvers", nargs="+", default=ALL_SOLVERS, choices=ALL_SOLVERS)
     ap.add_argument("--timeout", type=float, default=300.0, help="per-fit wall-clock limit (s)")
     ap.add_argument("--physical-timeout", type=float, default=None, help="per-fit limit of item 6 (default --timeout)")
@@ -630,6 +727,13 @@ def main() -> None:
     if args.replot is not None:
         replot(args.replot)
         return
+    if args.physical is not None and not args.quick and not args.physical_build:
+        from mklscale.bank import KernelBank
+
+        if not (KernelBank.is_bank(args.physical) and KernelBank.open(args.physical).complete.all()):
+            ap.error(f"no complete bank at {args.physical}: pass --physical-build to build one there")
+    if args.physical_read_block <= 0 or args.physical_read_block % 4096:
+        ap.error("--physical-read-block must be a positive multiple of 4096")
     if HERE.parent in args.workdir.resolve().parents:
         ap.error("--workdir must be outside the repository")
     args.workdir.mkdir(parents=True, exist_ok=True)

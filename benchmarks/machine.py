@@ -29,6 +29,7 @@ def describe_machine(workdir: Path | None = None) -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "cpu": cpu,
         "cores": os.cpu_count(),
+        "cpu_affinity": sorted(os.sched_getaffinity(0)),  # fewer than all cores: pinned (taskset)
         "memory_GB": round(psutil.virtual_memory().total / 2**30, 1),
         "disk_free_GB": round(disk.free / 2**30, 1),
         "load_average_at_record": [round(x, 2) for x in os.getloadavg()],

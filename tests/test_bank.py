@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import subprocess
 import sys
@@ -387,6 +388,60 @@ def test_checksum_is_crc32c_of_the_little_endian_bytes():
 
     for a in (np.random.default_rng(0).random((50, 50)).astype(np.float32), np.arange(12, dtype=">f8").reshape(3, 4)):
         assert checksum(a) == google_crc32c.value(np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<")).tobytes())
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_read_files_direct_reads_exactly_the_files_bytes(tmp_path, threads):
+    """The direct-I/O reader (the out-of-core benchmark's reference read) hands over every byte of
+    every file once, in place, also for files whose size is not a multiple of the alignment
+    (a tail shorter than a page, a file shorter than a page, an empty file)."""
+    from mklscale.bank.direct_io import DIRECT_ALIGN, read_files_direct
+
+    rng = np.random.default_rng(0)
+    sizes = [3 * 16384, 2 * 16384 + 1000, 777, 0, DIRECT_ALIGN]
+    paths = []
+    for i, size in enumerate(sizes):
+        paths.append(tmp_path / f"f{i}")
+        paths[-1].write_bytes(rng.integers(0, 256, size, dtype=np.uint8).tobytes())
+    seen = {}
+
+    def consume(i, off, data):
+        assert (i, off) not in seen
+        seen[(i, off)] = bytes(data)
+
+    try:
+        total = read_files_direct(paths, threads=threads, block=16384, consume=consume)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            pytest.skip(f"no O_DIRECT on the filesystem of {tmp_path}")
+        raise
+    assert total == sum(sizes)
+    for i, path in enumerate(paths):
+        got = b"".join(seen[key] for key in sorted(seen) if key[0] == i)
+        assert got == path.read_bytes()
+    with pytest.raises(ValueError, match="multiple of"):
+        read_files_direct(paths, block=1000)
+
+
+def test_physical_benchmark_records_a_cache_drop_that_failed(tmp_path, monkeypatch, capsys):
+    """bench_scaling's item 6 never hides that the page cache was not dropped: the direct read's
+    record and the printed warning say so (here /proc's file is replaced by one that cannot be
+    written, so the test drops nothing on the machine)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_scaling
+
+    monkeypatch.setattr(bench_scaling, "DROP_CACHES", tmp_path / "absent" / "drop_caches")
+    f = tmp_path / "shard"
+    f.write_bytes(bytes(range(256)) * 41)
+    try:
+        r = bench_scaling.direct_read([f], threads=2, block=8192)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            pytest.skip(f"no O_DIRECT on the filesystem of {tmp_path}")
+        raise
+    assert r["bytes"] == f.stat().st_size and r["threads"] == 2
+    assert r["page_cache"]["dropped"] is False and "FileNotFoundError" in r["page_cache"]["error"]
+    assert "NOT dropped" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("n", [64, 50])  # a kernel of 4 pages; a kernel that ends mid-page

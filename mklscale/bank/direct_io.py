@@ -2,7 +2,9 @@
 
 Used by ``shard_format.write_shard_file`` for the kernels of a shard, which take far more bytes than
 anything else the build writes; ``aligned_empty`` makes buffers the kernels can be computed into
-and written from without a copy.
+and written from without a copy. ``read_files_direct`` is the reading counterpart: the disk's own
+read speed, the reference the out-of-core benchmark (``benchmarks/bench_scaling.py --physical``)
+compares a pass with.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import errno
 import os
 import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -74,3 +78,53 @@ def thread_buffer(nbytes: int, slot: str = "piece") -> np.ndarray:
         buf = np.empty(nbytes, dtype=np.uint8)
         setattr(_thread_buffers, slot, buf)
     return buf
+
+
+def read_files_direct(paths: Sequence[Path], threads: int = 1, block: int = 8 * 2**20,
+                      consume: Callable[[int, int, memoryview], None] | None = None) -> int:
+    """Read every byte of ``paths`` with O_DIRECT (DMA from the disk, the page cache neither used
+    nor filled); return the number of bytes read.
+
+    The files are cut into blocks of ``block`` bytes (a multiple of DIRECT_ALIGN) that ``threads``
+    threads read with ``pread`` into one aligned buffer per thread, reused for every block. A last
+    block shorter than DIRECT_ALIGN is asked for rounded up (allowed at the end of a file) and
+    yields only the file's bytes. ``consume(file_index, offset, data)``, when given, sees each
+    block's bytes before the buffer is reused. OSError (EINVAL) where the platform or the
+    filesystem has no direct I/O (tmpfs): there is no silent fallback to buffered reads.
+    """
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        raise OSError(errno.EINVAL, "this platform has no O_DIRECT")
+    if block <= 0 or block % DIRECT_ALIGN:
+        raise ValueError(f"block must be a positive multiple of {DIRECT_ALIGN} bytes, got {block}")
+    fds: list[int] = []
+    local = threading.local()
+    try:
+        for path in paths:
+            fds.append(os.open(path, os.O_RDONLY | flag))
+        sizes = [os.fstat(fd).st_size for fd in fds]
+        pieces = [(i, off) for i, size in enumerate(sizes) for off in range(0, size, block)]
+
+        def read(piece: tuple[int, int]) -> int:
+            i, off = piece
+            buf = getattr(local, "buf", None)
+            if buf is None:
+                buf = local.buf = aligned_empty((block,), np.uint8)
+            view = memoryview(buf)
+            want = min(block, sizes[i] - off)
+            ask = -(-want // DIRECT_ALIGN) * DIRECT_ALIGN
+            got = 0
+            while got < want:  # a short read before the end would leave got unaligned: the next pread says EINVAL
+                step = os.preadv(fds[i], [view[got:ask]], off + got)
+                if step <= 0:
+                    raise OSError(errno.EIO, f"{paths[i]}: the file ended at {off + got} bytes while reading it")
+                got += step
+            if consume is not None:
+                consume(i, off, view[:want])
+            return want
+
+        with ThreadPoolExecutor(max(1, int(threads))) as pool:
+            return sum(pool.map(read, pieces))
+    finally:
+        for fd in fds:
+            os.close(fd)
