@@ -334,7 +334,8 @@ def render_smo_citi() -> str:
 
 
 _PEER_LABELS = {"spicy_hinge": "SpicyMKL hinge (block-1)", "spicy_logistic": "SpicyMKL logistic (block-1)",
-                "smo": "SMO-MKL", "uniform": "UNIFORM", "alignment": "alignment (AMKL)"}
+                "smo": "SMO-MKL", "uniform": "UNIFORM", "alignment": "alignment (AMKL)",
+                "easymkl": "EasyMKL (KOMD learner)", "fheuristic": "FHeuristic"}  # bench_peers.OUR_LABELS
 
 
 _MKLPY_ORDER = ("EasyMKL", "AverageMKL", "FHeuristic", "PWMK", "CKA", "GRAM", "RMKL", "MEMO")

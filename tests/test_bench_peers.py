@@ -109,3 +109,26 @@ def test_mklpy_cv_then_fit(runner, tmp_path):
     assert avg["peak_rss_GB"] <= avg["predict_peak_rss_GB"]
     assert out["warmup"]["failed"] == {}
     assert len(gram["test_pred"]) == te.size
+
+
+def test_readme_states_the_footing_and_the_stops():
+    """make_readme's peers section states the CV, grids and stopping rules from a run's params, and
+    each fit's iterations and stopping reason; runs from before issue 21 keep their old sentence."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        mr = _load("make_readme", ROOT / "benchmarks" / "make_readme.py")
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    p = {"C": 1.0, "match": {"AverageMKL": "uniform"},
+         "cv": {"enabled": True, "folds": 3, "seed": 0, "metric": "accuracy", "rule": "ties to the more regularised",
+                "mklpy_methods": ["GRAM"], "mklpy_grid": [0.1, 1.0], "mklpy_parameter": "SVM C",
+                "ours_grid": "C_max x [0.1, 0.03]", "ours_parameter": "SpicyMKL's C", "time_limit_s": 240.0},
+         "stopping": {"svm": "libsvm tol 1e-3", "GRAM/RMKL/MEMO": "ReduceOnWorsening", "spicy": "gap 0.01",
+                      "smo": "OPT_3"}}
+    text = mr._peers_footing(p)
+    assert "3-fold stratified CV" in text and "[0.1, 1.0]" in text and "ReduceOnWorsening" in text
+    assert "AverageMKL / UNIFORM" in text
+    assert "no model selection" in mr._peers_footing({"C": 1.0, "mklpy_max_iter": 100})
+    assert mr._peer_stop({"status": "ok", "iterations": 12, "stopped_on": "max_iter 2000"}) == "12 (max_iter 2000)"
+    assert mr._peer_stop({"status": "ok", "iterations": 3, "converged": True}) == "3 (converged)"
+    assert mr._peer_stop({"status": "timeout"}) == "-"
