@@ -20,8 +20,8 @@ under --workdir (never in the repository). The test rows (up to --n-test, disjoi
 rows, the same rows for every M) get their cross kernels from ``bank.cross(X_test)``, which applies
 the training standardisation and normalisation. Train and test Gram matrices are streamed into one
 uncompressed .npz (float32; no pickle) that ``benchmarks/peers/run_mklpy.py`` reads inside the MKLpy
-virtual environment: MKLpy holds every train and test kernel in memory as a float64 torch tensor,
-which is the point of the comparison.
+virtual environment: MKLpy holds every train kernel in memory as a float64 torch tensor (and every
+test kernel to predict), which is the point of the comparison; the fold array of the CV travels in it too.
 
 Fits run outside the driver, and peak memory is the peak resident set of the process that fits.
 MKLpy: the driver (run_mklpy.py) first fits and predicts every method once on a tiny problem
