@@ -34,7 +34,9 @@ grid point runs the methods one after the other, each first warmed up on a tiny 
 on first use; not timed), peak = VmHWM after resetting it before each method's fit
 (/proc/self/clear_refs), read when the fit returns (``peak_rss_GB``) and after the prediction
 (``predict_peak_rss_GB``); each opens the bank through ``Engine(bank)`` (block cache --cache-bytes),
-reads it from disk (the page cache, in practice: the bank was just written) during the fit, and
+reads it from disk (the page cache, in practice: the bank was just written) during the fit with the
+copying reader (MKLSCALE_MAP_BYTES=0: the default mapped reader is faster, but its mapped page-cache
+pages would count in VmHWM although the process does not own them), and
 computes the cross kernels of the active kernels only, in chunks, to predict. Both sides
 run under the same address-space cap (--mem-limit-gb, RLIMIT_AS) and the same per-fit wall-time limit
 (--time-limit, fit plus prediction; a CV has its own, --cv-time-limit); a fit that exceeds either is recorded as a failure with its
@@ -339,7 +341,9 @@ def run_ours(methods: list[str], bank_path: Path, task_npz: Path, args) -> dict:
         if args.mem_limit_gb:
             cmd += ["--mem-limit-gb", str(args.mem_limit_gb)]
         errf = open(Path(args.workdir) / "ours.stderr", "w+")  # noqa: SIM115  (closed after the worker)
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errf)
+        # the copying reader (engine/reader.py): mapped shard files would count in VmHWM as file pages
+        env = dict(os.environ, MKLSCALE_MAP_BYTES="0")
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errf, env=env)
         current, started, seen, phase = None, None, 0, "fit"
         while True:
             rc = proc.poll()
