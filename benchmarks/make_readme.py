@@ -427,6 +427,11 @@ def _peers_footing(p: dict) -> str:
     text = (f"Matched pairs (same problem: {', '.join(f'{k} / {_PEER_LABELS.get(v, v)}' for k, v in p['match'].items())}) "
             f"use the same constants on both sides: SVM C = {p['C']}, {st['svm']}, EasyMKL as stated below; the "
             "per-peer table gives their test-label agreement. ")
+    if "CKA" in p["match"]:
+        text += ("One pair only shares its paper: MKLpy 0.6's CKA computes the alignment weights M^-1 a without the "
+                 "constraint mu >= 0 of Cortes et al.'s alignf (its source: `weights = Minv @ a`, then scaled to unit "
+                 "norm), so its combined kernel can be indefinite; ours solves the constrained QP (2.12). Their low "
+                 "agreement below is that difference, not a tolerance. ")
     if cv["enabled"]:
         text += (f"The other peers ({', '.join(cv['mklpy_methods'])}) solve other problems than SpicyMKL hinge, so each "
                  f"side's constant is chosen by the same {cv['folds']}-fold stratified CV on the training part (the same "
