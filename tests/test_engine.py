@@ -150,12 +150,37 @@ def test_reader_matches_read_shard(banks, monkeypatch):
         bank, _ = banks[name]
         every = np.arange(len(bank))
         expected = np.concatenate([bank.read_shard(s) for s in range(bank.n_shards)])
-        for piece in (reader.PIECE_BYTES, 3 * bank.n * bank.dtype.itemsize):  # whole kernels, row panels
+        # mapped views; copies of whole kernels; copies of row panels
+        for mapped, piece in ((True, None), (False, reader.PIECE_BYTES), (False, 3 * bank.n * bank.dtype.itemsize)):
             got = np.empty_like(expected)
-            with reader.KernelReader(bank, piece_bytes=piece) as r:
+            with reader.KernelReader(bank, piece_bytes=piece, mapped=mapped) as r:
+                assert r.mapped == mapped
                 for pos, count, r0, r1, block in r.pieces(every):
                     got[pos:pos + count, r0:r1] = block
-            assert np.array_equal(got, expected)
+                rows = np.empty((4,) + expected.shape[2:], bank.dtype)
+                r.read_rows(len(bank) - 1, 1, 5, rows)
+            assert np.array_equal(got, expected), (name, mapped, piece)
+            assert np.array_equal(rows, expected[-1, 1:5]), (name, mapped)
+
+
+def test_mapped_reading_follows_a_rebuilt_bank_and_its_limit(tmp_path, monkeypatch):
+    """A bank rebuilt at the same path is read anew (the old mapping is keyed by the old file);
+    MKLSCALE_MAP_BYTES below the bank's size, or 0, reads by copying; a bad value is named."""
+    rng = np.random.default_rng(5)
+    first, second = (np.einsum("mij,mkj->mik", A, A) for A in rng.random((2, 6, 12, 4)))  # PSD
+    path = tmp_path / "b"
+    u = rng.standard_normal(12)
+    with Engine(KernelBank.from_arrays(first, path, dtype="float64")) as eng:
+        close(eng.quad_forms(u), np.einsum("i,mij,j->m", u, first, u))
+    bank = KernelBank.from_arrays(second, path, dtype="float64", overwrite=True)
+    with Engine(bank) as eng:
+        close(eng.quad_forms(u), np.einsum("i,mij,j->m", u, second, u))
+    assert reader.KernelReader(bank).mapped
+    monkeypatch.setenv("MKLSCALE_MAP_BYTES", str(bank.nbytes - 1))
+    assert not reader.KernelReader(bank).mapped
+    monkeypatch.setenv("MKLSCALE_MAP_BYTES", "lots")
+    with pytest.raises(ValueError, match="MKLSCALE_MAP_BYTES must be a number of bytes"):
+        reader.KernelReader(bank)
 
 
 def test_float32_and_float64_storage_give_identical_bits(banks, tmp_path):
@@ -178,7 +203,12 @@ def test_identical_across_threads_plans_panels_and_cache(banks, name, monkeypatc
             got = every_op(eng)
         for key in ref:
             assert np.array_equal(got[key], ref[key]), (kw, key)
-    monkeypatch.setattr(reader, "PIECE_BYTES", 5 * bank.n * bank.dtype.itemsize)  # row panels of 5 rows
+    monkeypatch.setenv("MKLSCALE_MAP_BYTES", "0")  # the copying reader: whole kernels, then row panels of 5 rows
+    with Engine(bank) as eng:
+        got = every_op(eng)
+    for key in ref:
+        assert np.array_equal(got[key], ref[key]), ("copied", key)
+    monkeypatch.setattr(reader, "PIECE_BYTES", 5 * bank.n * bank.dtype.itemsize)
     with Engine(bank) as eng:
         got = every_op(eng)
     for key in ref:
