@@ -145,22 +145,46 @@ def test_gram_blocks_cross_block_boundaries(banks, monkeypatch):
         assert np.array_equal(G, eng.gram_of_kernels(np.arange(2, 23)))
 
 
+def _direct_io_works(folder) -> bool:
+    """Whether the filesystem of ``folder`` serves O_DIRECT reads (tmpfs does not)."""
+    from mklscale.bank.direct_io import aligned_empty
+
+    probe = Path(folder) / "direct-probe"
+    probe.write_bytes(b"x" * 8192)
+    try:
+        fd = os.open(probe, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
+        try:
+            return hasattr(os, "O_DIRECT") and os.preadv(fd, [memoryview(aligned_empty((4096,), np.uint8))], 0) == 4096
+        finally:
+            os.close(fd)
+    except OSError:
+        return False
+    finally:
+        probe.unlink()
+
+
 def test_reader_matches_read_shard(banks, monkeypatch):
     for name in BANKS:
         bank, _ = banks[name]
         every = np.arange(len(bank))
         expected = np.concatenate([bank.read_shard(s) for s in range(bank.n_shards)])
-        # mapped views; copies of whole kernels; copies of row panels
-        for mapped, piece in ((True, None), (False, reader.PIECE_BYTES), (False, 3 * bank.n * bank.dtype.itemsize)):
+        # mapped views; direct reads of whole kernels and of row panels; copies of whole kernels and of row panels
+        panel = 3 * bank.n * bank.dtype.itemsize
+        for source, piece, direct in (("mapped", None, None), ("direct", None, None), ("direct", None, panel),
+                                      ("copied", reader.PIECE_BYTES, None), ("copied", panel, None)):
+            monkeypatch.setattr(reader, "DIRECT_PIECE_BYTES", direct or reader.DIRECT_PIECE_BYTES)
             got = np.empty_like(expected)
-            with reader.KernelReader(bank, piece_bytes=piece, mapped=mapped) as r:
-                assert r.mapped == mapped
+            with reader.KernelReader(bank, piece_bytes=piece, source=source) as r:
+                assert r.source == source
                 for pos, count, r0, r1, block in r.pieces(every):
                     got[pos:pos + count, r0:r1] = block
                 rows = np.empty((4,) + expected.shape[2:], bank.dtype)
                 r.read_rows(len(bank) - 1, 1, 5, rows)
-            assert np.array_equal(got, expected), (name, mapped, piece)
-            assert np.array_equal(rows, expected[-1, 1:5]), (name, mapped)
+                if source == "direct" and _direct_io_works(bank.path):
+                    assert all(sh._direct_fd >= 0 for sh in r._shards.values())  # not the buffered fallback
+            assert np.array_equal(got, expected), (name, source, piece, direct)
+            assert np.array_equal(rows, expected[-1, 1:5]), (name, source)
+            monkeypatch.undo()
 
 
 def test_mapped_reading_follows_a_rebuilt_bank_and_its_limit(tmp_path, monkeypatch):
@@ -175,9 +199,11 @@ def test_mapped_reading_follows_a_rebuilt_bank_and_its_limit(tmp_path, monkeypat
     bank = KernelBank.from_arrays(second, path, dtype="float64", overwrite=True)
     with Engine(bank) as eng:
         close(eng.quad_forms(u), np.einsum("i,mij,j->m", u, second, u))
-    assert reader.KernelReader(bank).mapped
+    assert reader.KernelReader(bank).source == "mapped"
     monkeypatch.setenv("MKLSCALE_MAP_BYTES", str(bank.nbytes - 1))
-    assert not reader.KernelReader(bank).mapped
+    assert reader.KernelReader(bank).source == "copied"
+    monkeypatch.setattr(reader, "physical_memory", lambda: bank.nbytes - 1)  # a bank larger than memory
+    assert reader.KernelReader(bank).source == "direct"
     monkeypatch.setenv("MKLSCALE_MAP_BYTES", "lots")
     with pytest.raises(ValueError, match="MKLSCALE_MAP_BYTES must be a number of bytes"):
         reader.KernelReader(bank)
@@ -213,6 +239,11 @@ def test_identical_across_threads_plans_panels_and_cache(banks, name, monkeypatc
         got = every_op(eng)
     for key in ref:
         assert np.array_equal(got[key], ref[key]), ("panels", key)
+    monkeypatch.setattr(reader, "physical_memory", lambda: 1)  # a bank "larger than memory": direct reads
+    with Engine(bank) as eng:
+        got = every_op(eng)
+    for key in ref:
+        assert np.array_equal(got[key], ref[key]), ("direct", key)
     monkeypatch.setattr(KernelBank, "plain_layout", property(lambda self: False))  # zarr's read path
     with Engine(bank) as eng:
         got = every_op(eng)

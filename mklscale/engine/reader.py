@@ -27,6 +27,12 @@ mapping it would only make the kernel evict pages from under the mapping, and it
 count in the process's resident set. Mapped pages count there too (as file pages, shared and
 reclaimable, not memory the process owns): a run that measures private memory sets
 ``MKLSCALE_MAP_BYTES=0``.
+
+Direct reading. A local bank larger than the machine's memory can never stay in the page cache,
+so buffered reads only make the kernel evict pages and copy each one (measured: a cold pass at 0.2x
+the disk's direct-read speed). Its pieces (``DIRECT_PIECE_BYTES``) are read with O_DIRECT (DMA
+straight into an aligned buffer the thread reuses, the page cache neither used nor filled). A
+filesystem that refuses O_DIRECT (tmpfs) is read buffered.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from mklscale.bank.direct_io import thread_buffer
+from mklscale.bank.direct_io import DIRECT_ALIGN, thread_buffer
 from mklscale.bank.remote import ObjectShard, prefetch_runs
 from mklscale.errors import BankCorruptError
 
@@ -47,8 +53,20 @@ from mklscale.errors import BankCorruptError
 #: to stay in a core's L2 (2 MB here) while the chunk kernel consumes it.
 PIECE_BYTES = 2 * 2**20
 
+#: Bytes per direct read: large requests are what the disk streams fastest (the benchmark's direct
+#: read of the whole bank uses 8 MiB).
+DIRECT_PIECE_BYTES = 8 * 2**20
+
 _MAPS: OrderedDict[tuple, np.ndarray] = OrderedDict()
 _MAPS_LOCK = threading.Lock()
+
+
+def physical_memory() -> int:
+    """Bytes of physical memory (0 where the platform does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
 
 
 def map_limit() -> int:
@@ -61,10 +79,7 @@ def map_limit() -> int:
         except ValueError:
             raise ValueError(f"MKLSCALE_MAP_BYTES must be a number of bytes (0 turns mapped reading off), "
                              f"got {env!r}") from None
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
-    except (ValueError, OSError, AttributeError):  # no sysconf: never map
-        return 0
+    return physical_memory() // 2
 
 
 def mapped_file(file) -> np.ndarray:
@@ -98,6 +113,7 @@ class _Shard:
         self.first = first
         self.per_chunk = int(bank.attrs["layout"]["kernels_per_chunk"])
         self.kernel_bytes = bank.n * bank.block_shape[1] * bank.dtype.itemsize
+        self._direct_fd: int | None = None
         try:
             self.file = open(self.path, "rb", buffering=0)
         except FileNotFoundError:
@@ -134,6 +150,33 @@ class _Shard:
     def read(self, offset: int, out: np.ndarray) -> None:
         self._read_exact(offset, memoryview(out).cast("B"))
 
+    def read_direct(self, offset: int, nbytes: int) -> np.ndarray | None:
+        """Bytes offset..offset+nbytes of the file read with O_DIRECT into the thread's aligned
+        buffer (valid until its next direct read), or None where the filesystem refuses O_DIRECT."""
+        if self._direct_fd is None:
+            try:
+                self._direct_fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
+            except OSError:
+                self._direct_fd = -1
+        if self._direct_fd < 0 or not hasattr(os, "O_DIRECT"):
+            return None
+        start = offset - offset % DIRECT_ALIGN
+        want = offset + nbytes - start
+        buf = thread_buffer(-(-want // DIRECT_ALIGN) * DIRECT_ALIGN, slot="direct", aligned=True)
+        got = 0
+        try:
+            while got < want:  # the last request may pass the end of the file: allowed, it stops there
+                step = os.preadv(self._direct_fd, [memoryview(buf)[got:]], start + got)
+                if step <= 0:
+                    raise BankCorruptError(f"{self.path} ended early (wanted {nbytes} bytes at offset {offset}); "
+                                           "the shard needs repair")
+                got += step
+        except OSError:  # EINVAL: this filesystem takes O_DIRECT at open but not for reads
+            os.close(self._direct_fd)
+            self._direct_fd = -1
+            return None
+        return buf[offset - start:offset - start + nbytes]
+
     def view(self, offset: int, nbytes: int) -> np.ndarray:
         """Bytes offset..offset+nbytes of the file, read-only, straight from its mapping."""
         data = mapped_file(self.file)
@@ -144,6 +187,9 @@ class _Shard:
 
     def close(self) -> None:
         self.file.close()
+        if self._direct_fd is not None and self._direct_fd >= 0:
+            os.close(self._direct_fd)
+        self._direct_fd = None
 
 
 class KernelReader:
@@ -155,22 +201,29 @@ class KernelReader:
     ``pieces(kernels)`` yields ``(pos, count, r0, r1, block)``: ``block`` is a C-contiguous
     (count, r1 - r0, w) array of the stored dtype holding rows r0..r1-1 of kernels
     ``kernels[pos:pos + count]`` (count > 1 only for whole kernels). The block lives in the
-    thread's reused buffer: it is valid until the next piece is requested. With ``mapped`` (the
-    default for a local bank within ``map_limit()``, see the module doc) the block is a read-only
-    view of the shard file's mapping instead, and a piece is a whole run of consecutive kernels of
-    one inner chunk.
+    thread's reused buffer: it is valid until the next piece is requested.
+
+    ``source`` says where the bytes come from (module doc): "mapped" (a read-only view of the shard
+    file's mapping; a piece is a whole run of consecutive kernels of one inner chunk), "direct"
+    (O_DIRECT reads of about DIRECT_PIECE_BYTES) or "copied" (reads of about ``piece_bytes`` into a
+    small buffer, so the piece is in L2 when the chunk kernel gets it). None chooses by the bank's
+    size: mapped within ``map_limit()``, direct beyond the machine's memory, copied between (and
+    always for banks on object stores).
     """
 
-    def __init__(self, bank, piece_bytes: int | None = None, mapped: bool | None = None):
+    def __init__(self, bank, piece_bytes: int | None = None, source: str | None = None):
         self.bank = bank
         self.n = bank.n
         self.width = int(bank.block_shape[1])
         self.dtype = bank.dtype
         self.piece_bytes = int(PIECE_BYTES if piece_bytes is None else piece_bytes)
         self.plain = bool(bank.plain_layout)
-        if mapped is None:
-            mapped = not bank.remote and bank.nbytes <= map_limit()
-        self.mapped = bool(mapped) and self.plain and not bank.remote
+        if source is None:
+            size = bank.nbytes
+            source = "mapped" if size <= map_limit() else "direct" if size > physical_memory() > 0 else "copied"
+        if source not in ("mapped", "direct", "copied"):
+            raise ValueError(f"source must be 'mapped', 'direct', 'copied' or None, got {source!r}")
+        self.source = source if self.plain and not bank.remote else "copied"
         self._shards: dict[int, _Shard] = {}
         self._whole: dict[int, np.ndarray] = {}  # fallback: whole shards read through zarr
 
@@ -212,20 +265,9 @@ class KernelReader:
         S = self.bank.kernels_per_shard
         if self.bank.remote:
             prefetch_runs(self, kernels)  # concurrent ranged GETs of the task's bytes, pieces served from them
-        if self.mapped:
-            pos = 0
-            while pos < len(kernels):
-                m0 = int(kernels[pos])
-                shard = self._shard(m0 // S)
-                count = 1
-                while (pos + count < len(kernels) and int(kernels[pos + count]) == m0 + count
-                       and shard.same_chunk(m0, m0 + count)):
-                    count += 1
-                yield pos, count, 0, n, shard.view(shard.offset(m0), count * kb).view(self.dtype).reshape(count, n, w)
-                pos += count
-        elif kb <= self.piece_bytes:
-            per = self.piece_bytes // kb
-            buf = thread_buffer(per * kb)
+        limit = {"mapped": None, "direct": DIRECT_PIECE_BYTES, "copied": self.piece_bytes}[self.source]
+        if limit is None or kb <= limit:
+            per = len(kernels) if limit is None else limit // kb
             pos = 0
             while pos < len(kernels):
                 m0 = int(kernels[pos])
@@ -235,22 +277,31 @@ class KernelReader:
                 while (count < per and pos + count < len(kernels) and int(kernels[pos + count]) == m0 + count
                        and shard.same_chunk(m0, m0 + count)):
                     count += 1
-                block = buf[: count * kb].view(self.dtype).reshape(count, n, w)
-                shard.read(shard.offset(m0), block)
-                yield pos, count, 0, n, block
+                yield pos, count, 0, n, self._fetch(shard, shard.offset(m0), count * kb).reshape(count, n, w)
                 pos += count
         else:
-            rows = max(1, self.piece_bytes // (w * itemsize))
-            buf = thread_buffer(rows * w * itemsize)
+            rows = max(1, limit // (w * itemsize))
             for pos, m in enumerate(kernels):
                 m = int(m)
                 shard = self._shard(m // S)
                 base = shard.offset(m)
                 for r0 in range(0, n, rows):
                     r1 = min(n, r0 + rows)
-                    block = buf[: (r1 - r0) * w * itemsize].view(self.dtype).reshape(1, r1 - r0, w)
-                    shard.read(base + r0 * w * itemsize, block)
-                    yield pos, 1, r0, r1, block
+                    block = self._fetch(shard, base + r0 * w * itemsize, (r1 - r0) * w * itemsize)
+                    yield pos, 1, r0, r1, block.reshape(1, r1 - r0, w)
+
+    def _fetch(self, shard, offset: int, nbytes: int) -> np.ndarray:
+        """Bytes offset..offset+nbytes of a shard file as a flat array of the stored dtype, from
+        this reader's source (a direct read the filesystem refuses is done by copying)."""
+        if self.source == "mapped":
+            return shard.view(offset, nbytes).view(self.dtype)
+        if self.source == "direct":
+            data = shard.read_direct(offset, nbytes)
+            if data is not None:
+                return data.view(self.dtype)
+        block = thread_buffer(nbytes)[:nbytes].view(self.dtype)
+        shard.read(offset, block)
+        return block
 
     def read_rows(self, m: int, r0: int, r1: int, out: np.ndarray) -> None:
         """Rows r0..r1-1 of kernel m into ``out`` (a C-contiguous (r1 - r0, w) array of the stored dtype)."""
@@ -259,7 +310,7 @@ class KernelReader:
             return
         shard = self._shard(m // self.bank.kernels_per_shard)
         offset = shard.offset(m) + r0 * self.width * self.dtype.itemsize
-        if self.mapped:
-            out[...] = shard.view(offset, out.nbytes).view(self.dtype).reshape(out.shape)
-        else:
+        if self.source == "copied":
             shard.read(offset, out)
+        else:
+            out[...] = self._fetch(shard, offset, out.nbytes).reshape(out.shape)

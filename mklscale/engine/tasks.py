@@ -65,8 +65,9 @@ STREAM_MAX_K = 4
 
 
 def _sweep(reader, k: int) -> tuple[bool, int]:
-    """(stream, row_block) for a quad-forms sweep of k vectors over the reader's pieces."""
-    if reader.mapped:
+    """(stream, row_block) for a quad-forms sweep of k vectors over the reader's pieces: row by
+    row or in short row blocks from memory (mapped or direct pieces), 128-row tiles from L2."""
+    if reader.source != "copied":
         return k <= STREAM_MAX_K, K.MAPPED_ROW_BLOCK
     return False, K.ROW_BLOCK
 
@@ -108,7 +109,7 @@ def quad_each_task(path: str, kernels: np.ndarray, U: np.ndarray) -> np.ndarray:
                 u = U[pos + c: pos + c + 1]
                 if r0 == 0:
                     V[:] = 0.0
-                if reader.mapped:
+                if reader.source != "copied":
                     K.quad_stream(block[c], r0, np.ascontiguousarray(u.T), V)
                 else:
                     K.quad_accumulate(block[c], r0, np.ascontiguousarray(u.T), V, S, K.ROW_BLOCK)
