@@ -2,9 +2,12 @@
 cvxpy (Clarabel) on the QCQP (L) next to SMO-MKL and SpicyMKL at small sizes.
 
     bash benchmarks/peers/setup_mklpy_venv.sh      # once: MKLpy 0.6 + CPU torch in its own venv
-    python benchmarks/bench_peers.py --quick       # breast_cancer, n = 200, M = 100; cvxpy at M = 10
+    python benchmarks/bench_peers.py --quick       # breast_cancer, n = 100, M = 20; cvxpy at M = 10 (~2 min)
     python benchmarks/bench_peers.py               # breast_cancer, ringnorm, digits x n {200, 500}
-                                                   # x M {100, 1000, 3000}; cvxpy at n = 100, M {10, 50}
+                                                   # x M {100, 1000}; cvxpy at n = 100, M {10, 50}
+                                                   # (~45 min on 2 cores: MKLpy's iterative methods run to
+                                                   # convergence and the CV of 4 peers + SpicyMKL hinge
+                                                   # dominate; M = 3000 is left out for that, --M adds it)
     python benchmarks/bench_peers.py --tasks ringnorm --n 8000 --M 20 --rank 128 \
         --mklpy-methods EasyMKL,AverageMKL --our-methods easymkl,uniform,spicy_logistic --no-cvxpy
                                                    # large n (issue 17): MKLpy's in-memory lists against
@@ -17,33 +20,61 @@ under --workdir (never in the repository). The test rows (up to --n-test, disjoi
 rows, the same rows for every M) get their cross kernels from ``bank.cross(X_test)``, which applies
 the training standardisation and normalisation. Train and test Gram matrices are streamed into one
 uncompressed .npz (float32; no pickle) that ``benchmarks/peers/run_mklpy.py`` reads inside the MKLpy
-virtual environment: MKLpy holds every train and test kernel in memory as a float64 torch tensor,
-which is the point of the comparison.
+virtual environment: MKLpy holds every train kernel in memory as a float64 torch tensor (and every
+test kernel to predict), which is the point of the comparison; the fold array of the CV travels in it too.
 
-Fits run outside the driver, and peak memory is the peak resident set of the process that fits
-and predicts. MKLpy: each method in a process forked after the kernels are loaded (the load is not
-timed; its kernels count in the peak: they are resident in it), peak = ru_maxrss from wait4. Ours:
-one worker process per grid point runs the methods one after the other, each first warmed up on a
-tiny bank (numba compiles on first use; not timed, as MKLpy's imports are not), peak = VmHWM after
-resetting it before each method (/proc/self/clear_refs); each opens the bank through
-``Engine(bank)`` (block cache --cache-bytes), reads it from disk (the page cache, in practice: the
-bank was just written) during the fit, and computes the cross kernels of the active kernels only,
-in chunks, to predict. Both sides
+Fits run outside the driver, and peak memory is the peak resident set of the process that fits.
+MKLpy: the driver (run_mklpy.py) first fits and predicts every method once on a tiny problem
+(warm-up, untimed: lazy imports and first-call set-up, inherited by the forks), then loads the TRAIN
+kernels only (float64, as MKLpy holds them; no float32 copy stays) and forks one process per method;
+its peak (``peak_rss_GB``) is that process's ru_maxrss read right after ``fit`` returns (the train
+kernels it inherited count: they are resident in it). The process then loads the test kernels and
+predicts; the peak of the whole process is ``predict_peak_rss_GB``. Ours: one worker process per
+grid point runs the methods one after the other, each first warmed up on a tiny bank (numba compiles
+on first use; not timed), peak = VmHWM after resetting it before each method's fit
+(/proc/self/clear_refs), read when the fit returns (``peak_rss_GB``) and after the prediction
+(``predict_peak_rss_GB``); each opens the bank through ``Engine(bank)`` (block cache --cache-bytes),
+reads it from disk (the page cache, in practice: the bank was just written) during the fit with the
+copying reader (MKLSCALE_MAP_BYTES=0: the default mapped reader is faster, but its mapped page-cache
+pages would count in VmHWM although the process does not own them), and
+computes the cross kernels of the active kernels only, in chunks, to predict. Both sides
 run under the same address-space cap (--mem-limit-gb, RLIMIT_AS) and the same per-fit wall-time limit
-(--time-limit, fit plus prediction); a fit that exceeds either is recorded as a failure with its
+(--time-limit, fit plus prediction; a CV has its own, --cv-time-limit); a fit that exceeds either is recorded as a failure with its
 message. A method that timed out or ran out of memory at (n', M') is not run at any n >= n', M >= M'
 (of any later task), nor where its time predicted from the largest smaller grid point it ran at,
 t (M / M') (n / n')^2, exceeds the limit: that is recorded as "not run" with the reason.
+
+Equal footing (issue 21). Matched pairs (MATCH: AverageMKL / UNIFORM, CKA / alignment, EasyMKL /
+EasyMKL, FHeuristic / FHeuristic) solve the same problem, so both sides use the same constants: SVM
+C = --C with libsvm's default tol 1e-3 on both sides (sklearn SVC(kernel="precomputed")), EasyMKL lam
+--easy-lam with a KOMD(lam 0.1) learner; ``agreement`` per pair records the share of test rows both
+label alike, the test-accuracy difference and the largest difference of the kernel weights
+(normalised to sum one). The other peers (PWMK, GRAM, RMKL, MEMO) solve other problems than SpicyMKL
+hinge, their reference: each side's constant is chosen by the same stratified --cv-folds-fold CV
+(``cv_folds``: ``paths.fold_assignment`` with --seed; the same fold array goes to MKLpy in the npz and
+is what ``model_selection.select`` uses on ours) on the training part, accuracy, ties to the more
+regularised value, over 4 values per side: MKLpy's SVM C in MKLPY_C_GRID = {0.1, 1, 10, 100} (SVC
+learner's C, and RMKL's own C), on the principal submatrices of the train kernels in memory; ours
+SpicyMKL hinge's C over ``model_selection``'s "auto" grid C_max x {0.1, 0.03, 0.01, 0.003}, on row
+subsets of the bank (``RowSubsetEngine``). The timed fit is then the fit on the whole training part at
+the chosen value; the chosen value (``C``), the CV record (``cv``: grid, mean and fold scores) and
+``cv_seconds`` are recorded per side. Stopping rules: GRAM / RMKL / MEMO run to MKLpy's own rule,
+``ReduceOnWorsening`` (learning rate 0.01 halved on every step that worsens the objective; converged
+when it falls below 1e-7; MKLpy 0.6 has no other test, its tolerance check is commented out) with an
+iteration cap --mklpy-max-iter (default 2000); ``iterations`` and ``stopped_on`` (scheduler or
+max_iter) are recorded. SpicyMKL stops at a relative duality gap 0.01 (``converged``, ``gap``,
+``iterations`` = outer iterations); SMO-MKL at the paper's rule; EasyMKL's and the SVMs' QPs at
+their solvers' tolerances (cvxopt, libsvm 1e-3). --no-cv uses --C everywhere instead.
 
 With --rank R our methods run a second time on a factor bank of the same kernels (``build_bank(...,
 rank=R)``: Nystrom on k-means++ landmarks, K~_m = L_m L_m^T, n x R per kernel) and predict through
 the fitted model's landmarks (``MKLModel.decision_function``); recorded as "ours_factor" with the
 build time, the bank's size and its approximation error (tr K - tr K~) / tr K.
 
-Methods, all with an SVM constant C = --C where they have one. MKLpy: EasyMKL (lam 0.1, its
-default KOMD learner), AverageMKL, FHeuristic, PWMK (3-fold CV), CKA (SVC learners), and the
-iterative GRAM, RMKL, MEMO (SVC learner, --mklpy-max-iter iterations, learning rate 0.01,
-ReduceOnWorsening scheduler, as in MKLpy's documentation). mklscale: SpicyMKL block-1 (hinge and
+Methods, with the SVM constant C = --C where they have one, except the cross-validated ones above. MKLpy: EasyMKL (lam 0.1, its
+default KOMD learner), AverageMKL, FHeuristic, PWMK (its own internal 3-fold CV for the weights), CKA (SVC learners), and the
+iterative GRAM, RMKL, MEMO (SVC learner, learning rate 0.01, ReduceOnWorsening scheduler, as in
+MKLpy's documentation; run to convergence, above). mklscale: SpicyMKL block-1 (hinge and
 logistic; relative gap 0.01), SMO-MKL (the paper's stopping rule), UNIFORM and the alignment
 baseline (AMKL, Cortes et al.), EasyMKL (lam 0.1, KOMD(lam 0.1) learner, kernels as given:
 MKLpy's settings) and FHeuristic (SVC(C)). The ratio is the peer's fit time over the matching
@@ -85,6 +116,14 @@ OUR_LABELS = {"spicy_hinge": "SpicyMKL hinge (block-1)", "spicy_logistic": "Spic
 MATCH = {"AverageMKL": "uniform", "CKA": "alignment", "EasyMKL": "easymkl",
          "FHeuristic": "fheuristic"}  # else spicy_hinge
 TASKS = ("breast_cancer", "ringnorm", "digits")
+#: peers that solve another problem than their matched mklscale method (SpicyMKL hinge): each side's
+#: regularisation constant is chosen by the same k-fold CV (same fold rows) before the timed fit
+CV_MKLPY = ("PWMK", "GRAM", "RMKL", "MEMO")
+CV_OURS = ("spicy_hinge",)
+#: MKLpy's CV grid: the SVM constant on unit-diagonal kernels, model_selection.SVM_FACTORS and 100
+#: (4 values, as many as ours: SpicyMKL's "auto" grid C_max x model_selection.PENALTY_FACTORS)
+MKLPY_C_GRID = (0.1, 1.0, 10.0, 100.0)
+SPICY_PARAMS = {"loss": "hinge", "penalty": "l1", "tol": 0.01}
 
 
 # ----------------------------------------------------------------------------------------- data
@@ -107,17 +146,29 @@ def _write_npy_stream(zf: zipfile.ZipFile, name: str, shape: tuple, dtype, chunk
             f.write(np.ascontiguousarray(block, dtype=dtype).tobytes())
 
 
-def export_npz(bank, X_test, y_train, y_test, path: Path, chunk_bytes: float = 2**30) -> dict:
-    """K_train (M, n, n), K_test (M, n_test, n) float32, y_train, y_test -> path (no pickle); kernels are
+def cv_folds(y: np.ndarray, folds: int, seed: int) -> np.ndarray:
+    """Fold index per training row, the split both sides' CV uses: ``paths.fold_assignment`` (stratified,
+    seeded), the function ``model_selection.select`` (our side) calls with the same seed; MKLpy gets
+    this array in the npz."""
+    from mklscale.solvers import paths
+
+    return paths.fold_assignment(np.asarray(y), folds, True, seed)
+
+
+def export_npz(bank, X_test, y_train, y_test, path: Path, chunk_bytes: float = 2**30, fold=None) -> dict:
+    """K_train (M, n, n), K_test (M, n_test, n) float32, y_train, y_test, fold (CV fold per training
+    row, if given) -> path (no pickle); kernels are
     read in chunks of about chunk_bytes (64 kernels at n = 2000; one at n = 8000: a 20-kernel chunk at
     n = 8000 drove this process to 22 GB and the OOM killer)."""
     t0 = time.perf_counter()
     M, n = len(bank), bank.n
     chunk = int(max(1, min(64, chunk_bytes // (n * n * 4))))
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-        for key, arr in (("y_train", y_train), ("y_test", y_test)):
+        small = [("y_train", y_train), ("y_test", y_test)] + ([] if fold is None else [("fold", fold)])
+        for key, arr in small:
             with zf.open(key + ".npy", "w") as f:
-                np.lib.format.write_array(f, np.asarray(arr, dtype=np.float64), allow_pickle=False)
+                np.lib.format.write_array(f, np.asarray(arr, dtype=np.int64 if key == "fold" else np.float64),
+                                          allow_pickle=False)
         ranges = [list(range(a, min(a + chunk, M))) for a in range(0, M, chunk)]
         _write_npy_stream(zf, "K_train", (M, n, n), np.float32, (bank.kernels(r) for r in ranges))
         _write_npy_stream(zf, "K_test", (M, len(y_test), n), np.float32, (bank.cross(X_test, kernels=r) for r in ranges))
@@ -149,11 +200,23 @@ def predict(res, bank, X_test) -> np.ndarray:
     return MKLModel.from_results(bank, res, "classification", classes=[-1.0, 1.0]).decision_function(X_test)
 
 
+def cv_ours(method: str, bank, y, folds: int, seed: int, state: Path) -> dict:
+    """``model_selection.select`` on the bank (folds are row subsets of the stored Gram matrices):
+    SpicyMKL hinge's C over its "auto" grid, accuracy, ties to the more regularised value."""
+    from mklscale import model_selection
+
+    assert method == "spicy_hinge", method
+    entry = {"solver": "spicy", "name": method, "C": "auto", "params": dict(SPICY_PARAMS)}
+    req = model_selection.Request(key="C", values="auto", folds=folds)
+    return model_selection.select(entry, req, bank, "classification", y, [-1.0, 1.0], None, seed, state,
+                                  False, lambda _msg: None)
+
+
 def _fit_ours(method: str, engine, y, C, easy_lam: float = 0.1):
     from mklscale.solvers import baselines, easymkl, fheuristic, smo, spicy
 
     if method == "spicy_hinge":
-        return spicy.fit(engine, y, C, loss="hinge", penalty="l1", tol=0.01)
+        return spicy.fit(engine, y, C, **SPICY_PARAMS)
     if method == "spicy_logistic":
         return spicy.fit(engine, y, C, loss="logistic", penalty="l1", tol=0.01)
     if method == "smo":
@@ -220,26 +283,44 @@ def worker(args) -> int:
     except Exception as exc:  # noqa: BLE001
         print(f"warm-up failed: {exc}", file=sys.stderr)
     warm = time.perf_counter() - t0
+    cv_methods = [m for m in (args.cv_ours or "").split(",") if m]
     for m in methods:
-        log.write(json.dumps({"start": m}) + "\n")
         out = {"method": m, "warmup_seconds": warm}
+        C = args.C
+        if m in cv_methods:  # before the timed fit, in its own phase (own time limit, not in the fit's peak)
+            log.write(json.dumps({"start": m, "phase": "cv"}) + "\n")
+            try:
+                cv = cv_ours(m, bank, y, args.cv_folds, args.seed, Path(args.bank).parent / f"cv_{m}.json")
+            except BaseException as exc:  # noqa: BLE001
+                out.update(status="error", message=f"CV: {type(exc).__name__}: {exc}"[:2000])
+                log.write(json.dumps(out, default=float) + "\n")
+                continue
+            out.update(cv=cv, cv_seconds=cv["seconds"])
+            C = cv["chosen"]
+        log.write(json.dumps({"start": m}) + "\n")
         _hwm_reset()
         try:
             t0 = time.perf_counter()
             with Engine(bank, cache_bytes=args.cache_bytes) as engine:
-                res = _fit_ours(m, engine, y, args.C, args.easy_lam)
+                res = _fit_ours(m, engine, y, C, args.easy_lam)
                 out["fit_seconds"] = time.perf_counter() - t0
                 out["passes"] = int(engine.stats["passes"])
+            out["fit_peak_rss_GB"] = _hwm_GB()
             t0 = time.perf_counter()
             f = predict(res, bank, X_test)
             out["predict_seconds"] = time.perf_counter() - t0
-            out.update(status="ok", test_accuracy=float(np.mean(np.where(f >= 0, 1.0, -1.0) == y_test)),
+            pred = np.where(f >= 0, 1.0, -1.0)
+            out.update(status="ok", test_accuracy=float(np.mean(pred == y_test)), C=C,
                        n_nonzero_weights=int(res.n_active), converged=bool(res.converged), gap=float(res.gap),
-                       objective=float(res.objective))
+                       objective=float(res.objective), iterations=len(res.history),
+                       weights=np.asarray(res.weights, dtype=np.float64).tolist(), test_pred=pred.tolist())
             del res, f
         except BaseException as exc:  # noqa: BLE001
             out.update(status="error", message=f"{type(exc).__name__}: {exc}"[:2000])
-        out["peak_rss_GB"] = _hwm_GB()
+        if "fit_peak_rss_GB" in out:  # peak_rss_GB: the fit's (as MKLpy's); the process's with prediction apart
+            out["predict_peak_rss_GB"], out["peak_rss_GB"] = _hwm_GB(), out.pop("fit_peak_rss_GB")
+        else:
+            out["peak_rss_GB"] = _hwm_GB()
         log.write(json.dumps(out, default=float) + "\n")
     log.close()
     return 0
@@ -255,12 +336,15 @@ def run_ours(methods: list[str], bank_path: Path, task_npz: Path, args) -> dict:
         out_path.unlink(missing_ok=True)
         cmd = [sys.executable, __file__, "--worker", ",".join(todo), "--bank", str(bank_path), "--task-npz",
                str(task_npz), "--worker-out", str(out_path), "--C", str(args.C), "--cache-bytes", args.cache_bytes,
-               "--easy-lam", str(args.easy_lam)]
+               "--easy-lam", str(args.easy_lam), "--cv-folds", str(args.cv_folds), "--seed", str(args.seed),
+               "--cv-ours", ",".join(m for m in CV_OURS if args.cv)]
         if args.mem_limit_gb:
             cmd += ["--mem-limit-gb", str(args.mem_limit_gb)]
         errf = open(Path(args.workdir) / "ours.stderr", "w+")  # noqa: SIM115  (closed after the worker)
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errf)
-        current, started, seen = None, None, 0
+        # the copying reader (engine/reader.py): mapped shard files would count in VmHWM as file pages
+        env = dict(os.environ, MKLSCALE_MAP_BYTES="0")
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errf, env=env)
+        current, started, seen, phase = None, None, 0, "fit"
         while True:
             rc = proc.poll()
             lines = out_path.read_text().splitlines() if out_path.exists() else []
@@ -271,18 +355,19 @@ def run_ours(methods: list[str], bank_path: Path, task_npz: Path, args) -> dict:
                     break  # a line being written
                 seen += 1
                 if "start" in rec:
-                    current, started = rec["start"], time.perf_counter()
+                    current, started, phase = rec["start"], time.perf_counter(), rec.get("phase", "fit")
                 else:
                     results[rec["method"]] = rec
                     todo.remove(rec["method"])
                     current = None
             if rc is not None:
                 break
-            if current is not None and time.perf_counter() - started > args.time_limit:
+            limit = args.cv_time_limit if phase == "cv" else args.time_limit
+            if current is not None and time.perf_counter() - started > limit:
                 proc.kill()
                 proc.wait()
                 results[current] = {"method": current, "status": "timeout",
-                                    "message": f"still running after {args.time_limit:g} s (killed)"}
+                                    "message": f"{'CV ' if phase == 'cv' else ''}still running after {limit:g} s (killed)"}
                 todo.remove(current)
                 current = None
                 break
@@ -313,11 +398,13 @@ def run_mklpy(npz: Path, methods: list[str], args) -> dict:
     py = Path(args.venv) / "bin" / "python"
     cmd = [str(py), str(HERE / "peers" / "run_mklpy.py"), str(npz), "--out", str(out_path),
            "--methods", ",".join(methods), "--time-limit", str(args.time_limit),
-           "--max-iter", str(args.mklpy_max_iter), "--svm-C", str(args.C), "--easy-lam", str(args.easy_lam)]
+           "--max-iter", str(args.mklpy_max_iter), "--svm-C", str(args.C), "--easy-lam", str(args.easy_lam),
+           "--cv-time-limit", str(args.cv_time_limit), "--cv-grid", ",".join(str(c) for c in MKLPY_C_GRID),
+           "--cv-methods", ",".join(m for m in CV_MKLPY if args.cv)]
     if args.mem_limit_gb:
         cmd += ["--mem-limit-gb", str(args.mem_limit_gb)]
     # the per-fit limit is enforced inside (each fit is a forked process); this is the safety net
-    budget = args.time_limit * len(methods) + 10 * len(methods) + 600
+    budget = (args.time_limit + (args.cv_time_limit if args.cv else 0)) * len(methods) + 10 * len(methods) + 600
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=budget, check=False)
     except subprocess.TimeoutExpired:
@@ -399,7 +486,7 @@ def grid_point(task: str, n: int, M: int, args, fails: dict, times: dict, versio
         peers, todo = split_skipped(args.mklpy_methods, "mklpy")
         if todo:
             npz = work / "grams.npz"
-            rec.update(export_npz(bank, X_test, y, y_test, npz))
+            rec.update(export_npz(bank, X_test, y, y_test, npz, fold=cv_folds(y, args.cv_folds, args.seed)))
             out = run_mklpy(npz, todo, args)
             npz.unlink(missing_ok=True)
             versions_box.update(out.get("versions", {}))
@@ -433,6 +520,12 @@ def grid_point(task: str, n: int, M: int, args, fails: dict, times: dict, versio
         if res.get("status") == "ok" and ref.get("status") == "ok":
             res["ratio_time"] = res["fit_seconds"] / ref["fit_seconds"]
             res["ratio_peak_rss"] = res["peak_rss_GB"] / ref["peak_rss_GB"]
+            if m in MATCH:
+                res["agreement"] = agreement(res, ref)
+    for side in (peers, ours, rec.get("ours_factor", {})):
+        for r in side.values():
+            r.pop("weights", None)
+            r.pop("test_pred", None)
     rec["mklpy"], rec["ours"] = peers, ours
     task_npz.unlink(missing_ok=True)
 
@@ -451,6 +544,20 @@ def grid_point(task: str, n: int, M: int, args, fails: dict, times: dict, versio
     for m, r in rec.get("ours_factor", {}).items():
         print(line(f"{OUR_LABELS[m]} r={args.rank}", r), flush=True)
     return rec
+
+
+def agreement(peer: dict, ours: dict) -> dict:
+    """Evidence that a matched pair solves the same problem: the share of test rows both sides label
+    alike, the test-accuracy difference (peer - ours) and, when both report kernel weights, the
+    largest difference of the weights normalised to sum one."""
+    out = {"accuracy_diff": peer["test_accuracy"] - ours["test_accuracy"]}
+    if peer.get("test_pred") is not None and ours.get("test_pred") is not None:
+        out["test_label_agreement"] = float(np.mean(np.asarray(peer["test_pred"]) == np.asarray(ours["test_pred"])))
+    if peer.get("weights") is not None and ours.get("weights") is not None:
+        a, b = np.asarray(peer["weights"], float), np.asarray(ours["weights"], float)
+        if a.shape == b.shape and a.sum() > 0 and b.sum() > 0:
+            out["weights_max_abs_diff"] = float(np.max(np.abs(a / a.sum() - b / b.sum())))
+    return out
 
 
 # ----------------------------------------------------------------------------- cvxpy at small size
@@ -581,7 +688,7 @@ def plot(results: dict, path: Path) -> None:
 # ------------------------------------------------------------------------------------------ main
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="breast_cancer, n = 200, M = 100; cvxpy at n = 100, M = 10")
+    ap.add_argument("--quick", action="store_true", help="breast_cancer, n = 100, M = 20; cvxpy at n = 100, M = 10")
     ap.add_argument("--tasks", default=None)
     ap.add_argument("--n", default=None, help="comma list of training sizes")
     ap.add_argument("--M", default=None, help="comma list of bank sizes")
@@ -592,7 +699,12 @@ def main(argv=None) -> int:
     ap.add_argument("--mem-limit-gb", type=float, default=None,
                     help="address-space cap of every fitting process (default min(16, 0.7 x RAM))")
     ap.add_argument("--cache-bytes", default="2GB", help="our Engine's block cache")
-    ap.add_argument("--mklpy-max-iter", type=int, default=100)
+    ap.add_argument("--mklpy-max-iter", type=int, default=2000,
+                    help="GRAM / RMKL / MEMO iteration cap; they stop earlier on MKLpy's own rule (default 2000)")
+    ap.add_argument("--no-cv", dest="cv", action="store_false",
+                    help="use --C everywhere instead of choosing the non-matched pairs' constants by CV")
+    ap.add_argument("--cv-folds", type=int, default=3)
+    ap.add_argument("--cv-time-limit", type=float, default=None, help="seconds per method's CV (default 2 x --time-limit)")
     ap.add_argument("--venv", default=str(HERE / "peers" / ".venv"))
     ap.add_argument("--skip-mklpy", action="store_true")
     ap.add_argument("--mklpy-methods", default=",".join(MKLPY_METHODS), help="comma list of MKLpy methods")
@@ -607,6 +719,7 @@ def main(argv=None) -> int:
     ap.add_argument("--bank", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--task-npz", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--cv-ours", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         return worker(args)
@@ -618,13 +731,15 @@ def main(argv=None) -> int:
 
     if args.time_limit is None:
         args.time_limit = 120.0
+    if args.cv_time_limit is None:
+        args.cv_time_limit = 2 * args.time_limit
     if args.mem_limit_gb is None:
         args.mem_limit_gb = round(min(16.0, 0.7 * psutil.virtual_memory().total / 2**30), 1)
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     tasks = ["breast_cancer"] if args.quick else list(TASKS)
-    ns = [200] if args.quick else [200, 500]
-    Ms = [100] if args.quick else [100, 1000, 3000]
+    ns = [100] if args.quick else [200, 500]
+    Ms = [20] if args.quick else [100, 1000]
     if args.tasks:
         tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if args.n:
@@ -669,9 +784,28 @@ def main(argv=None) -> int:
                             "easymkl": f"lam {args.easy_lam}, KOMD(lam 0.1) learner, tracenorm off",
                             "fheuristic": "uncentred alignment weights + SVC(C)"},
                    "mklpy": {"EasyMKL": f"lam {args.easy_lam}, KOMD learner", "AverageMKL": "SVC(C)", "FHeuristic": "SVC(C)",
-                             "PWMK": "SVC(C), delta 0, cv 3", "CKA": "SVC(C)",
+                             "PWMK": "SVC(C), delta 0, cv 3 (its own, for the weights)", "CKA": "SVC(C)",
                              "GRAM/RMKL/MEMO": "SVC(C) learner, learning rate 0.01, ReduceOnWorsening, max_iter "
                                                + str(args.mklpy_max_iter)},
+                   "stopping": {"GRAM/RMKL/MEMO": "MKLpy 0.6's own rule: ReduceOnWorsening halves the learning rate on "
+                                                  "every worsening step and stops when it is < 1e-7 (its tolerance "
+                                                  "test is commented out); else the cap max_iter "
+                                                  f"{args.mklpy_max_iter}; recorded: iterations, stopped_on",
+                                "spicy": "relative duality gap <= 0.01 (converged, gap; iterations = outer)",
+                                "smo": "the paper's OPT_3 rule", "svm": "libsvm tol 1e-3 (both sides)",
+                                "easymkl": "cvxopt (MKLpy) / libsvm margin QP (ours) at their tolerances"},
+                   "cv": {"enabled": args.cv, "folds": args.cv_folds, "seed": args.seed, "metric": "accuracy",
+                          "split": "paths.fold_assignment (stratified, seeded): the same fold array on both sides",
+                          "rule": "best mean accuracy, ties to the more regularised value",
+                          "mklpy_methods": list(CV_MKLPY), "mklpy_grid": list(MKLPY_C_GRID),
+                          "mklpy_parameter": "SVM C of the SVC learner (and RMKL's C)",
+                          "ours_methods": list(CV_OURS), "ours_grid": "model_selection auto: C_max x [0.1, 0.03, 0.01, 0.003]",
+                          "ours_parameter": "SpicyMKL's penalty weight C", "time_limit_s": args.cv_time_limit,
+                          "matched_pairs": "no CV: the same constants on both sides (same problem)"},
+                   "peak_memory": {"mklpy": "ru_maxrss of the forked fit process right after fit (train kernels "
+                                            "float64 only; test kernels loaded after the fit: predict_peak_rss_GB)",
+                                   "ours": "VmHWM of the worker, reset before each fit, read after the fit "
+                                           "(prediction: predict_peak_rss_GB)"},
                    "match": MATCH, "skip_rule": "a method that timed out or ran out of memory at (n', M') is not "
                                                 "run at n >= n', M >= M' (any task), nor where its time predicted "
                                                 "from the largest smaller grid point it ran at (t M/M' (n/n')^2) "

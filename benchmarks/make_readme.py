@@ -334,7 +334,8 @@ def render_smo_citi() -> str:
 
 
 _PEER_LABELS = {"spicy_hinge": "SpicyMKL hinge (block-1)", "spicy_logistic": "SpicyMKL logistic (block-1)",
-                "smo": "SMO-MKL", "uniform": "UNIFORM", "alignment": "alignment (AMKL)"}
+                "smo": "SMO-MKL", "uniform": "UNIFORM", "alignment": "alignment (AMKL)",
+                "easymkl": "EasyMKL (KOMD learner)", "fheuristic": "FHeuristic"}  # bench_peers.OUR_LABELS
 
 
 _MKLPY_ORDER = ("EasyMKL", "AverageMKL", "FHeuristic", "PWMK", "CKA", "GRAM", "RMKL", "MEMO")
@@ -360,12 +361,16 @@ def render_peers() -> str:
         f"{', '.join(map(str, p['n']))} training points, up to {p['n_test']} test points (breast_cancer has 569 rows in "
         f"all); M = {', '.join(map(str, p['M']))} kernels ({p['family']}), unit diagonal, {p['dtype']}. Every method sees "
         f"the same Gram matrices: MKLpy reads them, exported from our bank, as float64 torch tensors held in memory "
-        f"(train and test); ours read the bank through the engine (block cache {p['cache_bytes']}) and compute the "
-        f"cross kernels of the active kernels only. C = {p['C']} for every SVM; per-fit limit {p['time_limit_s']:.0f} s "
+        f"({'train kernels; each fit loads the test kernels after the fit' if 'peak_memory' in p else 'train and test'}); ours read the bank through the engine (block cache {p['cache_bytes']}) and compute the "
+        f"cross kernels of the active kernels only. {_peers_footing(p)} Per-fit limit {p['time_limit_s']:.0f} s "
         f"(fit + prediction) and address-space cap {p['mem_limit_GB']} GB per fitting process; {p['skip_rule']}. "
-        f"Peak memory is the peak resident set of the process that fits and predicts (MKLpy: kernels included). "
-        f"The ratio is the peer's fit time over the matching mklscale method's (AverageMKL / UNIFORM, CKA and "
-        f"FHeuristic / alignment, the others / SpicyMKL hinge); > 1 means mklscale is faster. Load times (reading "
+        + (f"Peak memory is the peak resident set of the fitting process when the fit returns (MKLpy: {p['peak_memory']['mklpy']}; "
+           f"ours: {p['peak_memory']['ours']}); both sides are warmed up on a tiny problem before timing. "
+           if "peak_memory" in p else
+           "Peak memory is the peak resident set of the process that fits and predicts (MKLpy: kernels included). ") +
+        f"The ratio is the peer's fit time over the matching mklscale method's ("
+        + ", ".join(f"{k} / {_PEER_LABELS.get(v, v)}" for k, v in p.get("match", {}).items())
+        + f", the others / SpicyMKL hinge; the timed fit only, not the CV); > 1 means mklscale is faster. Load times (reading "
         f"the npz) are not in MKLpy's fit times; reading the bank is in ours.\n"
         f"Peers: MKLpy {v.get('MKLpy', '?')}, torch {v.get('torch', '?')}, scikit-learn {v.get('scikit-learn', '?')}, "
         f"cvxopt {v.get('cvxopt', '?')} (separate venv, `benchmarks/peers/setup_mklpy_venv.sh`); cvxpy "
@@ -387,10 +392,12 @@ def render_peers() -> str:
                     rows.append([label + (_PEER_LABELS.get(m, m) if side == "ours" else m), x["n"], x["M"],
                                  _peer_cell(res, "fit_seconds"),
                                  res["peak_rss_GB"] if status in ("ok", "error", "killed", "timeout") and "peak_rss_GB" in res else "-",
-                                 _peer_cell(res, "test_accuracy"), _peer_cell(res, "ratio_time"), note.replace("|", "/")])
+                                 _peer_cell(res, "test_accuracy"), _peer_cell(res, "ratio_time"),
+                                 res.get("C", "-"), res.get("cv_seconds", "-"), _peer_stop(res), note.replace("|", "/")])
         n_test = sorted({g["n_test"] for g in rows_all if g["task"] == task})
         text += (f"\n### {task} (test points: {', '.join(map(str, n_test))})\n\n"
-                 + _table(["method", "n", "M", "fit s", "peak memory GB", "test acc", "ratio (peer / ours)", "status"], rows)
+                 + _table(["method", "n", "M", "fit s", "peak memory GB", "test acc", "ratio (peer / ours)", "C",
+                           "CV s", "iterations (stop)", "status"], rows)
                  + "\n")
     text += "\n" + _peers_per_method(r) + "\n" + _peers_summary(r) + "\n"
     cv = r.get("cvxpy") or []
@@ -412,6 +419,34 @@ def render_peers() -> str:
     return text
 
 
+def _peers_footing(p: dict) -> str:
+    """The equal-footing settings of a bench_peers run (issue 21), from its params."""
+    if "cv" not in p:  # runs before issue 21
+        return f"C = {p['C']} for every SVM (no model selection); GRAM, RMKL, MEMO ran {p['mklpy_max_iter']} iterations."
+    cv, st = p["cv"], p["stopping"]
+    text = (f"Matched pairs (same problem: {', '.join(f'{k} / {_PEER_LABELS.get(v, v)}' for k, v in p['match'].items())}) "
+            f"use the same constants on both sides: SVM C = {p['C']}, {st['svm']}, EasyMKL as stated below; the "
+            "per-peer table gives their test-label agreement. ")
+    if cv["enabled"]:
+        text += (f"The other peers ({', '.join(cv['mklpy_methods'])}) solve other problems than SpicyMKL hinge, so each "
+                 f"side's constant is chosen by the same {cv['folds']}-fold stratified CV on the training part (the same "
+                 f"fold rows on both sides, seed {cv['seed']}, {cv['metric']}, {cv['rule']}), 4 values per side: MKLpy's "
+                 f"{cv['mklpy_parameter']} in {cv['mklpy_grid']}, ours {cv['ours_parameter']} in {cv['ours_grid']}; the "
+                 "timed fit is the refit on the whole training part at the chosen value (column C), the CV's own time is "
+                 f"the column CV s (CV limit {cv['time_limit_s']:.0f} s per method). ")
+    else:
+        text += f"No CV in this run (--no-cv): C = {p['C']} everywhere. "
+    text += (f"Stopping: GRAM / RMKL / MEMO: {st['GRAM/RMKL/MEMO']}; SpicyMKL: {st['spicy']}; SMO-MKL: {st['smo']}.")
+    return text
+
+
+def _peer_stop(res: dict) -> str:
+    if res.get("iterations") is None or res.get("status") != "ok":
+        return "-"
+    why = res.get("stopped_on") or ("converged" if res.get("converged") else "not converged")
+    return f"{res['iterations']} ({why.split(' (')[0]})"
+
+
 def _peers_per_method(r: dict) -> str:
     """One row per MKLpy method against the mklscale method that solves the same problem (``matched``):
     how many fits both sides finished, wins and losses on time, the median and range of the ratio, and
@@ -426,17 +461,25 @@ def _peers_per_method(r: dict) -> str:
         ratios = [x["ratio_time"] for _, x in done]
         losses = sorted(((g, x) for g, x in done if x["ratio_time"] < 1.0), key=lambda t: t[1]["ratio_time"])
         acc = [(x["test_accuracy"], g["ours"][x["matched"]]["test_accuracy"]) for g, x in done]
+        agree = [x["agreement"]["test_label_agreement"] for _, x in done
+                 if "test_label_agreement" in x.get("agreement", {})]
+        wdiff = [x["agreement"]["weights_max_abs_diff"] for _, x in done if "weights_max_abs_diff" in x.get("agreement", {})]
         rows.append([m, _PEER_LABELS.get(matched, matched) if matched else "-", len(pairs), len(done),
                      len(done) - len(losses), len(losses),
                      f"{statistics.median(ratios):.3g}" if ratios else "-",
                      f"{min(ratios):.3g} .. {max(ratios):.3g}" if ratios else "-",
-                     sum(p > o + 0.02 for p, o in acc), sum(o > p + 0.02 for p, o in acc)])
+                     sum(p > o + 0.02 for p, o in acc), sum(o > p + 0.02 for p, o in acc),
+                     f"{min(agree):.3f} .. {max(agree):.3f}" if agree else "-",
+                     f"{max(wdiff):.2g}" if wdiff else "-"])
         lost += [f"{m} vs {_PEER_LABELS.get(x['matched'], x['matched'])} on {g['task']} n={g['n']} M={g['M']} "
                  f"({x['ratio_time']:.2f})" for g, x in losses]
     text = ("Per peer (the ratio is the peer's fit time over the matched mklscale method's; > 1: mklscale faster; "
-            "accuracy columns count fits where one side is more than 0.02 more accurate):\n\n"
+            "accuracy columns count fits where one side is more than 0.02 more accurate; for the pairs that solve the "
+            "same problem, the share of test points both sides label alike and the largest difference of their "
+            "kernel weights, normalised to sum one, check that they do):\n\n"
             + _table(["MKLpy method", "matched mklscale method", "grid points", "both finished", "mklscale faster",
-                      "mklscale slower", "median ratio", "ratio range", "peer more accurate", "mklscale more accurate"],
+                      "mklscale slower", "median ratio", "ratio range", "peer more accurate", "mklscale more accurate",
+                      "same test labels (min .. max)", "max weight difference"],
                      rows) + "\n")
     stale = sorted(m for g in r["grid"] for m, x in g["mklpy"].items()
                    if m in ("EasyMKL", "FHeuristic") and x.get("matched") not in (None, m.lower()))
@@ -515,8 +558,10 @@ def _peers_summary(r: dict) -> str:
         parts.append("A peer more than 0.02 more accurate than its matching mklscale method: " + "; ".join(pair_loss) + ".")
     parts.append(("Best test accuracy of a peer above the best of ours: " + "; ".join(acc_loss) + "."
                   if acc_loss else "No peer reached a higher test accuracy than the best of ours at any grid point.")
-                 + " All methods use one fixed C (no model selection), so accuracy differences of a point or two "
-                 "are within the noise of a few hundred test points.")
+                 + (" Accuracy differences of a point or two are within the noise of a few hundred test points."
+                    if r["params"].get("cv", {}).get("enabled") else
+                    " All methods use one fixed C (no model selection), so accuracy differences of a point or two "
+                    "are within the noise of a few hundred test points."))
     return " ".join(parts)
 
 
