@@ -171,8 +171,10 @@ def cached_bank(bank: KernelBank, repeats: int) -> dict:
                      "x_plain_2threads": gbps / plain["plain fromfile 2 threads"],
                      "x_best_plain": gbps / plain[best_name], "x_memory": gbps / memory})
     k1, k16 = t["quad_forms k=1"], t["quad_forms k=16"]
+    from mklscale.engine.reader import KernelReader
+
     return {"M": len(bank), "n": bank.n, "dtype": bank.dtype.name, "bank_bytes": bank.nbytes, "file_bytes": file_bytes,
-            "shards": bank.n_shards, "kernels_per_shard": bank.kernels_per_shard, "repeats": repeats,
+            "reader": KernelReader(bank).source, "shards": bank.n_shards, "kernels_per_shard": bank.kernels_per_shard, "repeats": repeats,
             "rows": rows, "k16_over_k1_time": k16 / k1, "best_plain": best_name, "memory_GB_per_s": memory,
             "target_0.8x_plain_met": {r["what"]: r["x_best_plain"] >= 0.8 for r in rows
                                       if not r["what"].startswith(("plain", "memory"))}}

@@ -143,8 +143,14 @@ def render_pass() -> str:
         "Where the passes run (same cached bank):\n\n"
         + _table(["where", "k", "seconds", "GB/s", "small-bank pass ms"], wrows)
         + "\n\nThe plain reads are `np.fromfile` of every shard file (allocating) and `readinto` into reused "
-        "buffers (what the engine's reader does); the target is against the fastest. k = 16 is compute bound "
-        "(16 n^2 float64 multiply-adds per kernel). On 2 cores a worker process costs scheduler and "
+        "buffers (a copy out of the page cache); the target is against the fastest. "
+        + ({"mapped": "The engine read this bank through its mapped reader (`engine/reader.py`: each shard file "
+                      "mapped read-only once per process, so a pass reads the page cache in place, one read of each "
+                      "stored number, where `readinto` reads it and writes a copy). ",
+            "copied": "The engine read this bank through its copying reader (2 MB pieces into a reused buffer). ",
+            "direct": "The engine read this bank with O_DIRECT. "}.get(c.get("reader"), ""))
+        + "A k = 1 pass does two flops per stored number (a multiply and an add, float64); k = 4 and k = 16 do 8 "
+        "and 32 and are compute bound. On 2 cores a worker process costs scheduler and "
         "transfer overhead the threaded default does not pay.\n"
     )
 
