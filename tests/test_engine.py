@@ -566,3 +566,19 @@ def test_benchmark_quick_runs(tmp_path):
 
     result = json.loads(out.read_text())
     assert result["machine"]["cores"] >= 1 and result["cached_bank"]["rows"]
+
+
+def _worker_map_limit() -> tuple[int, int]:
+    from distributed import get_worker
+
+    return reader.map_limit(), get_worker().memory_manager.memory_limit
+
+
+@pytest.mark.cluster
+def test_map_limit_in_a_dask_worker_is_a_quarter_of_its_memory_limit(client, monkeypatch):
+    """Mapped pages count in a worker's resident set, which its nanny polices: a worker maps at
+    most a quarter of its memory limit; the driver (no worker) half the machine's memory."""
+    monkeypatch.delenv("MKLSCALE_MAP_BYTES", raising=False)
+    got, limit = client.submit(_worker_map_limit, pure=False).result()
+    assert limit and got == min(reader.physical_memory() // 2, limit // 4)
+    assert reader.map_limit() == reader.physical_memory() // 2

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -69,9 +70,23 @@ def physical_memory() -> int:
         return 0
 
 
+def _dask_worker_memory_limit() -> int:
+    """The memory limit of the Dask worker running this code (0: not in a worker, or no limit)."""
+    distributed = sys.modules.get("distributed")  # never imported just for this
+    if distributed is None:
+        return 0
+    try:
+        worker = distributed.get_worker()
+    except ValueError:
+        return 0
+    return int(getattr(getattr(worker, "memory_manager", None), "memory_limit", 0) or 0)
+
+
 def map_limit() -> int:
     """Largest bank (bytes of shard files) read through mappings, and the most bytes of shard
-    files this process keeps mapped: ``MKLSCALE_MAP_BYTES`` or half the physical memory."""
+    files this process keeps mapped: ``MKLSCALE_MAP_BYTES``, or half the physical memory and, in a
+    Dask worker with a memory limit, a quarter of that limit (its nanny pauses and restarts workers
+    by resident set, in which mapped pages count)."""
     env = os.environ.get("MKLSCALE_MAP_BYTES")
     if env is not None:
         try:
@@ -79,7 +94,9 @@ def map_limit() -> int:
         except ValueError:
             raise ValueError(f"MKLSCALE_MAP_BYTES must be a number of bytes (0 turns mapped reading off), "
                              f"got {env!r}") from None
-    return physical_memory() // 2
+    limit = physical_memory() // 2
+    worker = _dask_worker_memory_limit()
+    return min(limit, worker // 4) if worker else limit
 
 
 def mapped_file(file) -> np.ndarray:
