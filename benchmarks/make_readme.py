@@ -138,6 +138,11 @@ def render_pass() -> str:
                  + ([f"x fastest plain read ({best})", "x memory read (floor)"] if best else []), rows)
         + f"\n\nk = 16 vectors cost {c['k16_over_k1_time']:.2f}x the time of k = 1 (target: well under 2x). "
         + (f"Memory read floor (the bank's bytes summed in RAM, 2 threads): {c['memory_GB_per_s']:.2f} GB/s. " if best else "")
+        + ("Compute floor (the engine's own chunk kernel on one kernel already in cache, "
+           f"{c['compute_floor_threads']} threads): "
+           + ", ".join(f"{x['what']} {x['compute_floor_GB_per_s']:.1f} GB/s (the pass at {x['x_floor']:.2f}x the lower "
+                       "of the two floors)" for x in c["rows"] if "compute_floor_GB_per_s" in x) + ". "
+           if any("compute_floor_GB_per_s" in x for x in c["rows"]) else "")
         + f"Target >= 0.8x the {'fastest ' if best else ''}plain read: " + ", ".join(f"{k} {'met' if v else 'NOT met'}" for k, v in c["target_0.8x_plain_met"].items())
         + f".\n\nSmall bank M = {sb['M']}, n = {sb['n']}: a pass takes {sb['median_ms']:.2f} ms median (target < 50 ms).\n\n"
         "Where the passes run (same cached bank):\n\n"

@@ -64,10 +64,11 @@ def remember_bank(bank) -> None:
 STREAM_MAX_K = 4
 
 
-def _sweep(reader, k: int) -> tuple[bool, int]:
-    """(stream, row_block) for a quad-forms sweep of k vectors over the reader's pieces: row by
-    row or in short row blocks from memory (mapped or direct pieces), 128-row tiles from L2."""
-    if reader.source != "copied":
+def quad_sweep(source: str, k: int) -> tuple[bool, int]:
+    """(stream, row_block) of ``kernels.quad_kernels`` for k vectors over pieces from a reader's
+    ``source``: row by row or in short row blocks from memory (mapped or direct pieces), 128-row
+    tiles from L2 (copied pieces)."""
+    if source != "copied":
         return k <= STREAM_MAX_K, K.MAPPED_ROW_BLOCK
     return False, K.ROW_BLOCK
 
@@ -84,7 +85,7 @@ def quad_task(path: str, kernels: np.ndarray, U: np.ndarray) -> np.ndarray:
     out = np.empty((len(kernels), k))
     V, S = _scratch(k, n)
     with KernelReader(bank) as reader:
-        stream, row_block = _sweep(reader, k)
+        stream, row_block = quad_sweep(reader.source, k)
         for pos, count, r0, r1, block in reader.pieces(kernels):
             if r0 == 0 and r1 == n:
                 K.quad_kernels(block, U, Ut, out[pos:pos + count], V, S, stream, row_block)
