@@ -443,17 +443,12 @@ def test_progress_is_silent_by_default(banks, capsys):
     assert "quad_forms" in capsys.readouterr().err
 
 
-def test_engine_accepts_a_path_and_small_passes_are_fast(banks):
-    bank, _ = banks["gauss"]
+def test_engine_accepts_a_path(banks):
+    """(The small-bank pass time is benchmarks/bench_pass.py's to measure, never a test's.)"""
+    bank, K = banks["gauss"]
     with Engine(str(bank.path)) as eng:
         u = np.ones(eng.n)
-        eng.quad_forms(u)
-        times = []
-        for _ in range(15):
-            t0 = time.perf_counter()
-            eng.quad_forms(u)
-            times.append(time.perf_counter() - t0)
-    assert np.median(times) < 0.05
+        close(eng.quad_forms(u), np.einsum("i,mij,j->m", u, K, u))
 
 
 # ---- distributed ---------------------------------------------------------------------------------
