@@ -4,6 +4,7 @@ bad inputs."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import signal
@@ -20,7 +21,7 @@ import zarr
 from mklscale.bank import KernelBank, build_bank, families
 from mklscale.engine import Engine, reader
 from mklscale.engine.cache import parse_bytes
-from mklscale.errors import BankIncompleteError, InvalidInputError
+from mklscale.errors import BankCorruptError, BankIncompleteError, InvalidInputError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -185,6 +186,47 @@ def test_reader_matches_read_shard(banks, monkeypatch):
             assert np.array_equal(got, expected), (name, source, piece, direct)
             assert np.array_equal(rows, expected[-1, 1:5]), (name, source)
             monkeypatch.undo()
+
+
+def test_direct_reads_fall_back_to_copies_where_the_filesystem_refuses_them(banks, monkeypatch):
+    """O_DIRECT refused at open or at the first read (tmpfs, some network filesystems): the same
+    bytes come through the copying path, and the shard keeps no direct descriptor."""
+    bank, _ = banks["f32"]
+    expected = np.concatenate([bank.read_shard(s) for s in range(bank.n_shards)])
+    real_open = os.open
+
+    def refuse(*_args, **_kw):
+        raise OSError(errno.EINVAL, "O_DIRECT refused")
+
+    for where in ("open", "read"):
+        if where == "open":
+            monkeypatch.setattr(os, "open", lambda path, flags, *a: refuse() if flags & getattr(os, "O_DIRECT", 0)
+                                else real_open(path, flags, *a))
+        else:
+            monkeypatch.setattr(os, "preadv", refuse)
+        got = np.empty_like(expected)
+        with reader.KernelReader(bank, source="direct") as r:
+            for pos, count, r0, r1, block in r.pieces(np.arange(len(bank))):
+                got[pos:pos + count, r0:r1] = block
+            assert all(sh._direct_fd == -1 for sh in r._shards.values()), where
+        monkeypatch.undo()
+        assert np.array_equal(got, expected), where
+
+
+def test_a_read_past_the_end_of_a_shard_file_is_corruption(banks):
+    """A shard file shorter than its index says (a torn copy): every reader says so, none loops."""
+    bank, _ = banks["f32"]
+    shard = reader._Shard(bank, 0)
+    size = os.fstat(shard.file.fileno()).st_size
+    try:
+        readers = [shard.view] + ([shard.read_direct] if _direct_io_works(bank.path) else [])
+        for read in readers:
+            with pytest.raises(BankCorruptError, match="ended early"):
+                read(size - 8, 8192)
+        with pytest.raises(BankCorruptError, match="ended early"):
+            shard.read(size - 8, np.empty(8192, np.uint8))
+    finally:
+        shard.close()
 
 
 def test_mapped_reading_follows_a_rebuilt_bank_and_its_limit(tmp_path, monkeypatch):
