@@ -122,6 +122,34 @@ def memory_read(arr: np.ndarray, threads: int) -> None:
         list(pool.map(np.add.reduce, parts))
 
 
+def compute_floor(n: int, dtype, k: int, source: str, threads: int, seconds: float = 0.5) -> float:
+    """GB/s of the engine's own quad-form chunk kernel for k vectors (the sweep its reader's
+    ``source`` selects) over one kernel already in the core's cache, ``threads`` threads at once:
+    the arithmetic a pass cannot beat, whatever the reading (kernel bytes per second)."""
+    from mklscale.engine import kernels as K
+    from mklscale.engine.tasks import quad_sweep
+
+    stream, row_block = quad_sweep(source, k)
+    rng = np.random.default_rng(4)
+    U = rng.standard_normal((k, n))
+    Ut = np.ascontiguousarray(U.T)
+    block = rng.random((1, n, n)).astype(dtype)
+
+    def one(_) -> int:
+        out, V, S = np.empty((1, k)), np.zeros((k, n)), np.zeros((8, 16))
+        K.quad_kernels(block, U, Ut, out, V, S, stream, row_block)  # compiled, block in cache
+        reps, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            K.quad_kernels(block, U, Ut, out, V, S, stream, row_block)
+            reps += 1
+        return reps
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        reps = sum(pool.map(one, range(threads)))
+    return reps * block.nbytes / (time.perf_counter() - t0) / GB
+
+
 def timed(fn) -> float:
     t0 = time.perf_counter()
     fn()
@@ -171,8 +199,21 @@ def cached_bank(bank: KernelBank, repeats: int) -> dict:
                      "x_plain_2threads": gbps / plain["plain fromfile 2 threads"],
                      "x_best_plain": gbps / plain[best_name], "x_memory": gbps / memory})
     k1, k16 = t["quad_forms k=1"], t["quad_forms k=16"]
+    from mklscale.engine.reader import KernelReader
+
+    import dask.system
+
+    source = KernelReader(bank).source
+    threads = int(dask.system.CPU_COUNT)
+    floors = {}
+    for k in U:
+        floors[f"quad_forms k={k}"] = compute_floor(bank.n, bank.dtype, k, source, threads)
+    for r in rows:
+        if r["what"] in floors:
+            r["compute_floor_GB_per_s"] = floors[r["what"]]
+            r["x_floor"] = r["GB_per_s"] / min(floors[r["what"]], memory)
     return {"M": len(bank), "n": bank.n, "dtype": bank.dtype.name, "bank_bytes": bank.nbytes, "file_bytes": file_bytes,
-            "shards": bank.n_shards, "kernels_per_shard": bank.kernels_per_shard, "repeats": repeats,
+            "reader": source, "compute_floor_threads": threads, "shards": bank.n_shards, "kernels_per_shard": bank.kernels_per_shard, "repeats": repeats,
             "rows": rows, "k16_over_k1_time": k16 / k1, "best_plain": best_name, "memory_GB_per_s": memory,
             "target_0.8x_plain_met": {r["what"]: r["x_best_plain"] >= 0.8 for r in rows
                                       if not r["what"].startswith(("plain", "memory"))}}

@@ -138,13 +138,24 @@ def render_pass() -> str:
                  + ([f"x fastest plain read ({best})", "x memory read (floor)"] if best else []), rows)
         + f"\n\nk = 16 vectors cost {c['k16_over_k1_time']:.2f}x the time of k = 1 (target: well under 2x). "
         + (f"Memory read floor (the bank's bytes summed in RAM, 2 threads): {c['memory_GB_per_s']:.2f} GB/s. " if best else "")
+        + ("Compute floor (the engine's own chunk kernel on one kernel already in cache, "
+           f"{c['compute_floor_threads']} threads): "
+           + ", ".join(f"{x['what']} {x['compute_floor_GB_per_s']:.1f} GB/s (the pass at {x['x_floor']:.2f}x the lower "
+                       "of the two floors)" for x in c["rows"] if "compute_floor_GB_per_s" in x) + ". "
+           if any("compute_floor_GB_per_s" in x for x in c["rows"]) else "")
         + f"Target >= 0.8x the {'fastest ' if best else ''}plain read: " + ", ".join(f"{k} {'met' if v else 'NOT met'}" for k, v in c["target_0.8x_plain_met"].items())
         + f".\n\nSmall bank M = {sb['M']}, n = {sb['n']}: a pass takes {sb['median_ms']:.2f} ms median (target < 50 ms).\n\n"
         "Where the passes run (same cached bank):\n\n"
         + _table(["where", "k", "seconds", "GB/s", "small-bank pass ms"], wrows)
         + "\n\nThe plain reads are `np.fromfile` of every shard file (allocating) and `readinto` into reused "
-        "buffers (what the engine's reader does); the target is against the fastest. k = 16 is compute bound "
-        "(16 n^2 float64 multiply-adds per kernel). On 2 cores a worker process costs scheduler and "
+        "buffers (a copy out of the page cache); the target is against the fastest. "
+        + ({"mapped": "The engine read this bank through its mapped reader (`engine/reader.py`: each shard file "
+                      "mapped read-only once per process, so a pass reads the page cache in place, one read of each "
+                      "stored number, where `readinto` reads it and writes a copy). ",
+            "copied": "The engine read this bank through its copying reader (2 MB pieces into a reused buffer). ",
+            "direct": "The engine read this bank with O_DIRECT. "}.get(c.get("reader"), ""))
+        + "A k = 1 pass does two flops per stored number (a multiply and an add, float64); k = 4 and k = 16 do 8 "
+        "and 32 and are compute bound. On 2 cores a worker process costs scheduler and "
         "transfer overhead the threaded default does not pay.\n"
     )
 

@@ -69,6 +69,13 @@ TARGETS = (
            ("tests/test_certificates.py", "tests/test_citi.py", "-k", "gap or cvxpy or certificate")),
     Target("citi_primal", "mklscale/solvers/citi.py", "primal_objective", None,
            ("tests/test_certificates.py", "tests/test_citi.py", "-k", "gap or cvxpy or certificate")),
+    # the engine's readers and the row-by-row quad-form sweep (session 9): wrong bytes or wrong sums
+    Target("reader_direct", "mklscale/engine/reader.py", "_Shard.read_direct", None,
+           ("tests/test_engine.py", "-k", "reader or identical or direct or past_the_end")),
+    Target("reader_view", "mklscale/engine/reader.py", "_Shard.view", None,
+           ("tests/test_engine.py", "-k", "reader or identical or direct or past_the_end")),
+    Target("quad_stream", "mklscale/engine/kernels.py", "quad_stream", None,
+           ("tests/test_engine.py", "-k", "identical")),
     Target("smo_dual", "mklscale/solvers/smo.py", "dual_value", None,
            ("tests/test_certificates.py", "tests/test_smo.py", "-k", "lanckriet or certified or gap")),
 )

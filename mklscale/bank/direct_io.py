@@ -69,13 +69,13 @@ def write_direct(path: Path, data: memoryview) -> int:
 _thread_buffers = threading.local()
 
 
-def thread_buffer(nbytes: int, slot: str = "piece") -> np.ndarray:
+def thread_buffer(nbytes: int, slot: str = "piece", aligned: bool = False) -> np.ndarray:
     """A uint8 buffer of at least ``nbytes`` owned by the calling thread and reused across calls;
-    ``slot`` names independent buffers of one thread (the engine's read pieces, an object-store
-    shard's prefetch window)."""
+    ``slot`` names independent buffers of one thread (the engine's read pieces, its direct reads,
+    an object-store shard's prefetch window). ``aligned``: starting on a DIRECT_ALIGN boundary."""
     buf = getattr(_thread_buffers, slot, None)
     if buf is None or buf.size < nbytes:
-        buf = np.empty(nbytes, dtype=np.uint8)
+        buf = aligned_empty((nbytes,), np.uint8) if aligned else np.empty(nbytes, dtype=np.uint8)
         setattr(_thread_buffers, slot, buf)
     return buf
 

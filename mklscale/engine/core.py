@@ -260,7 +260,7 @@ class Engine(KernelEngine):
                 if self._factor:
                     return factor_tasks.local_quad(block, u)[0]
                 out = np.empty((1, 1))
-                K.quad_kernels(block[None], u, np.ascontiguousarray(u.T), out, V, S)
+                K.quad_kernels(block[None], u, np.ascontiguousarray(u.T), out, V, S, False, K.ROW_BLOCK)
                 return out[0, 0]
 
             return self._evaluate("quad_forms", idx, (), self._tasks.quad_each_task, per_pos=Up, local=local,
@@ -275,7 +275,7 @@ class Engine(KernelEngine):
             if self._factor:
                 return factor_tasks.local_quad(block, U2)
             out = np.empty((1, k))
-            K.quad_kernels(block[None], U2, Ut, out, V, S)
+            K.quad_kernels(block[None], U2, Ut, out, V, S, False, K.ROW_BLOCK)
             return out[0]
 
         res = self._evaluate("quad_forms", idx, (k,), self._tasks.quad_task, shared=(U2,), local=local, full=full)

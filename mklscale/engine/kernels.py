@@ -24,9 +24,12 @@ from numba import njit
 
 from mklscale.engine.simd import tile_ukv, vdot
 
-#: Rows per sub-panel in the quad-form sweep: the sub-panel (<= 128 rows) stays in L2 while
-#: every 16-column strip of it is swept for all vectors.
+#: Rows per sub-panel in the quad-form sweep of a panel in L2 (just copied there by the reader):
+#: the sub-panel (<= 128 rows) stays in L2 while every 16-column strip of it is swept for all vectors.
 ROW_BLOCK = 128
+#: The same straight from memory (a mapped bank): few enough rows that the strips' interleaved row
+#: streams stay within what the hardware prefetchers follow (measured: 2x the 128-row sweep at k = 16).
+MAPPED_ROW_BLOCK = 16
 
 _opts = dict(nogil=True, cache=True, error_model="numpy")
 
@@ -42,11 +45,12 @@ def _strip_groups(tj):
 
 
 @njit(**_opts)
-def quad_accumulate(P, l0, Ut, V, S):
+def quad_accumulate(P, l0, Ut, V, S, row_block):
     """V[j, :] += sum_{l < rows} Ut[l0 + l, j] * P[l, :], adding rows one at a time, in order.
 
     P (rows, n) panel holding rows l0.. of a kernel; Ut (n, k) = U^T; V (k, n) float64
-    accumulators (zero before the first panel of a kernel); S (8, 16) float64 scratch.
+    accumulators (zero before the first panel of a kernel); S (8, 16) float64 scratch;
+    row_block: rows per sub-panel (ROW_BLOCK or MAPPED_ROW_BLOCK; the sums do not depend on it).
     """
     r, n = P.shape
     k = Ut.shape[1]
@@ -57,8 +61,8 @@ def quad_accumulate(P, l0, Ut, V, S):
                 for i in range(n):
                     V[j, i] += a * P[l, i]
         return
-    for b0 in range(0, r, ROW_BLOCK):
-        rb = min(ROW_BLOCK, r - b0)
+    for b0 in range(0, r, row_block):
+        rb = min(row_block, r - b0)
         j0 = 0
         while j0 < k:
             tj = min(8, k - j0)
@@ -84,6 +88,22 @@ def quad_accumulate(P, l0, Ut, V, S):
 
 
 @njit(**_opts)
+def quad_stream(P, l0, Ut, V):
+    """The same sums as ``quad_accumulate``, bit for bit (row l's terms are added to every column
+    in order of l), but sweeping P once, row after row, over all columns. For a panel read
+    straight from memory (the mapped reader): a front-to-back sweep is what the hardware
+    prefetchers stream at full bandwidth, where the register tiles re-read a 128-row block strip by
+    strip, at memory latency unless a copy has just put it in L2. Best for few vectors (V's k rows
+    are loaded and stored once per row of P)."""
+    r, n = P.shape
+    for l in range(r):
+        for j in range(Ut.shape[1]):
+            a = Ut[l0 + l, j]
+            for i in range(n):
+                V[j, i] += a * P[l, i]
+
+
+@njit(**_opts)
 def quad_finish(U, V, out):
     """out[j] = vdot(U[j], V[j]) = u_j^T K u_j once V = U K is complete."""
     k, n = U.shape
@@ -92,11 +112,15 @@ def quad_finish(U, V, out):
 
 
 @njit(**_opts)
-def quad_kernels(Kb, U, Ut, out, V, S):
-    """Quad forms of whole kernels Kb (c, n, n) with the same k vectors: out (c, k)."""
+def quad_kernels(Kb, U, Ut, out, V, S, stream, row_block):
+    """Quad forms of whole kernels Kb (c, n, n) with the same k vectors: out (c, k); ``stream``
+    sweeps with ``quad_stream`` instead of ``quad_accumulate(..., row_block)`` (same bits)."""
     for c in range(Kb.shape[0]):
         V[:] = 0.0
-        quad_accumulate(Kb[c], 0, Ut, V, S)
+        if stream:
+            quad_stream(Kb[c], 0, Ut, V)
+        else:
+            quad_accumulate(Kb[c], 0, Ut, V, S, row_block)
         quad_finish(U, V, out[c])
 
 

@@ -58,6 +58,21 @@ def remember_bank(bank) -> None:
             _BANKS.popitem(last=False)
 
 
+#: Most vectors for which a quad-forms pass over mapped kernels sweeps them row by row
+#: (``kernels.quad_stream``); with more, the register tiles of ``quad_accumulate`` (fewer loads and
+#: stores of V per number) win, over sub-panels of ``kernels.MAPPED_ROW_BLOCK`` rows.
+STREAM_MAX_K = 4
+
+
+def quad_sweep(source: str, k: int) -> tuple[bool, int]:
+    """(stream, row_block) of ``kernels.quad_kernels`` for k vectors over pieces from a reader's
+    ``source``: row by row or in short row blocks from memory (mapped or direct pieces), 128-row
+    tiles from L2 (copied pieces)."""
+    if source != "copied":
+        return k <= STREAM_MAX_K, K.MAPPED_ROW_BLOCK
+    return False, K.ROW_BLOCK
+
+
 def _scratch(k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
     return np.zeros((k, n)), np.zeros((8, 16))
 
@@ -70,13 +85,14 @@ def quad_task(path: str, kernels: np.ndarray, U: np.ndarray) -> np.ndarray:
     out = np.empty((len(kernels), k))
     V, S = _scratch(k, n)
     with KernelReader(bank) as reader:
+        stream, row_block = quad_sweep(reader.source, k)
         for pos, count, r0, r1, block in reader.pieces(kernels):
             if r0 == 0 and r1 == n:
-                K.quad_kernels(block, U, Ut, out[pos:pos + count], V, S)
+                K.quad_kernels(block, U, Ut, out[pos:pos + count], V, S, stream, row_block)
                 continue
             if r0 == 0:
                 V[:] = 0.0
-            K.quad_accumulate(block[0], r0, Ut, V, S)
+            K.quad_accumulate(block[0], r0, Ut, V, S, row_block)
             if r1 == n:
                 K.quad_finish(U, V, out[pos])
     return out
@@ -94,7 +110,10 @@ def quad_each_task(path: str, kernels: np.ndarray, U: np.ndarray) -> np.ndarray:
                 u = U[pos + c: pos + c + 1]
                 if r0 == 0:
                     V[:] = 0.0
-                K.quad_accumulate(block[c], r0, np.ascontiguousarray(u.T), V, S)
+                if reader.source != "copied":
+                    K.quad_stream(block[c], r0, np.ascontiguousarray(u.T), V)
+                else:
+                    K.quad_accumulate(block[c], r0, np.ascontiguousarray(u.T), V, S, K.ROW_BLOCK)
                 if r1 == n:
                     K.quad_finish(u, V, out[pos + c: pos + c + 1])
     return out
