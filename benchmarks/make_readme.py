@@ -889,7 +889,7 @@ def _render_scaling_physical() -> str:
         f"One engine quad_forms pass from a cold cache (fresh Engine, threaded default): {cold['seconds']:.1f} s, "
         f"{cold['GB_per_s']:.2f} GB/s, {cold['over_reference']:.2f} times the reference read"
         + ({"direct": " (the engine's direct reader: O_DIRECT in 8 MiB pieces, as a bank larger than memory is read; "
-                      "its buffered reads before session 9 took 4.9x the reference on this bank)",
+                      "the buffered reads it used before took 4.9x the reference on this bank, pinned to one core)",
             "copied": " (the engine's copying reader)"}.get(cold.get("reader"), "")) + ".\n\n"
         + _table(["solver", "fit s", "fit / reference read", "full passes", "bank reads (bytes)",
                   "fit / (bank reads x reference)", "active", "test acc", "status"], rows)
