@@ -58,7 +58,7 @@ PIECE_BYTES = 2 * 2**20
 #: read of the whole bank uses 8 MiB).
 DIRECT_PIECE_BYTES = 8 * 2**20
 
-_MAPS: OrderedDict[tuple, np.ndarray] = OrderedDict()
+_MAPS: OrderedDict[tuple, tuple[str, np.ndarray]] = OrderedDict()  # key -> (path, whole-file array)
 _MAPS_LOCK = threading.Lock()
 
 
@@ -99,25 +99,38 @@ def map_limit() -> int:
     return min(limit, worker // 4) if worker else limit
 
 
+def _replaced(path: str, key: tuple) -> bool:
+    """Whether the file mapped under ``key`` is no longer the one at ``path`` (rebuilt or deleted)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return True
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != key
+
+
 def mapped_file(file) -> np.ndarray:
     """The whole of the open file ``file`` as a read-only uint8 array backed by a shared mapping,
     made once per process per (device, inode, size, mtime) and kept (least recently used first
-    out beyond ``map_limit()`` bytes; an evicted mapping is unmapped when its last view goes)."""
+    out beyond ``map_limit()`` bytes; an evicted mapping is unmapped when its last view goes).
+    Making a new mapping also lets go of those whose file has since been replaced or deleted, so a
+    rebuilt bank's old shard files do not keep their disk space for the life of the process."""
     st = os.fstat(file.fileno())
     key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     with _MAPS_LOCK:
-        data = _MAPS.get(key)
-        if data is not None:
+        entry = _MAPS.get(key)
+        if entry is not None:
             _MAPS.move_to_end(key)
-            return data
+            return entry[1]
     data = np.frombuffer(mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ), dtype=np.uint8)
     with _MAPS_LOCK:
-        data = _MAPS.setdefault(key, data)
+        for old in [k for k, (path, _) in _MAPS.items() if _replaced(path, k)]:
+            del _MAPS[old]
+        entry = _MAPS.setdefault(key, (file.name, data))
         _MAPS.move_to_end(key)
-        limit, total = map_limit(), sum(a.size for a in _MAPS.values())
+        limit, total = map_limit(), sum(d.size for _, d in _MAPS.values())
         while total > limit and len(_MAPS) > 1:
-            total -= _MAPS.popitem(last=False)[1].size
-    return data
+            total -= _MAPS.popitem(last=False)[1][1].size
+    return entry[1]
 
 
 class _Shard:
