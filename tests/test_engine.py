@@ -213,6 +213,19 @@ def test_direct_reads_fall_back_to_copies_where_the_filesystem_refuses_them(bank
         assert np.array_equal(got, expected), where
 
 
+def test_direct_reads_of_page_aligned_kernels(tmp_path):
+    """n = 32 float32: every kernel is exactly one 4096-byte page, so direct reads start and end on
+    page boundaries (no rounding up), the case the other banks' odd sizes never reach."""
+    K = random_psd(np.random.default_rng(3), 9, 32).astype(np.float32)
+    bank = KernelBank.from_arrays(K, tmp_path / "aligned", chunk_mb=0.008, shard_mb=0.03)
+    expected = np.concatenate([bank.read_shard(s) for s in range(bank.n_shards)])
+    got = np.empty_like(expected)
+    with reader.KernelReader(bank, source="direct") as r:
+        for pos, count, r0, r1, block in r.pieces(np.arange(len(bank))):
+            got[pos:pos + count, r0:r1] = block
+    assert np.array_equal(got, expected)
+
+
 def test_a_read_past_the_end_of_a_shard_file_is_corruption(banks):
     """A shard file shorter than its index says (a torn copy): every reader says so, none loops."""
     bank, _ = banks["f32"]
