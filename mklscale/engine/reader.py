@@ -192,11 +192,12 @@ class _Shard:
             return None
         start = offset - offset % DIRECT_ALIGN
         want = offset + nbytes - start
-        buf = thread_buffer(-(-want // DIRECT_ALIGN) * DIRECT_ALIGN, slot="direct", aligned=True)
+        ask = -(-want // DIRECT_ALIGN) * DIRECT_ALIGN  # whole pages; past the end of the file is allowed
+        window = memoryview(thread_buffer(ask, slot="direct", aligned=True))[:ask]  # the buffer may be larger
         got = 0
         try:
-            while got < want:  # the last request may pass the end of the file: allowed, it stops there
-                step = os.preadv(self._direct_fd, [memoryview(buf)[got:]], start + got)
+            while got < want:
+                step = os.preadv(self._direct_fd, [window[got:]], start + got)
                 if step <= 0:
                     raise BankCorruptError(f"{self.path} ended early (wanted {nbytes} bytes at offset {offset}); "
                                            "the shard needs repair")
@@ -205,7 +206,7 @@ class _Shard:
             os.close(self._direct_fd)
             self._direct_fd = -1
             return None
-        return buf[offset - start:offset - start + nbytes]
+        return np.frombuffer(window, np.uint8, nbytes, offset - start)
 
     def view(self, offset: int, nbytes: int) -> np.ndarray:
         """Bytes offset..offset+nbytes of the file, read-only, straight from its mapping."""
