@@ -301,6 +301,11 @@ def test_identical_across_threads_plans_panels_and_cache(banks, name, monkeypatc
         got = every_op(eng)
     for key in ref:
         assert np.array_equal(got[key], ref[key]), ("direct", key)
+    monkeypatch.setattr(reader, "DIRECT_PIECE_BYTES", 5 * bank.n * bank.dtype.itemsize)  # direct row panels
+    with Engine(bank) as eng:
+        got = every_op(eng)
+    for key in ref:
+        assert np.array_equal(got[key], ref[key]), ("direct panels", key)
     monkeypatch.setattr(KernelBank, "plain_layout", property(lambda self: False))  # zarr's read path
     with Engine(bank) as eng:
         got = every_op(eng)

@@ -73,6 +73,14 @@ def quad_sweep(source: str, k: int) -> tuple[bool, int]:
     return False, K.ROW_BLOCK
 
 
+def _accumulate(panel, r0: int, Ut, V, S, stream: bool, row_block: int) -> None:
+    """V += U^T-weighted rows r0.. of a kernel (``kernels.quad_stream`` or ``quad_accumulate``: same bits)."""
+    if stream:
+        K.quad_stream(panel, r0, Ut, V)
+    else:
+        K.quad_accumulate(panel, r0, Ut, V, S, row_block)
+
+
 def _scratch(k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
     return np.zeros((k, n)), np.zeros((8, 16))
 
@@ -92,7 +100,7 @@ def quad_task(path: str, kernels: np.ndarray, U: np.ndarray) -> np.ndarray:
                 continue
             if r0 == 0:
                 V[:] = 0.0
-            K.quad_accumulate(block[0], r0, Ut, V, S, row_block)
+            _accumulate(block[0], r0, Ut, V, S, stream, row_block)
             if r1 == n:
                 K.quad_finish(U, V, out[pos])
     return out
@@ -105,15 +113,13 @@ def quad_each_task(path: str, kernels: np.ndarray, U: np.ndarray) -> np.ndarray:
     out = np.empty(len(kernels))
     V, S = _scratch(1, n)
     with KernelReader(bank) as reader:
+        stream, row_block = quad_sweep(reader.source, 1)
         for pos, count, r0, r1, block in reader.pieces(kernels):
             for c in range(count):
                 u = U[pos + c: pos + c + 1]
                 if r0 == 0:
                     V[:] = 0.0
-                if reader.source != "copied":
-                    K.quad_stream(block[c], r0, np.ascontiguousarray(u.T), V)
-                else:
-                    K.quad_accumulate(block[c], r0, np.ascontiguousarray(u.T), V, S, K.ROW_BLOCK)
+                _accumulate(block[c], r0, np.ascontiguousarray(u.T), V, S, stream, row_block)
                 if r1 == n:
                     K.quad_finish(u, V, out[pos + c: pos + c + 1])
     return out
