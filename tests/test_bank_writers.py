@@ -29,6 +29,8 @@ from mklscale.bank.build import _MetadataWriter
 from mklscale.bank.shard_format import write_shard_file
 from mklscale.errors import BankCorruptError, BankLockedError, ClusterUnavailableError, NotABankError
 
+from _processes import stop_processes
+
 LAYOUT = {"chunk_mb": 0.16, "shard_mb": 0.5}  # n = 200, float32: three kernels a shard
 CHILD_ENV = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), OMP_NUM_THREADS="1")
 
@@ -399,17 +401,6 @@ def _worker(address: str, cwd: Path, log: Path, wrap: list[str] | None = None) -
         return subprocess.Popen((wrap or []) + cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=CHILD_ENV)
 
 
-def _stop(procs):
-    for p in procs:
-        p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
 @pytest.mark.cluster
 def test_relative_bank_path_with_workers_started_elsewhere(X, tmp_path, monkeypatch):
     from distributed import Client, LocalCluster
@@ -426,7 +417,7 @@ def test_relative_bank_path_with_workers_started_elsewhere(X, tmp_path, monkeypa
                 bank = build_bank(X[:60], families.gaussian(list(np.linspace(0.5, 4, 12))), "rel/bank",
                                   client=client, progress=False, chunk_mb=0.0144, shard_mb=0.0288)
         finally:
-            _stop(workers)
+            stop_processes(workers)
     assert bank.complete.all() and bank.verify().ok
     assert not (elsewhere / "rel").exists()
 
@@ -453,5 +444,5 @@ def test_workers_that_cannot_see_the_bank_are_named_before_any_task(X, tmp_path)
                 with pytest.raises(ClusterUnavailableError, match=r"1 of 1 Dask worker\(s\) cannot see .*shared/bank"):
                     build_bank(X[:60], families.gaussian([0.5, 1.0]), shared / "bank", client=client, progress=False)
         finally:
-            _stop(workers)
+            stop_processes(workers)
     assert KernelBank.open(shared / "bank").complete.sum() == 0

@@ -30,6 +30,8 @@ from mklscale.runtime.cluster import (
     open_client,
 )
 
+from _processes import stop_processes
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "cluster").glob("*.toml"))
 TINY = ROOT / "pipelines" / "tiny.toml"
@@ -217,19 +219,6 @@ def _wait_listening(port: int, proc: subprocess.Popen, timeout_s: float, log: Pa
     raise RuntimeError(f"dask scheduler not listening on {port} after {timeout_s}s:\n{log.read_text()}")
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
-    """Terminate processes and wait for them; kill what does not exit within 10 s."""
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=5)
-
-
 @pytest.fixture(scope="module")
 def scheduler_address(tmp_path_factory):
     """A real `dask scheduler` on a free port with two `dask worker` processes (1 thread each)."""
@@ -246,8 +235,8 @@ def scheduler_address(tmp_path_factory):
                                 logs / f"worker{i}.log"))
         yield address
     finally:  # workers first: a worker told to stop while its scheduler closes can hang in shutdown
-        _stop(procs[1:])
-        _stop(procs[:1])
+        stop_processes(procs[1:])
+        stop_processes(procs[:1])
 
 
 @pytest.mark.cluster
