@@ -85,7 +85,7 @@ def _same(path: Path, M: int, n: int, dtype: str) -> bool:
 
 
 def shard_files(bank: KernelBank) -> list[Path]:
-    return [bank.path / "gram" / "c" / str(s) / "0" / "0" for s in range(bank.n_shards)]
+    return [bank.shard_file(s) for s in range(bank.n_shards)]
 
 
 def plain_fromfile(files: list[Path], threads: int) -> None:

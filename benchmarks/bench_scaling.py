@@ -360,10 +360,6 @@ def item_n_scaling(args, runner, warm) -> dict:
             "slopes_n_above_500": loglog_slopes(rows, "n_train", 500)}
 
 
-def shard_files(bank) -> list[Path]:
-    return [bank.path / "gram" / "c" / str(s) / "0" / "0" for s in range(bank.n_shards)]
-
-
 def plain_read(files: list[Path], threads: int = 1) -> float:
     from bench_pass import plain_fromfile
 
@@ -377,6 +373,8 @@ def item_workers(args, warm) -> dict:
     split of a pass; a model of T(k) workers (stated as a model)."""
     from bench_pass import medians
     from distributed import Client, LocalCluster
+
+    from bench_pass import shard_files
 
     from mklscale.engine import Engine
     from mklscale.solvers import spicy
@@ -577,6 +575,7 @@ def item_physical(args, runner, warm) -> dict:
     of O_DIRECT reads of the shard files with 1, 2, 4 threads, each after dropping the page cache;
     a cold engine pass and each fit (in a fresh worker process) also start after a drop."""
     import psutil
+    from bench_pass import shard_files
 
     mem = psutil.virtual_memory().total
     # main() has refused an absent bank without --physical-build (under --quick, item 5 has built it)
