@@ -129,10 +129,8 @@ def run_point(name, X, y, m, C, args, cvxpy_points, engine_kind, axis: str = "m"
     build_bank(X, specs, path, normalize="diag", dtype=args.dtype, overwrite=True, progress=False)
     record = {"dataset": name, "n": int(y.size), "m": m, "build_seconds": time.perf_counter() - t0}
 
-    engine_kind[0] = engine_for(path)[1]
-
     def smo_run() -> dict:  # a fresh engine each time: no run inherits another's block cache
-        engine, _ = engine_for(path)
+        engine, engine_kind[0] = engine_for(path)
         t0 = time.perf_counter()
         res = smo.fit(engine, y, C, tol=args.smo_tol)
         return {
