@@ -1158,9 +1158,10 @@ def render_mutation() -> str:
             "docs/mutation-testing.md.\n\n" + _mutation_table(before, after) + "\n")
     eb, ea = _load("mutation_engine_before.json"), _load("mutation_engine_after.json")
     if eb is not None and ea is not None:
-        text += ("\nThe engine's readers and row-by-row sweep (`--targets reader_direct,reader_view,quad_stream`), before "
-                 "and after the tests written for their survivors (a refused O_DIRECT, a read past the end of a shard "
-                 "file):\n\n" + _mutation_table(eb, ea) + "\n")
+        text += ("\nThe engine's readers and row-by-row sweep (`--targets reader_direct,pread_direct,reader_view,"
+                 "quad_stream`), before and after the tests written for their survivors (a refused O_DIRECT, a read past "
+                 "the end of a shard file, page-aligned pieces); before, the O_DIRECT read loop of `pread_direct` was "
+                 "part of `reader_direct`:\n\n" + _mutation_table(eb, ea) + "\n")
     return text
 
 

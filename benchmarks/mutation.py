@@ -72,6 +72,8 @@ TARGETS = (
     # the engine's readers and the row-by-row quad-form sweep (session 9): wrong bytes or wrong sums
     Target("reader_direct", "mklscale/engine/reader.py", "_Shard.read_direct", None,
            ("tests/test_engine.py", "-k", "reader or identical or direct or past_the_end")),
+    Target("pread_direct", "mklscale/bank/direct_io.py", "pread_direct", None,
+           ("tests/test_engine.py", "-k", "reader or identical or direct or past_the_end")),
     Target("reader_view", "mklscale/engine/reader.py", "_Shard.view", None,
            ("tests/test_engine.py", "-k", "reader or identical or direct or past_the_end")),
     Target("quad_stream", "mklscale/engine/kernels.py", "quad_stream", None,

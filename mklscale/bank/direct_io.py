@@ -80,17 +80,35 @@ def thread_buffer(nbytes: int, slot: str = "piece", aligned: bool = False) -> np
     return buf
 
 
+def pread_direct(fd: int, offset: int, nbytes: int) -> np.ndarray | None:
+    """Bytes offset..offset+nbytes of the file open with O_DIRECT as ``fd``, as a uint8 array in the
+    calling thread's aligned "direct" buffer (valid until that thread's next direct read): the whole
+    pages around the range are read (the last may pass the end of the file: O_DIRECT allows it),
+    with as many ``preadv`` calls as it takes. None when the file ends before offset + nbytes;
+    OSError (EINVAL) where the filesystem refuses the read."""
+    start = offset - offset % DIRECT_ALIGN
+    want = offset + nbytes - start
+    ask = -(-want // DIRECT_ALIGN) * DIRECT_ALIGN
+    window = memoryview(thread_buffer(ask, slot="direct", aligned=True))[:ask]  # the buffer may be larger
+    got = 0
+    while got < want:
+        step = os.preadv(fd, [window[got:]], start + got)
+        if step <= 0:
+            return None
+        got += step
+    return np.frombuffer(window, np.uint8, nbytes, offset - start)
+
+
 def read_files_direct(paths: Sequence[Path], threads: int = 1, block: int = 8 * 2**20,
                       consume: Callable[[int, int, memoryview], None] | None = None) -> int:
     """Read every byte of ``paths`` with O_DIRECT (DMA from the disk, the page cache neither used
     nor filled); return the number of bytes read.
 
     The files are cut into blocks of ``block`` bytes (a multiple of DIRECT_ALIGN) that ``threads``
-    threads read with ``pread`` into one aligned buffer per thread, reused for every block. A last
-    block shorter than DIRECT_ALIGN is asked for rounded up (allowed at the end of a file) and
-    yields only the file's bytes. ``consume(file_index, offset, data)``, when given, sees each
-    block's bytes before the buffer is reused. OSError (EINVAL) where the platform or the
-    filesystem has no direct I/O (tmpfs): there is no silent fallback to buffered reads.
+    threads read with ``pread_direct`` into one aligned buffer per thread, reused for every block.
+    ``consume(file_index, offset, data)``, when given, sees each block's bytes before the buffer is
+    reused. OSError (EINVAL) where the platform or the filesystem has no direct I/O (tmpfs): there
+    is no silent fallback to buffered reads.
     """
     flag = getattr(os, "O_DIRECT", 0)
     if not flag:
@@ -98,7 +116,6 @@ def read_files_direct(paths: Sequence[Path], threads: int = 1, block: int = 8 * 
     if block <= 0 or block % DIRECT_ALIGN:
         raise ValueError(f"block must be a positive multiple of {DIRECT_ALIGN} bytes, got {block}")
     fds: list[int] = []
-    local = threading.local()
     try:
         for path in paths:
             fds.append(os.open(path, os.O_RDONLY | flag))
@@ -107,20 +124,12 @@ def read_files_direct(paths: Sequence[Path], threads: int = 1, block: int = 8 * 
 
         def read(piece: tuple[int, int]) -> int:
             i, off = piece
-            buf = getattr(local, "buf", None)
-            if buf is None:
-                buf = local.buf = aligned_empty((block,), np.uint8)
-            view = memoryview(buf)
             want = min(block, sizes[i] - off)
-            ask = -(-want // DIRECT_ALIGN) * DIRECT_ALIGN
-            got = 0
-            while got < want:  # a short read before the end would leave got unaligned: the next pread says EINVAL
-                step = os.preadv(fds[i], [view[got:ask]], off + got)
-                if step <= 0:
-                    raise OSError(errno.EIO, f"{paths[i]}: the file ended at {off + got} bytes while reading it")
-                got += step
+            data = pread_direct(fds[i], off, want)
+            if data is None:
+                raise OSError(errno.EIO, f"{paths[i]}: the file ended before {off + want} bytes while reading it")
             if consume is not None:
-                consume(i, off, view[:want])
+                consume(i, off, memoryview(data))
             return want
 
         with ThreadPoolExecutor(max(1, int(threads))) as pool:

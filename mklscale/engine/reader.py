@@ -46,7 +46,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from mklscale.bank.direct_io import DIRECT_ALIGN, thread_buffer
+from mklscale.bank.direct_io import pread_direct, thread_buffer
 from mklscale.bank.remote import ObjectShard, prefetch_runs
 from mklscale.errors import BankCorruptError
 
@@ -190,23 +190,16 @@ class _Shard:
                 self._direct_fd = -1
         if self._direct_fd < 0 or not hasattr(os, "O_DIRECT"):
             return None
-        start = offset - offset % DIRECT_ALIGN
-        want = offset + nbytes - start
-        ask = -(-want // DIRECT_ALIGN) * DIRECT_ALIGN  # whole pages; past the end of the file is allowed
-        window = memoryview(thread_buffer(ask, slot="direct", aligned=True))[:ask]  # the buffer may be larger
-        got = 0
         try:
-            while got < want:
-                step = os.preadv(self._direct_fd, [window[got:]], start + got)
-                if step <= 0:
-                    raise BankCorruptError(f"{self.path} ended early (wanted {nbytes} bytes at offset {offset}); "
-                                           "the shard needs repair")
-                got += step
+            data = pread_direct(self._direct_fd, offset, nbytes)
         except OSError:  # EINVAL: this filesystem takes O_DIRECT at open but not for reads
             os.close(self._direct_fd)
             self._direct_fd = -1
             return None
-        return np.frombuffer(window, np.uint8, nbytes, offset - start)
+        if data is None:
+            raise BankCorruptError(f"{self.path} ended early (wanted {nbytes} bytes at offset {offset}); "
+                                   "the shard needs repair")
+        return data
 
     def view(self, offset: int, nbytes: int) -> np.ndarray:
         """Bytes offset..offset+nbytes of the file, read-only, straight from its mapping."""
