@@ -51,7 +51,7 @@ C = --C with libsvm's default tol 1e-3 on both sides (sklearn SVC(kernel="precom
 label alike, the test-accuracy difference and the largest difference of the kernel weights
 (normalised to sum one). The other peers (PWMK, GRAM, RMKL, MEMO) solve other problems than SpicyMKL
 hinge, their reference: each side's constant is chosen by the same stratified --cv-folds-fold CV
-(``cv_folds``: ``paths.fold_assignment`` with --seed; the same fold array goes to MKLpy in the npz and
+(``cv_folds``: ``cv.fold_assignment`` with --seed; the same fold array goes to MKLpy in the npz and
 is what ``model_selection.select`` uses on ours) on the training part, accuracy, ties to the more
 regularised value, over 4 values per side: MKLpy's SVM C in MKLPY_C_GRID = {0.1, 1, 10, 100} (SVC
 learner's C, and RMKL's own C), on the principal submatrices of the train kernels in memory; ours
@@ -147,12 +147,12 @@ def _write_npy_stream(zf: zipfile.ZipFile, name: str, shape: tuple, dtype, chunk
 
 
 def cv_folds(y: np.ndarray, folds: int, seed: int) -> np.ndarray:
-    """Fold index per training row, the split both sides' CV uses: ``paths.fold_assignment`` (stratified,
+    """Fold index per training row, the split both sides' CV uses: ``cv.fold_assignment`` (stratified,
     seeded), the function ``model_selection.select`` (our side) calls with the same seed; MKLpy gets
     this array in the npz."""
-    from mklscale.solvers import paths
+    from mklscale.solvers import cv
 
-    return paths.fold_assignment(np.asarray(y), folds, True, seed)
+    return cv.fold_assignment(np.asarray(y), folds, True, seed)
 
 
 def export_npz(bank, X_test, y_train, y_test, path: Path, chunk_bytes: float = 2**30, fold=None) -> dict:
@@ -795,7 +795,7 @@ def main(argv=None) -> int:
                                 "smo": "the paper's OPT_3 rule", "svm": "libsvm tol 1e-3 (both sides)",
                                 "easymkl": "cvxopt (MKLpy) / libsvm margin QP (ours) at their tolerances"},
                    "cv": {"enabled": args.cv, "folds": args.cv_folds, "seed": args.seed, "metric": "accuracy",
-                          "split": "paths.fold_assignment (stratified, seeded): the same fold array on both sides",
+                          "split": "cv.fold_assignment (stratified, seeded): the same fold array on both sides",
                           "rule": "best mean accuracy, ties to the more regularised value",
                           "mklpy_methods": list(CV_MKLPY), "mklpy_grid": list(MKLPY_C_GRID),
                           "mklpy_parameter": "SVM C of the SVC learner (and RMKL's C)",

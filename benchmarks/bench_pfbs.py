@@ -39,7 +39,7 @@ from mklscale.bank import build_bank, families  # noqa: E402
 from mklscale.datasets import load  # noqa: E402
 from mklscale.engine import RowSubsetEngine  # noqa: E402
 from mklscale.solvers import paths  # noqa: E402
-from mklscale.solvers.paths import predict_rows  # noqa: E402
+from mklscale.solvers.cv import predict_rows  # noqa: E402
 
 
 def open_engine(bank):

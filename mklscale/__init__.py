@@ -13,9 +13,10 @@ except PackageNotFoundError:                    # a source tree used without ins
 # The estimators pull in scikit-learn, pandas and the solvers: import them only when asked for, so
 # ``import mklscale`` stays cheap.
 _LAZY = {"MKLClassifier": "mklscale.estimators", "MKLRegressor": "mklscale.estimators",
+         "MKLClassifierCV": "mklscale.estimators", "MKLRegressorCV": "mklscale.estimators",
          "MKLModel": "mklscale.model", "load": "mklscale.estimators"}
 
-__all__ = ["MKLClassifier", "MKLModel", "MKLRegressor", "__version__", "load"]
+__all__ = ["MKLClassifier", "MKLClassifierCV", "MKLModel", "MKLRegressor", "MKLRegressorCV", "__version__", "load"]
 
 
 def __getattr__(name):

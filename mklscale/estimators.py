@@ -68,7 +68,8 @@ from mklscale.bank.spec import KernelSpec, specs_to_json
 from mklscale.errors import InvalidInputError
 from mklscale.model import MKLModel
 from mklscale.runtime.checkpoint import Checkpoint, stop_on_signals
-from mklscale.solvers import registry
+from mklscale.solvers import cv, registry
+from mklscale.solvers.cv import head_targets  # noqa: F401 - the estimators' import path of it
 from mklscale.solvers.result import json_safe
 
 #: storage dtype of the banks the estimators build (float32 storage, float64 accumulation)
@@ -130,15 +131,6 @@ _PARAMETERS = """\
 """
 
 
-def head_targets(y, classes) -> list[np.ndarray]:
-    """The +-1 targets of the binary problems a classifier solves: classes[1] -> +1 (two classes, one
-    head), else one head per class, that class against the rest."""
-    y = np.asarray(y)
-    if len(classes) == 2:
-        return [np.where(y == classes[1], 1.0, -1.0)]
-    return [np.where(y == c, 1.0, -1.0) for c in classes]
-
-
 class _MKLBase(BaseEstimator):
     """Shared parameters (``_PARAMETERS``), fitting and prediction; see the module docstring."""
 
@@ -150,7 +142,7 @@ class _MKLBase(BaseEstimator):
     _parameter_constraints: dict = {
         "kernels": [str, dict, list, tuple, KernelSpec],
         "solver": [str],
-        "C": [Real, None],
+        "C": [Interval(Real, 0, None, closed="left"), StrOptions({registry.AUTO}), None],
         "solver_params": [dict, None],
         "normalize": [StrOptions({"trace", "diag"}), None],
         "rank": [Interval(Integral, 1, None, closed="left"), None],
@@ -163,7 +155,7 @@ class _MKLBase(BaseEstimator):
         "checkpoint_every_s": [Interval(Real, 0, None, closed="neither")],
     }
 
-    def __init__(self, kernels="simplemkl", solver="spicy", C=None, solver_params=None, normalize="trace",
+    def __init__(self, kernels="simplemkl", solver="spicy", C="auto", solver_params=None, normalize="trace",
                  rank=None, cache_dir=None, client=None, progress=False, verbose=False, random_state=None,
                  checkpoint_dir=None, checkpoint_every_s=60.0):
         self.kernels = kernels
@@ -202,27 +194,20 @@ class _MKLBase(BaseEstimator):
         return params
 
     def _check_C(self, params: dict) -> None:
-        """C is None or a finite number > 0 (>= 0 for pfbs' tau), checked before any bank is built."""
-        if self.C is None:
+        """C is "auto" / None or a valid value of what it sets (registry row), checked before any bank is built."""
+        if registry.is_auto(self.C):
             return
-        name = registry.c_parameter(self.solver, self._task, params)
-        zero_ok = name == "tau"  # pfbs: tau = 0 is the pure ridge end of the path (with mu > 0)
-        C = self.C
-        ok = (isinstance(C, (int, float, np.integer, np.floating)) and not isinstance(C, (bool, np.bool_))
-              and np.isfinite(C) and (C >= 0 if zero_ok else C > 0))
-        if not ok:
-            default = registry.default_C(self.solver, self._task, params)
-            raise InvalidInputError(
-                f"C = {C!r} is not a valid regularisation for solver {self.solver!r} (it sets {name}); pass a finite "
-                f"number {'>= 0' if zero_ok else '> 0'}, or C=None for the default {default:g}")
+        problem = registry.regularisation(self.solver, self._task, params).check(self.C, self.solver)
+        if problem:
+            raise InvalidInputError(problem)
 
-    def _fit_features(self, X, y_targets: list[np.ndarray], resume: bool = False):
-        """Build or reuse the bank for X, then solve every head."""
+    def _fit_features(self, X, y, y_targets: list[np.ndarray], resume: bool = False):
+        """Build or reuse the bank for X, then solve every head (``y``: the labels or targets as given)."""
         t0 = time.perf_counter()
         params = self._check_solver()
         specs = families.resolve(self.kernels, X.shape[1], self._seed())
         with _client(self.client) as client, self._cached_bank(X, specs, client) as (bank, seconds):
-            self._solve(bank, y_targets, params, t0, client, build_seconds=seconds, resume=resume)
+            self._solve(bank, y_targets, params, t0, client, build_seconds=seconds, resume=resume, y=y)
         return self
 
     @contextlib.contextmanager
@@ -251,26 +236,30 @@ class _MKLBase(BaseEstimator):
             yield bank, seconds
 
     def _solve(self, bank, y_targets: list[np.ndarray], params: dict, t0: float, client, build_seconds: float = 0.0,
-               resume: bool = False):
+               resume: bool = False, y=None):
+        """Open one engine on ``bank``, choose C (:meth:`_choose_C`), solve every head at it, keep the model."""
         from mklscale.engine import Engine
 
         seed = self._seed()
         seed_param = registry.info(self.solver).seed_param
         if seed_param and seed_param not in params and seed is not None:
             params[seed_param] = seed
-        if self.verbose and "verbose" in registry.accepted_params(self.solver):
-            params.setdefault("verbose", True)
-        checkpoints = [self._checkpoint(bank, y, h, params, resume) for h, y in enumerate(y_targets)]
-        signals = stop_on_signals() if any(checkpoints) else contextlib.nullcontext()
         t_solve = time.perf_counter()
-        with Engine(bank, client=client, progress=bool(self.progress)) as engine, signals:
-            results = [registry.fit_solver(self.solver, engine, y, self._task, C=self.C, params=params, checkpoint=ck)
-                       for y, ck in zip(y_targets, checkpoints)]
+        with Engine(bank, client=client, progress=bool(self.progress)) as engine:
+            self.C_ = self._choose_C(engine, bank, y_targets, params, y)
+            fit_params = dict(params)
+            if self.verbose and "verbose" in registry.accepted_params(self.solver):
+                fit_params.setdefault("verbose", True)
+            checkpoints = [self._checkpoint(bank, t, h, fit_params, resume) for h, t in enumerate(y_targets)]
+            signals = stop_on_signals() if any(checkpoints) else contextlib.nullcontext()
+            with signals:
+                results = [registry.fit_solver(self.solver, engine, t, self._task, C=self.C_, params=fit_params,
+                                               checkpoint=ck) for t, ck in zip(y_targets, checkpoints)]
             stats = engine.stats
         for ck in filter(None, checkpoints):
             ck.clear()
-        info = {"solver": self.solver, "C": self.C, "solver_params": params, "bank": str(bank.path),
-                "solvers": [r.solver for r in results]}
+        info = {"solver": self.solver, "C": json_safe(self.C), "C_": self.C_, "solver_params": json_safe(params),
+                "bank": str(bank.path), "solvers": [r.solver for r in results]}
         self.result_ = results[0] if len(results) == 1 else results
         self.model_ = MKLModel.from_results(bank, results, self._task, getattr(self, "classes_", None), info=info)
         _set_model_attributes(self, self.model_)
@@ -281,9 +270,15 @@ class _MKLBase(BaseEstimator):
             "build_seconds": float(build_seconds), "bank": str(bank.path),
             "kernels_built": int(getattr(bank, "last_build_computed", 0)), "n_kernels": int(bank.M),
             "n_heads": len(results), "converged": message is None, "convergence_warning": message,
+            "C": self.C_,
         }
         if message is not None:
             warnings.warn(message, ConvergenceWarning, stacklevel=_caller_stacklevel())
+
+    def _choose_C(self, engine, bank, y_targets: list[np.ndarray], params: dict, y) -> float:
+        """The value ``C`` stands for on this bank: itself, or "auto" (``registry.resolve_C``: the solver's
+        default times the problem's scale, one value for every head)."""
+        return registry.resolve_C(self.solver, engine, y_targets, self._task, params, self.C)
 
     def _convergence_message(self, results: list) -> str | None:
         """The ConvergenceWarning text when some head's solve stopped unconverged (None when all converged).
@@ -456,7 +451,7 @@ class MKLClassifier(ClassifierMixin, _MKLBase):
         ``resume``: continue from the checkpoints in ``checkpoint_dir`` (see the class docstring).
         """
         X, y = _validated(self, X, y, ensure_min_samples=2, dtype=np.float64)
-        return self._fit_features(X, self._targets(y), resume)
+        return self._fit_features(X, y, self._targets(y), resume)
 
     def fit_bank(self, bank, y, resume: bool = False):
         """Fit on a precomputed KernelBank (or its path); y are the labels of the bank's rows.
@@ -469,7 +464,7 @@ class MKLClassifier(ClassifierMixin, _MKLBase):
         bank, y = self._fit_bank(bank, y)
         targets = self._targets(y)
         with _client(self.client) as client:
-            self._solve(bank, targets, params, t0, client, resume=resume)
+            self._solve(bank, targets, params, t0, client, resume=resume, y=y)
         return self
 
     def _targets(self, y) -> list[np.ndarray]:
@@ -535,7 +530,7 @@ class MKLRegressor(RegressorMixin, _MKLBase):
     def fit(self, X, y, resume: bool = False):
         """Fit on raw features X (n, d) and real targets y (n,); ``resume`` as in MKLClassifier.fit."""
         X, y = _validated(self, X, y, ensure_min_samples=2, y_numeric=True, dtype=np.float64)
-        return self._fit_features(X, [np.asarray(y, dtype=np.float64)], resume)
+        return self._fit_features(X, y, [np.asarray(y, dtype=np.float64)], resume)
 
     def fit_bank(self, bank, y, resume: bool = False):
         """Fit on a precomputed KernelBank (or its path); see MKLClassifier.fit_bank."""
@@ -546,7 +541,7 @@ class MKLRegressor(RegressorMixin, _MKLBase):
         if not np.isfinite(y).all():
             raise InvalidInputError("y contains NaN or inf; drop or impute those rows")
         with _client(self.client) as client:
-            self._solve(bank, [y], params, t0, client, resume=resume)
+            self._solve(bank, [y], params, t0, client, resume=resume, y=y)
         return self
 
     def predict(self, X) -> np.ndarray:
@@ -555,6 +550,174 @@ class MKLRegressor(RegressorMixin, _MKLBase):
 
     def predict_from_kernels(self, K_cross) -> np.ndarray:
         return self.decision_function_from_kernels(K_cross)
+
+
+# ---- cross-validated estimators ------------------------------------------------------------------
+_CV_PARAMETERS = """\
+    Cs : int or array-like of float, default=10
+        The values of the solver's main regularisation to try: an int asks for that many values of the
+        solver's "auto" grid (``registry.regularisation(solver, task).grid``: from the most regularised
+        end, e.g. spicy's C_max where no kernel is kept, geometrically to the other end), else the values
+        themselves (valid for the solver: > 0, or >= 0 for pfbs' tau).
+    cv : int or a scikit-learn splitter, default=3
+        Folds: an int k gives k folds stratified by class (classification), seeded by ``random_state``;
+        a splitter (KFold, StratifiedKFold, GroupKFold, ...) must put every row in exactly one test fold.
+        Folds are row subsets of ONE bank (no bank per fold), each fitting a warm-started path over
+        ``Cs`` (``mklscale.solvers.cv``).
+    scoring : str or None, default=None
+        The fold score, greater is better: None ("accuracy" for classification, "r2" for regression),
+        "balanced_accuracy", "roc_auc", or "neg_mean_squared_error" (``mklscale.solvers.cv.SCORINGS``).
+"""
+
+_CV_ATTRIBUTES = """\
+    C_ : float
+        The chosen value (the best mean fold score; ties go to the more regularised value), at which
+        the final model is refitted on all rows.
+    Cs_ : ndarray
+        The grid, from the most to the least regularised value.
+    cv_results_ : dict of arrays (as scikit-learn's GridSearchCV)
+        ``param_C``, ``mean_test_score``, ``std_test_score``, ``split<k>_test_score``,
+        ``rank_test_score``, ``n_unconverged`` (fold fits that stopped unconverged), ``fold_seconds``.
+    best_score_ : float
+        The mean fold score at ``C_``.
+    best_index_ : int
+        The index of ``C_`` in ``Cs_``.
+"""
+
+
+class _CrossValidated:
+    """``C`` chosen by k-fold cross-validation on the rows of one bank (``mklscale.solvers.cv``), then
+    the final model refitted on every row at the chosen value, on the same engine."""
+
+    #: C is not a parameter of the CV estimators: it is chosen (``C_``)
+    C = registry.AUTO
+
+    def _choose_C(self, engine, bank, y_targets, params, y) -> float:
+        reg = registry.regularisation(self.solver, self._task, params)
+        grid, rule = self._grid(engine, y_targets, params, reg)
+        fold = self._folds(y, bank)
+        result = cv.cross_validate(self.solver, engine, y, self._task, grid, params, getattr(self, "classes_", None),
+                                   fold=fold, scoring=self.scoring)
+        mean, std = result.mean, result.std
+        best = cv.best_index(mean, grid, reg.larger_regularises)
+        order = np.argsort(-mean, kind="stable")
+        rank = np.empty(len(grid), dtype=np.int64)
+        rank[order] = np.arange(1, len(grid) + 1)
+        self.Cs_ = np.asarray(grid)
+        self.cv_results_ = {"param_C": np.asarray(grid), "mean_test_score": mean, "std_test_score": std,
+                            **{f"split{k}_test_score": result.scores[:, k] for k in range(result.scores.shape[1])},
+                            "rank_test_score": rank, "n_unconverged": result.unconverged.sum(axis=1),
+                            "fold_seconds": result.seconds, "scoring": result.scoring, "rule": rule}
+        self.best_score_, self.best_index_ = float(mean[best]), int(best)
+        return float(grid[best])
+
+    def _grid(self, engine, y_targets, params, reg) -> tuple[list[float], str]:
+        """(values from the most to the least regularised, how they were made)."""
+        Cs = self.Cs
+        if isinstance(Cs, (int, np.integer)) and not isinstance(Cs, bool):
+            if Cs < 1:
+                raise InvalidInputError(f"Cs = {Cs} must be >= 1 (the number of values to try) or a list of values")
+            return reg.grid(engine, y_targets, self._task, params, int(Cs))
+        try:
+            values = [float(v) for v in np.asarray(Cs, dtype=np.float64).reshape(-1)]
+        except (TypeError, ValueError):
+            raise InvalidInputError(f"Cs must be an int or a list of numbers; got {Cs!r}") from None
+        if not values:
+            raise InvalidInputError("Cs is empty; give at least one value or an int")
+        for v in values:
+            problem = reg.check(v, self.solver)
+            if problem:
+                raise InvalidInputError(f"Cs: {problem}")
+        return reg.order(values), "given"
+
+    def _folds(self, y, bank) -> np.ndarray:
+        """The fold of every bank row: ``cv`` as an int (stratified and seeded) or a splitter's test sets."""
+        y = np.asarray(y)
+        classification = self._task == "classification"
+        smallest = int(min(np.unique(y, return_counts=True)[1])) if classification else y.size
+        if isinstance(self.cv, (int, np.integer)) and not isinstance(self.cv, bool):
+            if not 2 <= self.cv <= smallest:
+                what = "rows of every class" if classification else "rows"
+                raise InvalidInputError(f"cv = {self.cv} folds need 2 <= cv <= {smallest} (the fewest {what}); "
+                                        "lower cv")
+            return cv.fold_assignment(y, int(self.cv), classification, self._seed() or 0)
+        if not hasattr(self.cv, "split"):
+            raise InvalidInputError(f"cv must be an int or a scikit-learn splitter (KFold, StratifiedKFold, ...); "
+                                    f"got {self.cv!r}")
+        fold = np.full(y.size, -1, dtype=np.int64)
+        for k, (_, test) in enumerate(self.cv.split(np.zeros((y.size, 1)), y)):
+            if np.any(fold[test] >= 0):
+                raise InvalidInputError(f"cv {self.cv!r} puts a row in two test folds; use a splitter whose test "
+                                        "sets partition the rows (KFold, StratifiedKFold, GroupKFold)")
+            fold[test] = k
+        if np.any(fold < 0) or fold.max() < 1:
+            raise InvalidInputError(f"cv {self.cv!r} leaves rows out of every test fold or makes one fold; use a "
+                                    "splitter whose test sets partition the rows (KFold, StratifiedKFold)")
+        return fold
+
+
+def _cv_init(self, kernels, solver, Cs, cv, scoring, solver_params, normalize, rank, cache_dir, client, progress,
+             verbose, random_state, checkpoint_dir, checkpoint_every_s):
+    _MKLBase.__init__(self, kernels=kernels, solver=solver, solver_params=solver_params, normalize=normalize,
+                      rank=rank, cache_dir=cache_dir, client=client, progress=progress, verbose=verbose,
+                      random_state=random_state, checkpoint_dir=checkpoint_dir, checkpoint_every_s=checkpoint_every_s)
+    del self.C   # the class attribute (C is chosen), not a parameter
+    self.Cs, self.cv, self.scoring = Cs, cv, scoring
+
+
+_CV_CONSTRAINTS = {
+    **{k: v for k, v in _MKLBase._parameter_constraints.items() if k != "C"},
+    "Cs": [Interval(Integral, 1, None, closed="left"), "array-like"],
+    "cv": [Interval(Integral, 2, None, closed="left"), "cv_object"],
+    "scoring": [StrOptions(set(cv.SCORINGS)), None],
+}
+
+
+class MKLClassifierCV(_CrossValidated, MKLClassifier):
+    __doc__ = f"""Multiple kernel learning classifier whose regularisation is chosen by cross-validation.
+
+    As :class:`MKLClassifier`, with ``C`` chosen among ``Cs`` by k-fold cross-validation on the
+    training rows (as scikit-learn's ``LogisticRegressionCV`` / ``LassoCV``): the bank is built once,
+    every fold is a row subset of it, each fold fits a warm-started path over the grid, and the final
+    model is refitted on all rows at ``C_``.
+
+{_CV_PARAMETERS}
+    Other parameters: as :class:`MKLClassifier` (without ``C``).
+
+    Attributes
+    ----------
+{_CV_ATTRIBUTES}
+    and every attribute of :class:`MKLClassifier`.
+    """
+
+    _parameter_constraints = _CV_CONSTRAINTS
+
+    def __init__(self, kernels="simplemkl", solver="spicy", Cs=10, cv=3, scoring=None, solver_params=None,
+                 normalize="trace", rank=None, cache_dir=None, client=None, progress=False, verbose=False,
+                 random_state=None, checkpoint_dir=None, checkpoint_every_s=60.0):
+        _cv_init(self, kernels, solver, Cs, cv, scoring, solver_params, normalize, rank, cache_dir, client, progress,
+                 verbose, random_state, checkpoint_dir, checkpoint_every_s)
+
+
+class MKLRegressorCV(_CrossValidated, MKLRegressor):
+    __doc__ = f"""Multiple kernel learning regressor whose regularisation is chosen by cross-validation.
+
+    As :class:`MKLRegressor`, with ``C`` chosen by cross-validation as in :class:`MKLClassifierCV`.
+
+{_CV_PARAMETERS}
+    Attributes
+    ----------
+{_CV_ATTRIBUTES}
+    and every attribute of :class:`MKLRegressor`.
+    """
+
+    _parameter_constraints = _CV_CONSTRAINTS
+
+    def __init__(self, kernels="simplemkl", solver="spicy", Cs=10, cv=3, scoring=None, solver_params=None,
+                 normalize="trace", rank=None, cache_dir=None, client=None, progress=False, verbose=False,
+                 random_state=None, checkpoint_dir=None, checkpoint_every_s=60.0):
+        _cv_init(self, kernels, solver, Cs, cv, scoring, solver_params, normalize, rank, cache_dir, client, progress,
+                 verbose, random_state, checkpoint_dir, checkpoint_every_s)
 
 
 def _caller_stacklevel() -> int:
@@ -676,14 +839,15 @@ def estimator_from_model(model: MKLModel, doc: dict):
     from mklscale.errors import ModelFileError
 
     est_doc = doc.get("estimator") or {}
-    classes = {"MKLClassifier": MKLClassifier, "MKLRegressor": MKLRegressor}
+    classes = {"MKLClassifier": MKLClassifier, "MKLRegressor": MKLRegressor, "MKLClassifierCV": MKLClassifierCV,
+               "MKLRegressorCV": MKLRegressorCV}
     cls = classes.get(est_doc.get("class"))
     if cls is None:
         raise ModelFileError(f"model.json names estimator class {est_doc.get('class')!r}; expected one of "
                              f"{list(classes)}; re-save the model with this mklscale or refit it")
     est = cls(**params_from_json(est_doc.get("params") or {}))
     est.model_ = model
-    if cls is MKLClassifier:
+    if issubclass(cls, MKLClassifier):
         est.classes_ = model.classes
     fitted = doc.get("fitted") or {}
     if fitted.get("n_features_in_") is not None:

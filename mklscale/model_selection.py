@@ -9,29 +9,23 @@ tau / lam given under the solver's own name) may be a list of values or ``"auto"
     C = "auto"              # or C = [100.0, 1000.0]; or, e.g. for pfbs, tau = "auto"
     cv_folds = 3            # optional (default 3)
 
-The value is then chosen by k-fold cross-validation on the training part, on the same bank: a fold
-trains on ``RowSubsetEngine(engine, train_rows)`` (principal submatrices of the stored Gram
-matrices, no rebuild) and predicts its held-out rows with ``paths.predict_rows``. Folds come from
-``paths.fold_assignment`` (seeded by the pipeline's ``seed``; stratified by class for
-classification). The score is the accuracy of the predicted labels (classification; one-vs-rest
-heads for three or more classes, argmax as the estimators predict) or R^2 (regression). The chosen
-value has the best mean score over the folds; ties go to the more regularised value. The pipeline
-then refits on the whole training part at that value (the normal solver run).
+The value is then chosen by k-fold cross-validation on the training part, on the same bank, by the
+one CV core :mod:`mklscale.solvers.cv` (also behind ``MKLClassifierCV`` / ``MKLRegressorCV``): a fold
+trains a warm-started path over the grid on ``RowSubsetEngine(engine, train_rows)`` (principal
+submatrices of the stored Gram matrices, no rebuild) and predicts its held-out rows with
+``cv.predict_rows``. Folds come from ``cv.fold_assignment`` (seeded by the pipeline's ``seed``;
+stratified by class for classification). The score is the accuracy of the predicted labels
+(classification; one-vs-rest heads for three or more classes, argmax as the estimators predict) or R^2
+(regression). The chosen value has the best mean score over the folds; ties go to the more
+regularised value (``cv.best_index``). The pipeline then refits on the whole training part at that
+value (the normal solver run).
 
-``"auto"`` grids, relative to the problem's scale (n training rows, traces t_m of the kernels):
-
-- SVM constants (smo, citi, the final SVM of uniform / alignment / fheuristic and of gcd two-stage):
-  C = c * n / mean(t_m), c in ``SVM_FACTORS``, i.e. c is the SVM constant on kernels of unit mean
-  diagonal (on unit-trace kernels C = c * n).
-- ridges (sgd, gcd one-stage, the final kernel ridge of the baselines): lam = r * mean(t_m) / n,
-  r in ``RIDGE_FACTORS`` (the ridge relative to the mean eigenvalue).
-- spicy's penalty weight C: C = f * C_max, f in ``PENALTY_FACTORS``, where C_max = max_m ||rho_0||_{K_m}
-  is the smallest C whose model has no kernel (rho_0 = -loss'(y, b_0) at the best constant model:
-  (y - mean y)/2 for the logistic loss with bias, y - mean y for the others; divided by (1 - lam) for
-  the elastic net, whose threshold is C (1 - lam)); one pass over the bank per head.
-- pfbs' tau: tau = f * tau_max, tau_max = max_m ||y~||_{K_m} / n (y~ centred when center is true;
-  ``paths`` module docstring), f in ``PENALTY_FACTORS``; one pass.
-- easymkl's lam in (0, 1]: ``EASYMKL_LAMS``.
+``"auto"`` grids are the solver's own (``registry.regularisation(solver, task).grid``): 10 values,
+geometric, from the most regularised end of the solver's span to the other, relative to the problem's
+scale: C_max (spicy: the smallest C whose model keeps no kernel, ``spicy.c_max``) or tau_max (pfbs,
+``pfbs.tau_max``) down to 1e-3 of it; SVM constants (smo, citi, the final SVM of the baselines) from
+0.01 to 100 times n / mean trace; ridges (sgd, gcd one-stage, the baselines' kernel ridge) from 100 down
+to 1e-3 times mean trace / n; easymkl's lam from 1 down to 1e-3. One pass over the bank at most.
 
 results.json gets, per selected solver, ``cv``: {key (the name the spec used), parameter (the
 solver's name for it), requested ("auto" or the list, as given), grid (ascending),
@@ -44,6 +38,7 @@ the finished fold scores in ``checkpoints/<name>.cv.json`` and ``--resume`` cont
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -51,21 +46,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-from sklearn.metrics import r2_score
 
 from mklscale.errors import ConfigError, Preempted
-from mklscale.estimators import head_targets
-from mklscale.solvers import registry
+from mklscale.solvers import cv, registry
 
-AUTO = "auto"
-DEFAULT_FOLDS = 3
-#: SVM constant on kernels of unit mean diagonal (sklearn's usual C range, short for the quickstart)
-SVM_FACTORS = (0.1, 1.0, 10.0)
-#: ridge relative to the mean eigenvalue mean(t_m) / n
-RIDGE_FACTORS = (1e-3, 1e-2, 1e-1, 1.0, 10.0)
-#: penalty weight relative to the smallest weight with an empty model (C_max, tau_max)
-PENALTY_FACTORS = (0.1, 0.03, 0.01, 0.003)
-EASYMKL_LAMS = (0.01, 0.1, 0.5, 0.9)
+AUTO = registry.AUTO
+DEFAULT_FOLDS = cv.DEFAULT_FOLDS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,63 +146,57 @@ def at_choice(entry: dict, selection: dict) -> dict:
 
 # ---- the cross-validation ----------------------------------------------------------------------
 def select(entry: dict, req: Request, bank, task: str, y, classes, client, seed: int, state: Path,
-           resume: bool, say) -> dict:
+           resume: bool, say, engine=None) -> dict:
     """Cross-validate ``entry``'s regularisation over its grid; return the ``cv`` record (module docstring).
 
     ``y``: training labels / targets (bank rows); ``classes``: sorted labels (classification) or
-    None; ``state``: the JSON file keeping finished fold scores (reused with ``resume``).
+    None; ``state``: the JSON file keeping finished folds' scores (reused with ``resume``);
+    ``engine``: an open engine on ``bank`` to use (else one is opened for the CV).
     """
     from mklscale.engine import Engine
-    from mklscale.engine.views import RowSubsetEngine
     from mklscale.runtime.checkpoint import stop_on_signals, stop_requested
-    from mklscale.solvers import paths
 
     t0 = time.perf_counter()
     solver, name = entry["solver"], entry["name"]
     candidates(entry, task, f"[[solver]] {name}")       # the grid's name fits the task
     params = {k: v for k, v in entry["params"].items() if k != req.key}
-    c_name = registry.c_parameter(solver, task, params)
+    reg = registry.regularisation(solver, task, params)
     classification = task == "classification"
     y = np.asarray(y)
-    heads = head_targets(y, classes) if classification else [np.asarray(y, dtype=np.float64)]
+    heads = cv.head_targets(y, classes) if classification else [np.asarray(y, dtype=np.float64)]
     if not 2 <= req.folds <= _smallest_group(y, classification):
         raise ConfigError(f"[[solver]] {name}: cv_folds = {req.folds} needs at least that many training rows "
                           f"{'of every class' if classification else ''}; lower cv_folds")
-    fold = paths.fold_assignment(y, req.folds, classification, seed)
-    with Engine(bank, client=client, progress=False) as engine:
-        grid, rule = (req.values, "given") if req.values != AUTO else auto_grid(solver, task, params, engine, heads)
+    fold = cv.fold_assignment(y, req.folds, classification, seed)
+    opened = Engine(bank, client=client, progress=False) if engine is None else contextlib.nullcontext(engine)
+    with opened as engine:
+        grid, rule = (req.values, "given") if req.values != AUTO else reg.grid(engine, heads, task, params)
         grid = sorted({float(v) for v in grid})
         fingerprint = _fingerprint(entry, req, grid, seed, bank, y)
-        scores, unconverged = _load_state(state, fingerprint, len(grid), req.folds) if resume else (None, None)
-        if scores is None:
-            scores, unconverged = np.full((len(grid), req.folds), np.nan), np.zeros((len(grid), req.folds), bool)
+        done = _load_state(state, fingerprint, len(grid), req.folds) if resume else None
+
+        def fold_finished(k: int, partial: cv.CVScores) -> None:
+            _save_state(state, fingerprint, grid, partial.scores, partial.unconverged)
+            scores = partial.scores[:, k]
+            say(f"[{name}] cv fold {k + 1}/{req.folds}: best {req.key} = {grid[int(np.argmax(scores))]:.4g} "
+                f"({_METRIC[classification]} {np.max(scores):.4f}), {partial.seconds[k]:.1f} s")
+            if stop_requested() is not None:
+                raise Preempted(stop_requested(), state)
+
         with stop_on_signals():
-            for i, value in enumerate(grid):
-                for k in range(req.folds):
-                    if np.isfinite(scores[i, k]):
-                        continue
-                    if stop_requested() is not None:
-                        raise Preempted(stop_requested(), state)
-                    train, test = np.flatnonzero(fold != k), np.flatnonzero(fold == k)
-                    sub = RowSubsetEngine(engine, train)
-                    fs = []
-                    for target in heads:
-                        result = registry.fit_solver(solver, sub, target[train], task, **_c_args(req.key, value, params))
-                        unconverged[i, k] |= not result.converged
-                        fs.append(paths.predict_rows(engine, result, train, test))
-                    scores[i, k] = _score(np.column_stack(fs), y[test], classes)
-                    _save_state(state, fingerprint, grid, scores, unconverged)
-                say(f"[{name}] cv {req.key} = {value:.4g}: {_METRIC[classification]} {scores[i].mean():.4f} "
-                    f"+- {scores[i].std():.4f}" + (f"  ({int(unconverged[i].sum())} fold fit(s) not converged)"
-                                                    if unconverged[i].any() else ""))
-    mean, std = scores.mean(axis=1), scores.std(axis=1)
-    best = _best(mean, grid, _more_regularised_is_larger(solver, c_name))
+            if stop_requested() is not None:
+                raise Preempted(stop_requested(), state)
+            result = cv.cross_validate(solver, engine, y, task, grid, _c_params(req.key, params), classes,
+                                       fold=fold, done=None if done is None else done[0], on_fold=fold_finished)
+    unconverged = result.unconverged | (False if done is None else done[1])
+    mean, std = result.mean, result.std
+    best = cv.best_index(mean, grid, reg.larger_regularises)
     at_edge = len(grid) > 1 and best in (0, len(grid) - 1)
     say(f"[{name}] cv chose {req.key} = {grid[best]:.4g} ({req.folds} folds, {_METRIC[classification]} "
         f"{mean[best]:.4f})" + ("; at the edge of the grid: a value beyond it may be better" if at_edge else ""))
     requested = entry["C"] if req.key == "C" else entry["params"][req.key]      # as the spec gave it
-    return {"key": req.key, "parameter": c_name, "requested": requested, "grid": grid, "mean": mean.tolist(),
-            "std": std.tolist(), "fold_scores": scores.tolist(), "unconverged": unconverged.sum(axis=1).tolist(),
+    return {"key": req.key, "parameter": reg.name, "requested": requested, "grid": grid, "mean": mean.tolist(),
+            "std": std.tolist(), "fold_scores": result.scores.tolist(), "unconverged": unconverged.sum(axis=1).tolist(),
             "metric": _METRIC[classification], "folds": req.folds, "seed": seed, "chosen": grid[best], "at_edge": at_edge,
             "rule": rule, "seconds": time.perf_counter() - t0}
 
@@ -224,77 +204,14 @@ def select(entry: dict, req: Request, bank, task: str, y, classes, client, seed:
 _METRIC = {True: "accuracy", False: "r2"}
 
 
-def _c_args(key: str, value: float, params: dict) -> dict:
-    return {"C": value, "params": params} if key == "C" else {"C": None, "params": {**params, key: value}}
+def _c_params(key: str, params: dict) -> dict:
+    """The solver parameters of a CV fit: the grid value goes in as C (registry.fit_path), so a grid
+    given under the solver's own name (tau, lam) is not repeated in params."""
+    return {k: v for k, v in params.items() if k != key}
 
 
 def _smallest_group(y: np.ndarray, classification: bool) -> int:
     return int(min(np.unique(y, return_counts=True)[1])) if classification else int(y.size)
-
-
-def _score(f: np.ndarray, y: np.ndarray, classes) -> float:
-    """Accuracy of the labels the estimators would predict from f (n, heads), or R^2 of f (regression)."""
-    if classes is None:
-        return float(r2_score(y, f[:, 0]))       # as the pipeline's test_r2 (the estimators' score)
-    classes = np.asarray(classes)
-    labels = classes[(f[:, 0] > 0).astype(np.int64)] if f.shape[1] == 1 else classes[np.argmax(f, axis=1)]
-    return float(np.mean(labels == y))
-
-
-def _more_regularised_is_larger(solver: str, c_name: str) -> bool:
-    """Direction of the regularisation (registry table): SVM constants regularise less as they grow."""
-    return not (c_name == "C" and registry.canonical(solver) != "spicy")
-
-
-def _best(mean: np.ndarray, grid: list, larger_regularises: bool) -> int:
-    """Index of the best mean score; ties go to the more regularised value."""
-    top = np.flatnonzero(mean >= np.max(mean) - 1e-12)
-    values = np.asarray(grid)[top]
-    return int(top[np.argmax(values) if larger_regularises else np.argmin(values)])
-
-
-# ---- "auto" grids ------------------------------------------------------------------------------
-def auto_grid(solver: str, task: str, params: dict, engine, heads: list[np.ndarray]) -> tuple[list, str]:
-    """The "auto" grid of ``solver``'s regularisation on ``engine`` (module docstring; values rounded to
-    3 significant digits, ascending) and its rule text."""
-    grid, rule = _auto_grid(solver, task, params, engine, heads)
-    return sorted({float(f"{v:.3g}") for v in grid}), rule
-
-
-def _auto_grid(solver: str, task: str, params: dict, engine, heads: list[np.ndarray]) -> tuple[list, str]:
-    solver = registry.canonical(solver)
-    c_name = registry.c_parameter(solver, task, params)
-    n, mean_trace = int(engine.n), float(np.mean(engine.traces))
-    if solver == "spicy":
-        c_max = max(_spicy_c_max(engine, target, task, params) for target in heads)
-        return [c_max * f for f in PENALTY_FACTORS], f"C_max * {list(PENALTY_FACTORS)}, C_max = {c_max:.4g}"
-    if solver == "pfbs":
-        tau_max = max(_tau_max(engine, target, params.get("center", True)) for target in heads)
-        return [tau_max * f for f in PENALTY_FACTORS], f"tau_max * {list(PENALTY_FACTORS)}, tau_max = {tau_max:.4g}"
-    if solver == "easymkl":
-        return list(EASYMKL_LAMS), f"lam in {list(EASYMKL_LAMS)}"
-    if c_name == "C":
-        scale = n / mean_trace
-        return [scale * f for f in SVM_FACTORS], f"n / mean trace * {list(SVM_FACTORS)}, n / mean trace = {scale:.4g}"
-    scale = mean_trace / n
-    return [scale * f for f in RIDGE_FACTORS], f"mean trace / n * {list(RIDGE_FACTORS)}, mean trace / n = {scale:.4g}"
-
-
-def _spicy_c_max(engine, y: np.ndarray, task: str, params: dict) -> float:
-    """Smallest spicy C with no kernel in the model (block-1 / elastic-net threshold; module docstring)."""
-    loss = params.get("loss", registry.SPICY_LOSSES[task][0])
-    rho = y - y.mean() if params.get("bias", True) else y.astype(np.float64)
-    if loss == "logistic":
-        rho = rho / 2.0
-    c_max = float(np.sqrt(max(float(np.max(engine.quad_forms(rho))), 0.0)))
-    if params.get("penalty", "l1") == "elasticnet":
-        c_max /= max(1.0 - float(params.get("lam", 0.5)), 1e-3)
-    return c_max
-
-
-def _tau_max(engine, y: np.ndarray, center: bool) -> float:
-    y_fit = y - y.mean() if center else y
-    return float(np.sqrt(max(float(np.max(engine.quad_forms(y_fit))), 0.0))) / int(engine.n)
 
 
 # ---- the CV state (resume) ---------------------------------------------------------------------
@@ -310,14 +227,18 @@ def _fingerprint(entry: dict, req: Request, grid: list, seed: int, bank, y: np.n
 
 
 def _load_state(path: Path, fingerprint: str, n_values: int, folds: int):
+    """(scores, unconverged) of the folds a stopped run finished (NaN elsewhere), or None."""
     try:
         state = json.loads(Path(path).read_text())
-        scores = np.array(state["scores"], dtype=np.float64)
+        scores = np.array([[np.nan if v is None else v for v in row] for row in state["scores"]], dtype=np.float64)
         unconverged = np.array(state["unconverged"], dtype=bool)
     except (OSError, ValueError, KeyError, TypeError):
-        return None, None
+        return None
     if state.get("fingerprint") != fingerprint or scores.shape != (n_values, folds) or unconverged.shape != scores.shape:
-        return None, None
+        return None
+    finished = np.all(np.isfinite(scores), axis=0)       # a fold counts only when its whole path is scored
+    scores[:, ~finished] = np.nan
+    unconverged[:, ~finished] = False
     return scores, unconverged
 
 

@@ -48,10 +48,10 @@ def test_choice_rule_is_model_selections(runner):
 
 
 def test_folds_reach_mklpy_as_our_cv_uses_them(bench, runner, tmp_path):
-    """The fold array in the exported npz is paths.fold_assignment's (what model_selection.select uses
+    """The fold array in the exported npz is cv.fold_assignment's (what model_selection.select uses
     with the same seed), and run_mklpy's fold_rows partitions the rows, stratified."""
     from mklscale.bank import build_bank, families
-    from mklscale.solvers import paths
+    from mklscale.solvers import cv
 
     rng = np.random.default_rng(1)
     X = rng.standard_normal((30, 4))
@@ -59,7 +59,7 @@ def test_folds_reach_mklpy_as_our_cv_uses_them(bench, runner, tmp_path):
     bank = build_bank(X, families.random_subsets(4, 3, seed=0), tmp_path / "bank", normalize="diag",
                       dtype="float32", progress=False)
     fold = bench.cv_folds(y, 3, seed=7)
-    np.testing.assert_array_equal(fold, paths.fold_assignment(y, 3, True, 7))
+    np.testing.assert_array_equal(fold, cv.fold_assignment(y, 3, True, 7))
     bench.export_npz(bank, X[:5], y, y[:5], tmp_path / "g.npz", fold=fold)
     with np.load(tmp_path / "g.npz", allow_pickle=False) as z:
         np.testing.assert_array_equal(z["fold"], fold)

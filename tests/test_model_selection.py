@@ -15,7 +15,7 @@ from mklscale.bank.store import KernelBank
 from mklscale.engine import InMemoryEngine
 from mklscale.errors import ConfigError
 from mklscale.pipeline import CONSTANT_PREDICTOR, load_pipeline, run_pipeline
-from mklscale.solvers import paths, registry
+from mklscale.solvers import cv, paths, registry
 from tests._banks import subset_gaussian_bank
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,7 +102,7 @@ def test_fold_scores_are_fits_on_the_fold_rows_scored_on_the_held_out_rows(small
     bank, y = small_bank
     record = _select(bank, y, [1.0, 30.0, 1000.0], tmp_path, seed=7)
     grams = _grams(bank)
-    fold = paths.fold_assignment(y, 3, True, 7)
+    fold = cv.fold_assignment(y, 3, True, 7)
     expected = np.empty((3, 3))
     for i, C in enumerate(record["grid"]):
         for k in range(3):
@@ -120,7 +120,7 @@ def test_fold_scores_are_fits_on_the_fold_rows_scored_on_the_held_out_rows(small
 
 def test_folds_are_stratified_and_seeded():
     y = np.array([1.0] * 40 + [-1.0] * 20)
-    a, b, c = (paths.fold_assignment(y, 3, True, s) for s in (0, 0, 1))
+    a, b, c = (cv.fold_assignment(y, 3, True, s) for s in (0, 0, 1))
     np.testing.assert_array_equal(a, b)
     assert np.any(a != c)
     for k in range(3):

@@ -25,6 +25,7 @@ import numpy as np
 from mklscale.engine.views import RowSubsetEngine
 from mklscale.errors import InvalidInputError
 from mklscale.solvers import _validation as check
+from mklscale.solvers.cv import fold_assignment, predict_rows
 from mklscale.solvers.pfbs import PFBSSolver
 from mklscale.solvers.result import MKLResult
 
@@ -159,32 +160,6 @@ class CrossValidation:
     result: MKLResult
     fold_of_row: np.ndarray
     seconds: float
-
-
-def fold_assignment(y: np.ndarray, folds: int, classification: bool, seed: int) -> np.ndarray:
-    """Fold index per row: a seeded shuffle dealt round-robin (per class for classification, so
-    every fold keeps the class proportions; also used by the pipelines' model selection)."""
-    rng = np.random.default_rng(seed)
-    fold = np.empty(y.size, dtype=np.int64)
-    groups = [np.flatnonzero(y == c) for c in np.unique(y)] if classification else [np.arange(y.size)]
-    offset = 0
-    for rows in groups:
-        rows = rng.permutation(rows)
-        fold[rows] = (np.arange(rows.size) + offset) % folds
-        offset += rows.size
-    return fold
-
-
-def predict_rows(engine, result: MKLResult, train_rows, rows) -> np.ndarray:
-    """f at bank rows ``rows`` for a model trained on ``train_rows`` of the same bank:
-    sum_j d_j (K_j pad(c))[rows] + b, one engine.matvecs over the active kernels."""
-    padded = np.zeros(int(engine.n))
-    padded[np.asarray(train_rows)] = result.dual_coef
-    pred = np.full(np.asarray(rows).size, result.bias)
-    if result.active.size:
-        K_c = np.asarray(engine.matvecs(padded, kernels=result.active))
-        pred += result.weights[result.active] @ K_c[:, rows]
-    return pred
 
 
 def _score(pred: np.ndarray, y: np.ndarray, classification: bool) -> float:

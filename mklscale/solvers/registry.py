@@ -61,18 +61,74 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from mklscale.errors import InvalidInputError
 from mklscale.solvers.result import MKLResult
 
 TASKS = ("classification", "regression")
+#: the value of ``C`` that asks for the automatic regularisation (:func:`resolve_C`)
+AUTO = "auto"
 
 #: arguments of the solvers' functions that are not user parameters: the bank, the targets, the task
 #: (the registry's), the checkpoint (fit_solver's) and pfbs' raw-coefficient switch (fit_solver
 #: returns an MKLResult)
-NOT_PARAMETERS = frozenset({"engine", "source", "y", "task", "checkpoint", "return_coefficients"})
+NOT_PARAMETERS = frozenset({"engine", "source", "y", "task", "checkpoint", "return_coefficients", "init"})
 
 #: the losses of spicy that fit each task (the first one is the default)
 SPICY_LOSSES = {"classification": ("logistic", "hinge"), "regression": ("square", "eps_insensitive")}
+
+
+@dataclass(frozen=True)
+class Regularisation:
+    """What the estimators' ``C`` means for one solver on one task: the only place that says it.
+
+    name : the solver parameter ``C`` sets (C, tau or lam);
+    larger_regularises : whether a larger value gives a simpler model (sparser, smoother, more shrunk);
+    zero_ok : whether 0 is a valid value (pfbs' tau = 0 is the ridge end of its path), else > 0;
+    scale(engine, heads, task, params) -> s, the problem's scale, at most one pass over the bank
+        (``heads``: the +-1 or real targets of every head the value is for);
+    scale_text : what s is, for messages and the CV record;
+    default : ``C = "auto"`` (and None) means ``default * s``;
+    span : the "auto" grid runs geometrically from ``span[0] * s`` (the most regularised end, where
+        a warm-started path starts) to ``span[1] * s``.
+    """
+
+    name: str
+    larger_regularises: bool
+    scale: Callable[..., float]
+    scale_text: str
+    default: float
+    span: tuple[float, float]
+    zero_ok: bool = False
+
+    def auto(self, engine, heads, task: str, params: dict) -> float:
+        """The value "auto" stands for on this bank and these targets."""
+        return self.default * float(self.scale(engine, heads, task, params))
+
+    def grid(self, engine, heads, task: str, params: dict, n_values: int = 10) -> tuple[list[float], str]:
+        """(values from the most to the least regularised, rule text): the "auto" grid, 3 significant digits."""
+        s = float(self.scale(engine, heads, task, params))
+        values = np.geomspace(self.span[0] * s, self.span[1] * s, int(n_values)) if n_values > 1 else \
+            np.array([self.default * s])
+        values = list(dict.fromkeys(float(f"{v:.3g}") for v in values))
+        rule = (f"{len(values)} values from {self.span[0]:g} to {self.span[1]:g} x {self.scale_text}, "
+                f"{self.scale_text} = {s:.4g}")
+        return values, rule
+
+    def check(self, value, solver: str) -> str | None:
+        """None when ``value`` is a valid setting, else what is wrong with it."""
+        ok = (isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+              and np.isfinite(value) and (value >= 0 if self.zero_ok else value > 0))
+        if ok:
+            return None
+        return (f"C = {value!r} is not a valid regularisation for solver {solver!r} (it sets {self.name}); pass a "
+                f"finite number {'>= 0' if self.zero_ok else '> 0'}, or C=\"auto\" ({self.default:g} x "
+                f"{self.scale_text})")
+
+    def order(self, values) -> list[float]:
+        """``values`` sorted from the most to the least regularised (the order a warm-started path takes)."""
+        return sorted({float(v) for v in values}, reverse=self.larger_regularises)
 
 
 @dataclass(frozen=True)
@@ -82,22 +138,26 @@ class SolverInfo:
     name : registry name; tasks : supported tasks; functions : the solver functions ("module:function"
     in mklscale.solvers) whose keyword parameters it accepts (:attr:`params`, plus ``extra``, minus
     NOT_PARAMETERS; ``accepted_params`` adds the names C may stand for);
-    c_param(task, params) -> name of the solver parameter ``C`` sets; c_default(task, params) -> its
-    default; run(engine, y, task, c_value, params) -> MKLResult (params already checked);
+    regularisation(task, params) -> :class:`Regularisation`, what ``C`` means on ``task``;
+    run(engine, y, task, c_value, params) -> MKLResult (params already checked);
     seed_param : the parameter holding the solver's random seed, or None; summary : one line;
-    checkpoints : whether ``run`` takes ``checkpoint=`` (resumable solves, module docstring).
+    checkpoints : whether ``run`` takes ``checkpoint=`` (resumable solves, module docstring);
+    variants : parameter settings that change what ``C`` sets (gcd's stage), for :func:`c_names`;
+    warm_starts : whether ``run`` takes ``init=`` (an MKLResult of the same problem at another C, to
+    start from: :func:`fit_path`).
     """
 
     name: str
     tasks: tuple[str, ...]
     functions: tuple[str, ...]
-    c_param: Callable[[str, dict], str]
-    c_default: Callable[[str, dict], float]
+    regularisation: Callable[[str, dict], Regularisation]
     run: Callable[..., MKLResult]
     seed_param: str | None
     summary: str
     checkpoints: bool = False
     extra: tuple[str, ...] = ()
+    warm_starts: bool = False
+    variants: tuple[dict, ...] = ({},)
 
     @property
     def params(self) -> tuple[str, ...]:
@@ -116,13 +176,13 @@ def _signature_params(functions: tuple[str, ...], extra: tuple[str, ...] = ()) -
 
 
 # ---- adapters ------------------------------------------------------------------------------------
-def _run_spicy(engine, y, task, C, params, checkpoint=None):
+def _run_spicy(engine, y, task, C, params, checkpoint=None, init=None):
     from mklscale.solvers import spicy
 
     params = dict(params)
     params.setdefault("loss", SPICY_LOSSES[task][0])
     _check_spicy(task, params)
-    return spicy.fit(engine, y, C=C, checkpoint=checkpoint, **params)
+    return spicy.fit(engine, y, C=C, checkpoint=checkpoint, init=init, **params)
 
 
 def _check_spicy(task: str, params: dict) -> None:
@@ -151,13 +211,13 @@ def _run_smo(engine, y, task, C, params, checkpoint=None):
     return smo.fit(engine, y, C=C, checkpoint=checkpoint, **params)
 
 
-def _run_pfbs(engine, y, task, C, params, checkpoint=None):
+def _run_pfbs(engine, y, task, C, params, checkpoint=None, init=None):
     from mklscale.solvers import pfbs
 
     params = dict(params)
     params.setdefault("mu", 0.0)
     params.setdefault("center", True)
-    return pfbs.fit(engine, y, tau=C, checkpoint=checkpoint, **params)
+    return pfbs.fit(engine, y, tau=C, checkpoint=checkpoint, init=init, **params)
 
 
 def _run_sgd(engine, y, task, C, params, checkpoint=None):
@@ -211,52 +271,90 @@ def _final_fit_param(task: str, params: dict) -> str:
     return "C" if task == "classification" else "lam"
 
 
-def _fixed(name: str):
-    return lambda task, params: name
+# ---- what C means: the scales of the problem and one Regularisation per solver and task ---------
+def _svm_scale(engine, heads, task, params) -> float:
+    """n / mean(tr K_m): an SVM constant c on kernels of unit mean diagonal is C = c * scale (on unit-trace
+    kernels C = c * n; c = 1 is scikit-learn's SVC default on a unit-diagonal kernel)."""
+    return float(engine.n) / float(np.mean(engine.traces))
 
 
-def _gcd_c_param(task: str, params: dict) -> str:
-    return "lam" if params.get("stage", "one") == "one" else _final_fit_param(task, params)
+def _ridge_scale(engine, heads, task, params) -> float:
+    """mean(tr K_m) / n, the mean eigenvalue: a ridge r on kernels of unit mean diagonal is lam = r * scale
+    (r = 1 is scikit-learn's KernelRidge default alpha on a unit-diagonal kernel)."""
+    return float(np.mean(engine.traces)) / float(engine.n)
 
 
-def _final_fit_default(task: str, params: dict) -> float:
-    return 100.0 if _final_fit_param(task, params) == "C" else 0.01
+def _unit_scale(engine, heads, task, params) -> float:
+    return 1.0
 
 
-def _const(value: float):
-    return lambda task, params: value
+def _spicy_scale(engine, heads, task, params) -> float:
+    """C_max of spicy (``spicy.c_max``) over the heads: the smallest C whose model keeps no kernel."""
+    from mklscale.solvers import spicy
+
+    loss = params.get("loss", SPICY_LOSSES[task][0])
+    return max(spicy.c_max(engine, y, loss=loss, penalty=params.get("penalty", "l1"), lam=params.get("lam", 0.5),
+                           bias=params.get("bias", True)) for y in heads)
+
+
+def _pfbs_scale(engine, heads, task, params) -> float:
+    """tau_max of pfbs (``pfbs.tau_max``) over the heads: the smallest tau whose model keeps no kernel."""
+    from mklscale.solvers import pfbs
+
+    return max(pfbs.tau_max(engine, y, center=params.get("center", True)) for y in heads)
+
+
+#: an SVM constant (smo, citi, the final SVM of the baselines and of gcd two-stage)
+SVM_C = Regularisation("C", False, _svm_scale, "n / mean trace", 1.0, (1e-2, 1e2))
+#: a ridge (sgd, gcd one-stage, the final kernel ridge of the baselines and of gcd two-stage)
+RIDGE = Regularisation("lam", True, _ridge_scale, "mean trace / n", 1.0, (1e2, 1e-3))
+
+
+def _final_fit_regularisation(task: str, params: dict) -> Regularisation:
+    return SVM_C if task == "classification" else RIDGE
+
+
+def _gcd_regularisation(task: str, params: dict) -> Regularisation:
+    return RIDGE if params.get("stage", "one") == "one" else _final_fit_regularisation(task, params)
+
+
+def _fixed(reg: Regularisation):
+    return lambda task, params: reg
 
 
 _TABLE: dict[str, SolverInfo] = {
-    "spicy": SolverInfo("spicy", TASKS, ("spicy:fit",), _fixed("C"), _const(0.1), _run_spicy, None,
+    "spicy": SolverInfo("spicy", TASKS, ("spicy:fit",),
+                        _fixed(Regularisation("C", True, _spicy_scale, "C_max", 0.1, (1.0, 1e-3))), _run_spicy, None,
                         "SpicyMKL (block-1 / elastic-net / block-q penalty; logistic, hinge, square, "
                         "eps-insensitive loss; default loss logistic for classification, square for regression)",
-                        checkpoints=True),
-    "citi": SolverInfo("citi", ("classification",), ("citi:fit",), _fixed("C"), _const(100.0),
-                       _run_citi, "seed",
+                        checkpoints=True, warm_starts=True),
+    "citi": SolverInfo("citi", ("classification",), ("citi:fit",), _fixed(SVM_C), _run_citi, "seed",
                              "Citi elastic-net constrained MKL, hinge loss (eta default 0.5; eta = 1 is L1 MKL)"),
-    "smo": SolverInfo("smo", ("classification",), ("smo:fit",), _fixed("C"), _const(100.0), _run_smo, "seed",
+    "smo": SolverInfo("smo", ("classification",), ("smo:fit",), _fixed(SVM_C), _run_smo, "seed",
                       "SMO-MKL support kernel machine (squared block-1 MKL, hinge loss)", checkpoints=True),
-    "pfbs": SolverInfo("pfbs", TASKS, ("pfbs:fit",), _fixed("tau"), _const(1e-3), _run_pfbs, None,
-                       "PFBS elastic-net MKL, square loss (mu default 0, center default True)", checkpoints=True),
-    "sgd": SolverInfo("sgd", TASKS, ("sgd:fit",), _fixed("lam"), _const(0.01), _run_sgd, "seed",
+    "pfbs": SolverInfo("pfbs", TASKS, ("pfbs:fit",),
+                       _fixed(Regularisation("tau", True, _pfbs_scale, "tau_max", 0.1, (1.0, 1e-3), zero_ok=True)),
+                       _run_pfbs, None,
+                       "PFBS elastic-net MKL, square loss (mu default 0, center default True)", checkpoints=True,
+                       warm_starts=True),
+    "sgd": SolverInfo("sgd", TASKS, ("sgd:fit",), _fixed(RIDGE), _run_sgd, "seed",
                       "SGD-1s one-stage MKL with importance-sampled kernels, square loss", checkpoints=True),
     "gcd": SolverInfo("gcd", TASKS, ("gcd:fit_one_stage", "gcd:fit_two_stage"),
-                      _gcd_c_param, lambda task, params: 0.01 if _gcd_c_param(task, params) == "lam" else 100.0,
-                      _run_gcd, None,
+                      _gcd_regularisation, _run_gcd, None,
                       "greedy coordinate descent MKL: stage='one' (GCD-1s/CKL, square loss, default) or "
                       "stage='two' (GCD-2s alignment/euclidean, then SVM or kernel ridge)", checkpoints=True,
-                      extra=("stage",)),
-    "uniform": SolverInfo("uniform", TASKS, ("baselines:uniform",), _final_fit_param, _final_fit_default,
+                      extra=("stage",), variants=({}, {"stage": "two"})),
+    "uniform": SolverInfo("uniform", TASKS, ("baselines:uniform",), _final_fit_regularisation,
                           _run_baseline("uniform"), None, "UNIFORM weights 1/M, then SVM or kernel ridge"),
-    "alignment": SolverInfo("alignment", TASKS, ("baselines:alignment",), _final_fit_param, _final_fit_default,
+    "alignment": SolverInfo("alignment", TASKS, ("baselines:alignment",), _final_fit_regularisation,
                             _run_baseline("alignment"), None,
                             "AMKL centred-alignment weights (Cortes et al.), then SVM or kernel ridge"),
-    "fheuristic": SolverInfo("fheuristic", TASKS, ("fheuristic:fit",), _final_fit_param, _final_fit_default,
+    "fheuristic": SolverInfo("fheuristic", TASKS, ("fheuristic:fit",), _final_fit_regularisation,
                              _run_baseline("fit", "fheuristic"), None,
                              "FHeuristic weights ~ uncentred alignment with y y^T (Qiu & Lane; MKLpy), "
                              "then SVM or kernel ridge"),
-    "easymkl": SolverInfo("easymkl", ("classification",), ("easymkl:fit",), _fixed("lam"), _const(0.1), _run_easymkl,
+    "easymkl": SolverInfo("easymkl", ("classification",), ("easymkl:fit",),
+                          _fixed(Regularisation("lam", True, _unit_scale, "1", 0.1, (1.0, 1e-3))), _run_easymkl,
                           None, "EasyMKL margin-based weights (Aiolli & Donini; MKLpy), then KOMD (default) or "
                           "SVM (learner='svm', svm_C)"),
 }
@@ -268,12 +366,6 @@ ALIASES = {"elasticnet": "citi"}
 
 #: checks of parameter combinations run before any work (check_params with a task)
 _PRECHECKS = {"spicy": _check_spicy, "gcd": _check_gcd}
-
-#: every solver parameter ``C`` can stand for, per solver (accepted in params when C is None)
-_C_NAMES = {"spicy": ("C",), "citi": ("C",), "smo": ("C",), "pfbs": ("tau",), "sgd": ("lam",),
-            "gcd": ("lam", "C"), "uniform": ("C", "lam"), "alignment": ("C", "lam"),
-            "fheuristic": ("C", "lam"), "easymkl": ("lam",)}
-
 
 # ---- public API ----------------------------------------------------------------------------------
 def names() -> list[str]:
@@ -309,7 +401,7 @@ def checkpoints(name: str) -> bool:
 def accepted_params(name: str) -> tuple[str, ...]:
     """Keyword parameters the solver takes in ``params``, including the one ``C`` sets (module table)."""
     entry = info(name)
-    return entry.params + tuple(c for c in _C_NAMES[entry.name] if c not in entry.params)
+    return entry.params + tuple(c for c in c_names(name) if c not in entry.params)
 
 
 def limit_params(name: str) -> tuple[str, ...]:
@@ -357,20 +449,50 @@ def _number_text(value) -> str:
     return f"{value:g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
 
 
+def regularisation(name: str, task: str, params: dict | None = None) -> Regularisation:
+    """What the estimators' ``C`` means for solver ``name`` on ``task`` (its row's :class:`Regularisation`)."""
+    return info(name).regularisation(task, dict(params or {}))
+
+
 def c_parameter(name: str, task: str, params: dict | None = None) -> str:
     """Name of the solver parameter the estimators' ``C`` sets (e.g. "tau" for pfbs)."""
-    return info(name).c_param(task, dict(params or {}))
+    return regularisation(name, task, params).name
 
 
 def c_names(name: str) -> tuple[str, ...]:
     """Every solver parameter ``C`` can stand for (e.g. ("C", "lam") for the baselines: C for
     classification, lam for regression); which one it sets for a task is :func:`c_parameter`."""
-    return _C_NAMES[info(name).name]
+    row = info(name)
+    found = [row.regularisation(task, dict(v)).name for task in row.tasks for v in row.variants]
+    return tuple(dict.fromkeys(found))
 
 
-def default_C(name: str, task: str, params: dict | None = None) -> float:
-    """The value used for ``C`` when it is None (and not given in ``params``)."""
-    return float(info(name).c_default(task, dict(params or {})))
+def is_auto(C) -> bool:
+    """Whether ``C`` asks for the automatic value: None or "auto"."""
+    return C is None or (isinstance(C, str) and C == AUTO)
+
+
+def resolve_C(name: str, engine, heads, task: str, params: dict | None = None, C=AUTO) -> float:
+    """The value of the regularisation ``C`` stands for: ``C`` itself when it is a number, else (None /
+    "auto") the row's default times the problem's scale on ``engine`` for the targets ``heads`` (a list:
+    one value for every head of a one-vs-rest fit). ``params`` may hold the value under the solver's
+    own name instead (e.g. tau for pfbs), as :func:`fit_solver` accepts it."""
+    params = dict(params or {})
+    reg = regularisation(name, task, params)
+    given = params.get(reg.name) if reg.name != "C" else None
+    if not is_auto(C):
+        if given is not None:
+            raise InvalidInputError(f"solver {name!r}: C and solver_params[{reg.name!r}] set the same parameter; "
+                                    "give only one")
+        value = C
+    elif given is not None and not is_auto(given):
+        value = given
+    else:
+        return reg.auto(engine, [np.asarray(h, dtype=np.float64) for h in heads], task, params)
+    problem = reg.check(value, name)
+    if problem:
+        raise InvalidInputError(problem)
+    return float(value)
 
 
 def check_params(name: str, params: dict | None, task: str | None = None) -> dict:
@@ -398,13 +520,17 @@ def check_params(name: str, params: dict | None, task: str | None = None) -> dic
 
 
 def fit_solver(name: str, engine, y, task: str, C=None, params: dict | None = None,
-               checkpoint=None) -> MKLResult:
-    """Run solver ``name`` on ``engine`` for ``task`` and return its MKLResult.
+               checkpoint=None, init: MKLResult | None = None) -> MKLResult:
+    """Run solver ``name`` (module table) on ``engine`` and targets ``y``.
 
-    ``C`` sets the solver's main regularisation (module table); None uses the value in ``params``
-    under the solver's own name for it (e.g. ``{"tau": 0.01}`` for pfbs) or else the default.
+    ``C`` sets the solver's main regularisation (:func:`regularisation`); None or "auto" uses the value
+    in ``params`` under the solver's own name for it (e.g. ``{"tau": 0.01}`` for pfbs) or else "auto" on
+    this engine and ``y`` (:func:`resolve_C`; the result's ``params`` hold the value used).
     ``checkpoint`` (a ``mklscale.runtime.checkpoint.Checkpoint`` or None) goes to the solvers with
-    :func:`checkpoints` true and is ignored by the others (module docstring, "Checkpoints").
+    :func:`checkpoints` true and is ignored by the others (module docstring, "Checkpoints"). ``init``
+    (an MKLResult of the same problem at another value, e.g. the previous point of a path) is where the
+    solvers with ``warm_starts`` start from; the others ignore it. A warm start changes where a solve
+    starts, not the problem: the result is certified to the same tolerance.
     """
     entry = info(name)
     _check_task(task)
@@ -412,14 +538,32 @@ def fit_solver(name: str, engine, y, task: str, C=None, params: dict | None = No
         raise InvalidInputError(f"solver {name!r} does not support {task}; it supports {list(entry.tasks)}. "
                                 f"Solvers for {task}: {[n for n in names() if task in _TABLE[n].tasks]}")
     params = check_params(name, params, task)
-    key = entry.c_param(task, params)
-    given = params.pop(key, None) if key in params else None
-    if C is not None and given is not None:
-        raise InvalidInputError(f"solver {name!r}: C and solver_params[{key!r}] set the same parameter; give only one")
-    value = C if C is not None else (given if given is not None else entry.c_default(task, params))
+    value = resolve_C(name, engine, [y], task, params, C)
+    params.pop(regularisation(name, task, params).name, None)
+    extra = {}
     if checkpoint is not None and entry.checkpoints:
-        return entry.run(engine, y, task, value, params, checkpoint=checkpoint)
-    return entry.run(engine, y, task, value, params)
+        extra["checkpoint"] = checkpoint
+    if init is not None and entry.warm_starts:
+        extra["init"] = init
+    return entry.run(engine, y, task, value, params, **extra)
+
+
+def fit_path(name: str, engine, y, task: str, values, params: dict | None = None, on_result=None) -> list[MKLResult]:
+    """Solve at every value of ``values`` (taken from the most to the least regularised, the order of
+    :meth:`Regularisation.order`), each solve starting from the previous solution where the solver
+    warm-starts (``warm_starts``), else from its usual start. Returns the results in the order of
+    ``values`` as given. ``on_result(value, result)`` is called after each solve (progress, scoring)."""
+    params = check_params(name, params, task)
+    reg = regularisation(name, task, params)
+    params.pop(reg.name, None)
+    results: dict[float, MKLResult] = {}
+    previous = None
+    for value in reg.order(values):
+        previous = fit_solver(name, engine, y, task, C=value, params=params, init=previous)
+        results[value] = previous
+        if on_result is not None:
+            on_result(value, previous)
+    return [results[float(v)] for v in values]
 
 
 def _check_task(task: str) -> None:

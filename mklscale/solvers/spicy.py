@@ -296,12 +296,19 @@ class _Spicy:
         return dual, above[np.argsort(-norms[above], kind="stable")]
 
     # -- main loop -----------------------------------------------------------------------------
-    def run(self, checkpoint=None) -> MKLResult:
+    def run(self, checkpoint=None, init: MKLResult | None = None) -> MKLResult:
         state = checkpoint.load() if checkpoint is not None else None
         if state is None:
-            rho = self._initial_rho()
+            rho = self._initial_rho() if init is None else self._warm_rho(init)
             norms0 = self.screen.full_pass(duality.project_dual(self.loss, self.y, rho, self.bias))
-            K_rho = self._add_kernels(*self._initial_working_set(norms0), rho, np.zeros((0, self.n)))
+            start, needed = self._initial_working_set(norms0)
+            if init is not None:  # the previous model's kernels first, then this point's violators
+                previous = init.active[self.screen.available[init.active]]
+                start = np.concatenate([previous, start[~np.isin(start, previous)]])
+                needed = previous.size or needed
+            K_rho = self._add_kernels(start, needed, rho, np.zeros((0, self.n)))
+            if init is not None:
+                self._warm_primal(init, K_rho)
             first, best = 0, None
         else:
             rho, K_rho, best, first = self._restore(state)
@@ -331,6 +338,34 @@ class _Spicy:
                 grow = self._growth(self.index.size, violators.size)
                 K_rho = self._add_kernels(violators[:grow], 1, rho, K_rho, inactive=d == 0.0)
         return self._result(best, converged)
+
+    # -- warm start (a path over C: registry.fit_path) ------------------------------------------
+    def _warm_rho(self, init: MKLResult) -> np.ndarray:
+        """rho of a solution at another C: its dual point rho = C' c (c = dual_coef, C' its C), which is
+        the KKT point -loss'(y, f) of its model f and so lies in the domain of L* (module docstring)."""
+        if init.dual_coef.shape != (self.n,) or init.weights.shape != (self.M,):
+            raise InvalidInputError(f"init has {init.dual_coef.size} dual coefficients and {init.weights.size} weights; "
+                                    f"a warm start needs a result on this engine (n = {self.n}, M = {self.M})")
+        rho = np.asarray(init.dual_coef, dtype=np.float64) * float(init.params.get("C", self.C))
+        if self.method == "one_step" and self.bias:
+            rho = rho - rho.mean()   # the equality-constrained Newton keeps 1^T rho = 0 only from a point on it
+        return rho
+
+    def _warm_primal(self, init: MKLResult, K_rho: np.ndarray) -> None:
+        """The proximal method's primal blocks from the previous model: alpha_m = d_m c for its kernels
+        (the same f = sum_m K_m alpha_m + b), K_m alpha_m = (d_m / C') K_m rho, and its bias."""
+        if self.bias:
+            self.b = float(init.bias)
+        if self.method != "proximal" or init.active.size == 0:
+            return
+        k = self.kernels
+        position = {int(m): p for p, m in enumerate(self.index)}
+        rows = np.array([position[int(m)] for m in init.active if int(m) in position], dtype=np.int64)
+        d = init.weights[self.index[rows]]
+        c = np.asarray(init.dual_coef, dtype=np.float64)
+        k.alpha[rows] = d[:, None] * c[None, :]
+        k.K_alpha[rows] = (d / float(init.params.get("C", self.C)))[:, None] * K_rho[rows]
+        k.alpha_K_alpha[rows] = np.einsum("mi,mi->m", k.alpha[rows], k.K_alpha[rows])
 
     # -- checkpoints (mklscale.runtime.checkpoint) ---------------------------------------------
     def _state(self, rho, K_rho, best) -> dict:
@@ -414,7 +449,7 @@ class _Spicy:
 @single_blas_thread_for_small_n
 def fit(engine, y, C, loss="logistic", penalty="l1", lam=0.5, q=1.5, eps=0.1, bias=True, tol=1e-3,
         max_outer=500, max_inner=50, working_set=None, method="auto", working_set_bytes=None,
-        newton_solver="auto", verbose=False, checkpoint=None) -> MKLResult:
+        newton_solver="auto", verbose=False, checkpoint=None, init=None) -> MKLResult:
     """Solve problem (42) of SpicyMKL over the kernels of ``engine``; see the module docstring.
 
     Parameters
@@ -440,6 +475,10 @@ def fit(engine, y, C, loss="logistic", penalty="l1", lam=0.5, q=1.5, eps=0.1, bi
     checkpoint : None or a ``mklscale.runtime.checkpoint.Checkpoint``: the state (see ``_Spicy._state``)
         is saved at the top of outer iterations when due and on SIGTERM/SIGINT; a run started with a
         checkpoint file continues from it and returns the same result bit for bit.
+    init : None or the MKLResult of this problem at another C (the previous point of a path): start from
+        its dual point rho = C' c, its kernels in the working set and (proximal method) its primal blocks
+        alpha_m = d_m c and bias. Where the solve starts, not what it solves: the same stopping rule and
+        certificate apply. Ignored when a checkpoint holds a state.
 
     Returns
     -------
@@ -447,7 +486,28 @@ def fit(engine, y, C, loss="logistic", penalty="l1", lam=0.5, q=1.5, eps=0.1, bi
     ``gap`` its relative duality gap certified over all kernels.
     """
     return _build(engine, y, C, loss, penalty, lam, q, eps, bias, tol, max_outer, max_inner, working_set,
-                  method, verbose, working_set_bytes, newton_solver).run(checkpoint)
+                  method, verbose, working_set_bytes, newton_solver).run(checkpoint, init)
+
+
+def c_max(engine, y, loss: str = "logistic", penalty: str = "l1", lam: float = 0.5, bias: bool = True) -> float:
+    """The smallest C whose model keeps no kernel: C_max = max_m ||rho_0||_{K_m} / (1 - lam) (one pass).
+
+    At the best constant model f = b_0 the dual point is rho_0 = -loss'(y, b_0) (KKT of (42) with alpha = 0):
+    (y - mean y) / 2 for the logistic loss with bias (exact: sigma(-y b_0) is 1 - p or p at b_0 = logit p),
+    y - mean y for the other losses with bias (exact for the square loss; the hinge and eps-insensitive
+    subgradients at b_0 are not unique, so there it is the scale of the threshold, not its exact value),
+    y without bias. Every kernel stays out while ||rho_0||_{K_m} <= the penalty's threshold C (block 1-norm)
+    or C (1 - lam) (elastic net); block q-norm penalties have no threshold (every kernel is in the model)
+    and get the block 1-norm value as their scale.
+    """
+    y = np.asarray(y, dtype=np.float64)
+    rho = y - y.mean() if bias else y.copy()
+    if loss == "logistic":
+        rho = rho / 2.0
+    value = float(np.sqrt(max(float(np.max(engine.quad_forms(rho))), 0.0)))
+    if penalty == "elastic_net":
+        value /= max(1.0 - float(lam), 1e-3)
+    return value
 
 
 def _loss_multipliers(term) -> dict:
