@@ -6,7 +6,7 @@
     mklscale predict model/ --features X_new.npy [--proba] [--out predictions.npy]
     mklscale report runs/quickstart
     mklscale bank build --dataset breast_cancer --family simplemkl --out bank.zarr
-    mklscale bank build --features X.npy --family gaussian --widths 0.5 1 2 --out bank.zarr
+    mklscale bank build --features X.npy --family gaussian --widths 0.5 1 2 --kernel-features all --out bank.zarr
     mklscale bank build --features X.npy --family random_subsets --rank 64 [--method nystrom|cholesky]
                         [--landmarks kmeans++|uniform] [--tol 1e-6] [--max-error 0.05] --out bank.zarr
     mklscale bank info PATH
@@ -46,7 +46,11 @@ from mklscale import __version__
 from mklscale.errors import InvalidInputError, MKLScaleError, Preempted, Stopped
 from mklscale.runtime.interrupt import EXIT_STOPPED, stop_cleanly
 
-FAMILY_CHOICES = ("simplemkl", "gaussian", "polynomial", "linear", "random_subsets")
+#: the kernel families (mklscale.bank.families.FAMILIES, spelled here so that `mklscale --help` needs no numba import)
+FAMILY_CHOICES = ("auto", "simplemkl", "gaussian", "polynomial", "linear", "random_subsets")
+#: the family parameters (mklscale.bank.families.FAMILY_PARAMS) and the option that gives each
+FAMILY_OPTIONS = {"widths": "--widths", "degrees": "--degrees", "offset": "--offset", "features": "--kernel-features",
+                  "n_kernels": "--n-kernels", "seed": "--seed", "max_subset": "--max-subset"}
 
 
 EXIT_BAD_INPUT = 2
@@ -225,18 +229,53 @@ def _cache_parser(sub) -> None:
 
 
 def _family_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--family", choices=FAMILY_CHOICES, default="simplemkl")
-    p.add_argument("--widths", type=float, nargs="+", default=[0.5, 1, 2, 5], help="gaussian widths s in exp(-||x-z||^2/(2 s^2))")
-    p.add_argument("--degrees", type=int, nargs="+", default=[1, 2, 3], help="polynomial degrees")
-    p.add_argument("--n-kernels", type=int, default=100, help="random_subsets: number of kernels")
-    p.add_argument("--seed", type=int, default=0, help="random_subsets: seed")
+    """--family and its parameters. They default to None (not given): the family's own defaults
+    (mklscale.bank.families, the same as in Python and pipelines) fill what is not given."""
+    p.add_argument("--family", choices=FAMILY_CHOICES, default="simplemkl",
+                   help="the kernel family (default simplemkl); its parameters default to the family's own, the same "
+                        "as in Python and pipelines (see mklscale.bank.families)")
+    p.add_argument("--widths", type=float, nargs="+", default=None,
+                   help="gaussian, simplemkl: Gaussian widths s in exp(-||x-z||^2/(2 s^2))")
+    p.add_argument("--degrees", type=int, nargs="+", default=None, help="polynomial, simplemkl: polynomial degrees")
+    p.add_argument("--offset", type=float, default=None, help="polynomial: c in (<x,z> + c)^p")
+    p.add_argument("--kernel-features", default=None, metavar="all|each|all+each|I,J,...",
+                   help="gaussian, polynomial, linear: the feature sets: all features together, each single "
+                        "feature, both, or one subset of column indices")
+    p.add_argument("--n-kernels", type=int, default=None, help="random_subsets: number of kernels")
+    p.add_argument("--seed", type=int, default=None, help="random_subsets: seed")
+    p.add_argument("--max-subset", type=int, default=None, help="random_subsets: largest feature subset")
 
 
 def _kernels(args) -> dict:
-    """The --family arguments as a family description for ``bank.families.resolve``."""
-    extra = {"gaussian": {"widths": args.widths}, "polynomial": {"degrees": args.degrees},
-             "random_subsets": {"n_kernels": args.n_kernels, "seed": args.seed}}
-    return {"family": args.family, **extra.get(args.family, {})}
+    """The --family options as a family description for ``bank.families.resolve``: the family and
+    only the options given. An option the family does not take is an InvalidInputError (exit 2)
+    saying which options it takes."""
+    from mklscale.bank import families
+
+    given = {param: getattr(args, option[2:].replace("-", "_")) for param, option in FAMILY_OPTIONS.items()}
+    given = {param: value for param, value in given.items() if value is not None}
+    takes = families.FAMILY_PARAMS[args.family]
+    unused = [FAMILY_OPTIONS[param] for param in given if param not in takes]
+    if unused:
+        options = ", ".join(FAMILY_OPTIONS[param] for param in takes)
+        raise InvalidInputError(f"--family {args.family} does not take {', '.join(unused)}; "
+                                + (f"it takes {options}" if takes else "it takes no options"))
+    if "features" in given:
+        given["features"] = _feature_sets(given["features"])
+    description = {"family": args.family, **given}
+    families.parameters(description)  # bad values fail here, before any data is read
+    return description
+
+
+def _feature_sets(text: str):
+    """--kernel-features: "all", "each", "all+each", or comma-separated column indices (a list)."""
+    if text in ("all", "each", "all+each"):
+        return text
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise InvalidInputError(f"--kernel-features {text!r}: give all, each, all+each or comma-separated column "
+                                "indices such as 0,2,5") from None
 
 
 def _cmd_run(args) -> int:
@@ -253,6 +292,7 @@ def _cmd_run(args) -> int:
 def _cmd_fit(args) -> int:
     from mklscale.estimators import MKLClassifier, MKLRegressor
 
+    kernels = _kernels(args)
     if args.dataset:
         from mklscale.datasets import load
 
@@ -265,7 +305,7 @@ def _cmd_fit(args) -> int:
                                     "--task classification|regression")
         X, y, task = _load_npy(args.features, "--features"), _load_npy(args.labels, "--labels"), args.task
     Estimator = MKLClassifier if task == "classification" else MKLRegressor
-    estimator = Estimator(kernels=_kernels(args), solver=args.solver, C=args.C, solver_params=_params(args.param),
+    estimator = Estimator(kernels=kernels, solver=args.solver, C=args.C, solver_params=_params(args.param),
                           rank=args.rank, cache_dir=None if args.cache_dir is None else str(args.cache_dir), progress=not args.quiet)
     estimator.fit(X, y)
     estimator.save(args.out)
@@ -395,9 +435,10 @@ def _cmd_build(args) -> int:
     from mklscale.bank import build_bank, families
     from mklscale.bank.size import check_fits, count_kernels
 
+    kernels = _kernels(args)
     X = _load_features(args)
-    check_fits(args.out, count_kernels(_kernels(args), X.shape[1]), X.shape[0], args.dtype, args.rank)
-    specs = families.resolve(_kernels(args), X.shape[1])
+    check_fits(args.out, count_kernels(kernels, X.shape[1]), X.shape[0], args.dtype, args.rank)
+    specs = families.resolve(kernels, X.shape[1])
     normalize = None if args.normalize == "none" else args.normalize
     kw = dict(normalize=normalize, dtype=args.dtype, overwrite=args.overwrite, progress=not args.quiet)
     if args.rank is not None:

@@ -81,11 +81,13 @@ _PARAMETERS = """\
     Parameters
     ----------
     kernels : str, dict, KernelSpec or list of these, default="simplemkl"
-        The kernel bank, as ``mklscale.bank.families.resolve`` reads it: a preset name
-        ("simplemkl": 27 (d + 1) kernels, Gaussian and polynomial on all features and on every
+        The kernel bank, as ``mklscale.bank.families.resolve`` reads it: a family name, the same
+        bank as ``{"family": name}``, in pipelines and on the CLI ("auto": 6 + d kernels;
+        "simplemkl": 27 (d + 1) kernels, Gaussian and polynomial on all features and on every
         single feature; "gaussian", "polynomial", "linear" on all and on every single feature;
-        "random_subsets", seeded by ``random_state``), a family dict such as
-        ``{"family": "gaussian", "widths": [1, 2]}``, KernelSpecs, or a list mixing these.
+        "random_subsets", seeded by ``random_state``), a family dict with parameters such as
+        ``{"family": "gaussian", "widths": [1, 2], "features": "all"}`` (an unknown parameter is
+        an error), KernelSpecs, or a list mixing these.
     solver : str, default="spicy"
         A name of :func:`mklscale.solvers.registry.names`: spicy, citi, smo, pfbs, sgd, gcd,
         easymkl, fheuristic, uniform or alignment (``registry.info(name)`` says which tasks each

@@ -13,8 +13,12 @@ A pipeline is a TOML file (see ``pipelines/``)::
     options = { n_samples = 7400 }      # optional: passed to datasets.load (generated sets); the run
                                         # loads raw features: the bank standardises them, the models too
 
-    [bank]                              # one family description or a list under `families`
-    family = "simplemkl"                # + that family's parameters (see bank.families.resolve)
+    [bank]                              # one family, or a list under families = [...] (names or tables)
+    family = "simplemkl"                # + that family's parameters, e.g. widths = [1, 2], features = "all";
+                                        # every parameter is optional and a name means the same bank as
+                                        # in Python and on the CLI (bank.families: auto, simplemkl,
+                                        # gaussian, polynomial, linear, random_subsets; "gaussian" is the
+                                        # 24 SimpleMKL widths on all features and on each single one)
     normalize = "trace"                 # "trace" | "diag" | "none"
     dtype = "float32"
     path = "bank.zarr"                  # relative to the run directory, or absolute (shared banks)
@@ -230,8 +234,13 @@ def load_pipeline(spec: str | os.PathLike | dict) -> Pipeline:
 
 
 def _check_bank(table, where: str) -> dict:
-    """Bank table: exactly one of ``family`` (+ its parameters) or ``families`` (a list of tables)."""
-    from mklscale.bank.families import FAMILY_PARAMS
+    """Bank table: exactly one of ``family`` (+ its parameters) or ``families`` (a list of family names
+    or tables). Each family description is checked by ``bank.families.parameters`` and turned into
+    specs by ``bank.families.resolve``, as the estimators' ``kernels=`` and the CLI's ``--family``
+    are: a family name means the same bank everywhere (``family = "gaussian"`` is
+    ``{"family": "gaussian"}`` with the family's defaults)."""
+    from mklscale.bank.families import FAMILIES, FAMILY_PARAMS, parameters
+    from mklscale.errors import SpecError
 
     if not isinstance(table, dict):
         raise ConfigError(f"{where} must be a table")
@@ -248,19 +257,22 @@ def _check_bank(table, where: str) -> dict:
     if fixed["family"] is not None:
         if fixed["family"] not in FAMILY_PARAMS:
             raise ConfigError(f"{where}.family: unknown family {fixed['family']!r}; choose one of "
-                              f"{', '.join(FAMILY_PARAMS)}")
+                              f"{', '.join(FAMILIES)}")
         kernels = [{"family": family, **{k: table[k] for k in param_keys if k in table}}]
+        places = [where]
     else:
         kernels = fixed["families"]
-        for i, entry in enumerate(kernels):
-            if not isinstance(entry, dict) or entry.get("family") not in FAMILY_PARAMS:
-                raise ConfigError(f"{where}.families[{i}] must be a table with family = one of "
-                                  f"{', '.join(FAMILY_PARAMS)}; got {entry!r}; choose one of those families")
-            unknown = sorted(set(entry) - {"family"} - set(FAMILY_PARAMS[entry["family"]]))
-            if unknown:
-                raise ConfigError(f"{where}.families[{i}]: unknown key(s) {', '.join(unknown)} for family "
-                                  f"{entry['family']!r}; remove or rename them (allowed: "
-                                  f"{', '.join(FAMILY_PARAMS[entry['family']]) or 'none'})")
+        if not kernels:
+            raise ConfigError(f"{where}.families is empty; give at least one family, e.g. families = [\"auto\"]")
+        places = [f"{where}.families[{i}]" for i in range(len(kernels))]
+    for place, entry in zip(places, kernels):
+        if not isinstance(entry, (str, dict)):
+            raise ConfigError(f"{place} must be a family name or a table with family = one of {', '.join(FAMILIES)}; "
+                              f"got {entry!r}")
+        try:
+            parameters(entry)
+        except SpecError as exc:
+            raise ConfigError(f"{place}: {exc}") from None
     if fixed["rank"] is None and any(k in table for k in _FACTOR_KEYS):
         raise ConfigError(f"{where}: {', '.join(k for k in _FACTOR_KEYS if k in table)} apply to factor banks only; "
                           "add rank = R (e.g. rank = 64) or remove them")

@@ -71,7 +71,7 @@ test_fraction = 0.3
 max_train = 40
 
 [bank]
-families = [{ family = "gaussian", widths = [1, 2] }]
+families = [{ family = "gaussian", widths = [1, 2], features = "all" }]
 
 [[solver]]
 name = "uni"
@@ -85,7 +85,7 @@ enabled = false
 BAD_PIPELINES = {
     "unknown_key": ("seed = 0", "seed = 0\ncolour = \"red\""),
     "wrong_type": ("test_fraction = 0.3", "test_fraction = \"0.3\""),
-    "unknown_family_param": ("families = [{ family = \"gaussian\", widths = [1, 2] }]",
+    "unknown_family_param": ("families = [{ family = \"gaussian\", widths = [1, 2], features = \"all\" }]",
                              "family = \"gaussian\"\nwidth = [1, 2]"),
     "unknown_solver": ("solver = \"uniform\"", "solver = \"newton\""),
     "duplicate_names": ("solver = \"uniform\"\n", "solver = \"uniform\"\n\n[[solver]]\nname = \"uni\"\nsolver = \"spicy\"\n"),
@@ -455,6 +455,10 @@ CLI = [
     Case("build_degree_1000", _cli("bank", "build", "--features", "{ws}/X.npy", "--family", "polynomial", "--degrees",
                                    "2", "1000", "--out", "{ws}/out", "--quiet"),
          None, r"degree 1000 is above 20.*give a degree from 1 to 20", absent=("out",)),
+    Case("build_widths_with_polynomial", _cli("bank", "build", "--features", "{ws}/X.npy", "--family", "polynomial",
+                                              "--widths", "1", "2", "--out", "{ws}/out", "--quiet"),
+         None, r"^mklscale: error: --family polynomial does not take --widths; it takes --degrees, --offset, "
+               r"--kernel-features$", absent=("out",)),
     Case("fit_object_dtype_labels", _cli("fit", "--features", "{ws}/X.npy", "--labels", "{ws}/y_objects.npy", "--task",
                                          "classification", "--cache-dir", "{ws}/cache", "--out", "{ws}/out", "--quiet"),
          None, r"--labels .*holds Python objects \(dtype object\).*save plain numbers or strings", absent=("out",)),
@@ -474,13 +478,14 @@ CLI = [
                                         "--quiet"),
          None, r"not a plain .npy array.*save the array with numpy.save", absent=("out",)),
     Case("build_nan_features", _cli("bank", "build", "--features", "{ws}/X_nan.npy", "--family", "linear",
-                                    "--out", "{ws}/out", "--quiet"),
+                                    "--kernel-features", "all", "--out", "{ws}/out", "--quiet"),
          None, r"NaN/inf.*impute or drop", absent=("out",)),
     Case("build_rows_below_2", _cli("bank", "build", "--features", "{ws}/X.npy", "--rows", "1", "--out", "{ws}/out",
                                     "--quiet"),
          None, r"--rows must be >= 2.*give --rows 2 or more", absent=("out",)),
     Case("build_over_a_folder_that_is_not_a_bank",
-         _cli("bank", "build", "--features", "{ws}/X.npy", "--family", "linear", "--out", "{ws}/not_a_bank", "--quiet"),
+         _cli("bank", "build", "--features", "{ws}/X.npy", "--family", "linear", "--kernel-features", "all",
+              "--out", "{ws}/not_a_bank", "--quiet"),
          None, r"not an mklscale kernel bank; choose another path"),
     Case("unknown_family_choice", _cli("bank", "build", "--features", "{ws}/X.npy", "--family", "rbf",
                                        "--out", "{ws}/out"),

@@ -274,7 +274,7 @@ def test_cli_build_info_verify(tmp_path):
     assert run("bank", "verify", str(out), "--quiet").returncode == 0
     np.save(tmp_path / "X.npy", np.random.default_rng(0).normal(size=(20, 3)))
     r = run("bank", "build", "--features", str(tmp_path / "X.npy"), "--family", "gaussian", "--widths", "1", "2",
-            "--out", str(tmp_path / "f.zarr"), "--quiet")
+            "--kernel-features", "all", "--out", str(tmp_path / "f.zarr"), "--quiet")
     assert r.returncode == 0 and len(KernelBank.open(tmp_path / "f.zarr")) == 2
     r = run("bank", "build", "--dataset", "nope", "--out", str(tmp_path / "x"), "--quiet")
     assert r.returncode == 2 and "unknown" in r.stderr.lower()

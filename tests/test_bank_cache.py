@@ -18,7 +18,7 @@ from mklscale.bank import cache as bank_cache
 from mklscale.cli import main as cli
 from mklscale.errors import InvalidInputError
 
-ONE = {"family": "gaussian", "widths": [1.0]}
+ONE = {"family": "gaussian", "widths": [1.0], "features": "all"}
 
 
 def _fit(cache: Path, seed: int) -> Path:

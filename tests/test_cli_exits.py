@@ -29,7 +29,7 @@ name = "breast_cancer"
 test_fraction = 0.3
 max_train = {max_train}
 [bank]
-families = [{{ family = "gaussian", widths = [1, 2] }}]
+families = [{{ family = "gaussian", widths = [1, 2], features = "all" }}]
 [[solver]]
 name = "uni"
 solver = "uniform"
@@ -78,7 +78,8 @@ def test_rows_of_a_huge_memmapped_npy_are_read_alone(tmp_path):
     code = ("import resource, sys; from mklscale import cli; rc = cli.main(sys.argv[1:]); "
             "print('maxrss_kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)")
     done = subprocess.run([sys.executable, "-c", code, "bank", "build", "--features", str(big), "--rows", "300",
-                           "--family", "linear", "--out", str(tmp_path / "bank"), "--quiet"],
+                           "--family", "linear", "--kernel-features", "all", "--out", str(tmp_path / "bank"),
+                           "--quiet"],
                           capture_output=True, text=True, env=_env(), timeout=300)
     assert done.returncode == 0, done.stderr
     assert "n=300" in done.stdout

@@ -21,7 +21,7 @@ import mklscale
 from mklscale import cli
 from mklscale.datasets import load
 
-WINE = ["--family", "gaussian", "--widths", "1", "3", "--solver", "uniform", "--quiet"]
+WINE = ["--family", "gaussian", "--widths", "1", "3", "--kernel-features", "all", "--solver", "uniform", "--quiet"]
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +89,7 @@ test_fraction = 0.3
 max_train = 40
 
 [bank]
-families = [{{ family = "gaussian", widths = [1, 2] }}]
+families = [{{ family = "gaussian", widths = [1, 2], features = "all" }}]
 path = "{bank}"
 
 [[solver]]
@@ -148,7 +148,7 @@ def test_model_files_before_schema_3_say_they_expect_standardised_features(tmp_p
     """A schema-1 model fitted on standardised dataset features (as `fit --dataset` did before) still
     predicts `--dataset` right, and `--features` warns that it expects standardised rows."""
     ds = load("wine")
-    est = mklscale.MKLClassifier(kernels={"family": "gaussian", "widths": [1, 3]}, solver="uniform",
+    est = mklscale.MKLClassifier(kernels={"family": "gaussian", "widths": [1, 3], "features": "all"}, solver="uniform",
                                  cache_dir=tmp_path / "c").fit(ds.X, ds.y)
     path = est.save(tmp_path / "m")
     doc = json.loads((path / "model.json").read_text())

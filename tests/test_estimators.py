@@ -30,7 +30,7 @@ from mklscale.bank import KernelBank, KernelSpec, build_bank, families
 from mklscale.errors import InvalidInputError, SpecError
 from mklscale.solvers import registry
 
-TWO = {"family": "gaussian", "widths": [1, 2]}
+TWO = {"family": "gaussian", "widths": [1, 2], "features": "all"}
 _CHECK_CACHE = tempfile.mkdtemp(prefix="mklscale-estimator-checks-")
 
 
@@ -263,7 +263,7 @@ def test_input_errors(cancer, cache):
     est = MKLClassifier(kernels=TWO, solver="uniform", cache_dir=cache).fit(X, y)
     with pytest.raises(ValueError, match="X has 7 features, but MKLClassifier is expecting 8"):
         est.predict(Xt[:, :7])
-    with pytest.raises(SpecError, match="unknown kernel preset"):
+    with pytest.raises(SpecError, match="unknown kernel family .rbf.; choose one of auto"):
         MKLClassifier(kernels="rbf", cache_dir=cache).fit(X, y)
     with pytest.raises(SpecError, match="uses feature 9"):
         MKLClassifier(kernels=[KernelSpec.gaussian(1.0, features=[9])], cache_dir=cache).fit(X, y)
@@ -277,7 +277,7 @@ def test_kernel_presets():
     assert len(resolve_kernels("linear", 4)) == 5
     assert resolve_kernels("random_subsets", 4, seed=1) == families.random_subsets(4, 100, seed=1)
     assert resolve_kernels("random_subsets", 4, seed=1) != resolve_kernels("random_subsets", 4, seed=2)
-    mixed = resolve_kernels([KernelSpec.linear(), {"family": "gaussian", "widths": [1, 2]},
+    mixed = resolve_kernels([KernelSpec.linear(), {"family": "gaussian", "widths": [1, 2], "features": "all"},
                              KernelSpec.polynomial(2).to_dict()], 4)
     assert mixed == [KernelSpec.linear(), KernelSpec.gaussian(1), KernelSpec.gaussian(2), KernelSpec.polynomial(2)]
 

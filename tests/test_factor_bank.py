@@ -264,7 +264,7 @@ def test_cli_build_and_info(tmp_path):
     np.save(tmp_path / "X.npy", np.random.default_rng(0).normal(size=(40, 3)))
     out = tmp_path / "f.zarr"
     r = _cli("bank", "build", "--features", str(tmp_path / "X.npy"), "--family", "gaussian", "--widths", "0.5", "1", "2",
-             "--out", str(out), "--quiet", "--rank", "6", "--method", "cholesky")
+             "--kernel-features", "all", "--out", str(out), "--quiet", "--rank", "6", "--method", "cholesky")
     assert r.returncode == 0, r.stderr
     bank = KernelBank.open(out)
     assert (bank.representation, bank.rank, bank.factor_settings["method"]) == ("factor", 6, "cholesky")
@@ -274,19 +274,19 @@ def test_cli_build_and_info(tmp_path):
     assert info["representation"] == "factor" and info["rank"] == 6
     assert info["approx_error"]["max"] == pytest.approx(float(bank.approx_error.max()))
     r = _cli("bank", "build", "--features", str(tmp_path / "X.npy"), "--family", "gaussian", "--widths", "1",
-             "--out", str(tmp_path / "w.zarr"), "--quiet", "--rank", "1")
+             "--kernel-features", "all", "--out", str(tmp_path / "w.zarr"), "--quiet", "--rank", "1")
     assert r.returncode == 0 and "raise the rank" in (r.stdout + r.stderr)
     for bad, match in ((["--rank", "0"], "rank"), (["--rank", "41"], "rank"), (["--rank", "3", "--method", "svd"], "svd"),
                        (["--rank", "3", "--landmarks", "nope"], "nope")):
         r = _cli("bank", "build", "--features", str(tmp_path / "X.npy"), "--family", "gaussian", "--widths", "1",
-                 "--out", str(tmp_path / "bad.zarr"), "--quiet", *bad)
+                 "--kernel-features", "all", "--out", str(tmp_path / "bad.zarr"), "--quiet", *bad)
         assert r.returncode == 2 and match in r.stderr and "Traceback" not in r.stderr, r.stderr
         assert not (tmp_path / "bad.zarr").exists()
 
 
 # ---- pipeline TOML ---------------------------------------------------------------------------------
 PIPE = {"name": "t", "dataset": {"name": "breast_cancer", "max_train": 60},
-        "bank": {"family": "gaussian", "widths": [1.0, 2.0]},
+        "bank": {"family": "gaussian", "widths": [1.0, 2.0], "features": "all"},
         "solver": [{"name": "uni", "solver": "uniform", "C": 1.0}]}
 
 

@@ -58,8 +58,8 @@ def toy(tmp_path_factory):
                                                   ("spicy", {"loss": "hinge"}, "solver='spicy' with loss='hinge'")])
 def test_missing_predict_proba_says_which_solver_and_loss_give_probabilities(toy, solver, params, used):
     X, y, cache = toy
-    est = MKLClassifier(kernels={"family": "gaussian", "widths": [1.0]}, solver=solver, solver_params=params,
-                        cache_dir=cache).fit(X, y)
+    est = MKLClassifier(kernels={"family": "gaussian", "widths": [1.0], "features": "all"}, solver=solver,
+                        solver_params=params, cache_dir=cache).fit(X, y)
     assert not hasattr(est, "predict_proba") and not hasattr(est, "predict_log_proba")
     for method in ("predict_proba", "predict_log_proba"):
         with pytest.raises(AttributeError) as excinfo:
@@ -132,7 +132,8 @@ def _build_stderr(tmp_path: Path, env: dict, stop_at: str | None) -> str:
     np.save(X, np.random.default_rng(0).normal(size=(12, 2)))
     out = tmp_path / f"bank-{len(list(tmp_path.glob('bank-*')))}"
     proc = subprocess.Popen([sys.executable, "-m", "mklscale", "bank", "build", "--features", str(X), "--family",
-                             "gaussian", "--widths", "1", "--out", str(out)], stdout=subprocess.DEVNULL,
+                             "gaussian", "--widths", "1", "--kernel-features", "all", "--out", str(out)],
+                            stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, env=env)
     seen = b""
     try:

@@ -139,7 +139,8 @@ def test_cli_fit_with_rank_then_predict(tmp_path, data, capsys):
     np.save(tmp_path / "y.npy", y)
     np.save(tmp_path / "Xn.npy", X_new)
     common = ["--features", str(tmp_path / "X.npy"), "--labels", str(tmp_path / "y.npy"), "--task",
-              "classification", "--family", "gaussian", "--widths", "1", "3", "--solver", "uniform",
+              "classification", "--family", "gaussian", "--widths", "1", "3", "--kernel-features", "all",
+              "--solver", "uniform",
               "--cache-dir", str(tmp_path / "c"), "--quiet"]
     assert cli.main(["fit", *common, "--rank", "10", "--out", str(tmp_path / "m")]) == 0
     assert cli.main(["predict", str(tmp_path / "m"), "--features", str(tmp_path / "Xn.npy"), "--out",

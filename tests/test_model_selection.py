@@ -24,7 +24,8 @@ SPEC = {
     "name": "cv",
     "seed": 3,
     "dataset": {"name": "breast_cancer", "test_fraction": 0.3, "max_train": 60},
-    "bank": {"families": [{"family": "gaussian", "widths": [1, 2, 5]}, {"family": "linear"}]},
+    "bank": {"families": [{"family": "gaussian", "widths": [1, 2, 5], "features": "all"},
+                          {"family": "linear", "features": "all"}]},
     "solver": [{"name": "uni_cv", "solver": "uniform", "C": "auto"},
                {"name": "uni_c1", "solver": "uniform", "C": 1.0},
                {"name": "spicy_cv", "solver": "spicy", "C": [0.02, 0.2, 2.0], "cv_folds": 4}],
@@ -265,7 +266,7 @@ name = "breast_cancer"
 test_fraction = 0.3
 max_train = 60
 [bank]
-families = [{ family = "gaussian", widths = [1, 2, 5] }, { family = "linear" }]
+families = [{ family = "gaussian", widths = [1, 2, 5], features = "all" }, { family = "linear", features = "all" }]
 [[solver]]
 name = "sgd"
 solver = "sgd"

@@ -197,7 +197,7 @@ def test_copy_between_folder_and_bucket_both_ways(s3_bucket, data, local_bank, t
     np.save(tmp_path / "X.npy", X)
     built = f"s3://{s3_bucket}/cli.zarr"
     assert main(["bank", "build", "--features", str(tmp_path / "X.npy"), "--family", "gaussian", "--widths", "1", "2",
-                 "--out", built, "--quiet"]) == 0
+                 "--kernel-features", "all", "--out", built, "--quiet"]) == 0
     assert f"bank: {built}" in capsys.readouterr().out and KernelBank.open(built).complete.all()
     url = f"s3://{s3_bucket}/copied.zarr"
     assert main(["bank", "copy", str(local_bank.path), url, "--quiet"]) == 0
@@ -370,6 +370,7 @@ def test_pipeline_bank_on_s3_keeps_credentials_out_of_the_run(s3_server, s3_buck
         [bank]
         family = "gaussian"
         widths = [1.0, 4.0]
+        features = "all"
         path = "s3://{s3_bucket}/run/bank.zarr"
         storage_options = {{ secret_access_key = "{s3_server.env()['AWS_SECRET_ACCESS_KEY']}", retry_timeout_s = 20 }}
         [[solver]]

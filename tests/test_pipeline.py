@@ -22,7 +22,8 @@ SHIPPED = sorted((ROOT / "pipelines").glob("*.toml"))
 TINY = {
     "name": "t",
     "dataset": {"name": "breast_cancer", "test_fraction": 0.3, "max_train": 60},
-    "bank": {"families": [{"family": "gaussian", "widths": [1, 2, 5]}, {"family": "linear", "features": [0, 2]}]},
+    "bank": {"families": [{"family": "gaussian", "widths": [1, 2, 5], "features": "all"},
+                          {"family": "linear", "features": [0, 2]}]},
     "solver": [{"name": "spicy", "solver": "spicy", "C": 0.1, "loss": "logistic"},
                {"name": "uni", "solver": "uniform", "C": 1.0}],
     "report": {"enabled": False},
@@ -64,7 +65,7 @@ def test_every_shipped_pipeline_validates(path):
     ({"dataset__test_fraction": 1.5}, "strictly between 0 and 1"),
     ({"dataset__test_fraction": "0.2"}, "must be float"),
     ({"bank__families": _DELETE}, "either family"),
-    ({"bank__families__0__width": 3}, "unknown key(s) width"),
+    ({"bank__families__0__width": 3}, "families[0]: kernel family 'gaussian' does not take width"),
     ({"bank__normalize": "max"}, "must be one of"),
     ({"solver__0__solver": "simplemkl"}, "unknown solver"),
     ({"solver__0__nonsense": 1}, "does not take nonsense"),
@@ -189,7 +190,8 @@ def test_cli_run_quiet_keeps_the_summary_lines(tmp_path, cluster_client, capsys)
     """--quiet drops the progress chatter and kernel lists, not each solver's result or where it went."""
     pipeline, cluster, out = tmp_path / "q.toml", tmp_path / "cluster.toml", tmp_path / "run"
     pipeline.write_text('name = "q"\n[dataset]\nname = "breast_cancer"\ntest_fraction = 0.3\nmax_train = 60\n'
-                        '[bank]\nfamilies = [{family = "linear"}]\n[[solver]]\nname = "uni"\nsolver = "uniform"\n'
+                        '[bank]\nfamilies = [{ family = "linear", features = "all" }]\n'
+                        '[[solver]]\nname = "uni"\nsolver = "uniform"\n'
                         '[report]\nenabled = false\n')
     cluster.write_text(f'kind = "address"\naddress = "{cluster_client.scheduler.address}"\n')
     assert cli(["run", str(pipeline), "--cluster", str(cluster), "--out", str(out), "--quiet"]) == 0

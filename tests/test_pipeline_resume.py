@@ -23,7 +23,7 @@ name = "breast_cancer"
 test_fraction = 0.3
 max_train = 60
 [bank]
-families = [{ family = "gaussian", widths = [1, 2, 5] }, { family = "linear" }]
+families = [{ family = "gaussian", widths = [1, 2, 5], features = "all" }, { family = "linear", features = "all" }]
 [[solver]]
 name = "first"
 solver = "uniform"

@@ -359,7 +359,8 @@ def test_pipeline_that_loses_its_scheduler_names_the_resume_command(doomed_sched
 
     address, scheduler = doomed_scheduler
     spec = {"name": "lost", "dataset": {"name": "breast_cancer", "max_train": 60},
-            "bank": {"families": [{"family": "gaussian", "widths": [1, 2, 5]}, {"family": "linear"}]},
+            "bank": {"families": [{"family": "gaussian", "widths": [1, 2, 5], "features": "all"},
+                                  {"family": "linear", "features": "all"}]},
             "solver": [{"name": "spicy", "solver": "spicy", "C": 0.05, "tol": 1e-8}], "report": {"enabled": False}}
     with Client(address, timeout="30s") as client:
         client.wait_for_workers(1, timeout=60)

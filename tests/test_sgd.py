@@ -309,7 +309,7 @@ def test_sgd_regressor_constant_target(tmp_path):
 
     rng = np.random.default_rng(0)
     X = rng.standard_normal((30, 3))
-    est = MKLRegressor(kernels={"family": "gaussian", "widths": [1, 2]}, solver="sgd",
+    est = MKLRegressor(kernels={"family": "gaussian", "widths": [1, 2], "features": "all"}, solver="sgd",
                        cache_dir=tmp_path).fit(X, np.full(30, 2.0))
     assert np.array_equal(est.result_.weights, np.zeros_like(est.result_.weights)) and est.result_.converged
     np.testing.assert_array_equal(est.predict(rng.standard_normal((4, 3))), np.full(4, 2.0))

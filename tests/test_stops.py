@@ -31,7 +31,7 @@ name = "breast_cancer"
 test_fraction = 0.3
 max_train = 60
 [bank]
-families = [{{ family = "gaussian", widths = [1, 2, 5] }}, {{ family = "linear" }}]
+families = [{{ family = "gaussian", widths = [1, 2, 5], features = "all" }}, {{ family = "linear", features = "all" }}]
 [[solver]]
 name = "{solver}"
 solver = "{solver}"
@@ -126,7 +126,7 @@ def test_a_stopped_run_says_what_was_saved_and_resumes(tmp_path, phase, solver, 
 def test_a_stopped_bank_build_says_what_was_saved_and_the_same_command_continues(tmp_path):
     out = tmp_path / "bank.zarr"
     argv = ["bank", "build", "--dataset", "breast_cancer", "--rows", "60", "--family", "gaussian", "--widths",
-            "1", "2", "--out", str(out), "--quiet"]
+            "1", "2", "--kernel-features", "all", "--out", str(out), "--quiet"]
     line = _assert_one_clean_line(*_stop("build", argv, signal.SIGINT), "SIGINT")
     assert "of 2 kernels are saved in" in line and "run the same command again" in line
     assert "mklscale bank build --dataset breast_cancer" in line

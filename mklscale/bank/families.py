@@ -1,18 +1,58 @@
-"""Kernel families: functions that return lists of ``KernelSpec``.
+"""Kernel families: named recipes that turn the number of features d into a list of ``KernelSpec``.
 
-- ``gaussian``, ``polynomial``, ``linear``: one spec per parameter value on one feature set.
-- ``simplemkl``: the SimpleMKL / SpicyMKL UCI recipe (SpicyMKL §6.1): 24 Gaussian widths
-  0.1 0.25 0.5 0.75 1 2 3 ... 20 and polynomial degrees 1-3, each on every single variable and on
-  all variables together: M = 27 (d + 1).
-- ``random_subsets``: the SpicyMKL IDA recipe (§6.2): Gaussian kernels on random feature subsets
-  with random width s = 5 chi^2 + 0.1.
+One meaning per name. A family name means the same bank everywhere: the estimators'
+``kernels="gaussian"``, a pipeline's ``[bank] family = "gaussian"`` and ``mklscale ... --family
+gaussian`` are all ``{"family": "gaussian"}`` with the defaults below, and all three go through
+:func:`resolve` (Python and TOML give the mapping, the CLI builds it from the options the user gave).
+Every parameter is optional; a parameter the family does not take is an error naming the family,
+the parameter and the ones it takes (never ignored). The defaults are spelled only here
+(:data:`FAMILY_DEFAULTS`).
 
-``resolve`` turns the short descriptions users write (a family name, a mapping from a TOML
-``[bank]`` table or an estimator's ``kernels=`` argument, or a list of them) into specs.
+=================  ==============================================  ==================================
+family             parameters (defaults)                           kernels, M
+=================  ==============================================  ==================================
+``auto``           none                                            Gaussian on all features at widths
+                                                                   sqrt(d) (0.25, 0.5, 1, 2, 4), the
+                                                                   linear kernel on all features, a
+                                                                   Gaussian of width 1 on every single
+                                                                   feature: M = 6 + d
+``gaussian``       widths (the 24 SimpleMKL widths), features      one per width and feature set:
+                   ("all+each")                                    24 (d + 1)
+``polynomial``     degrees ((1, 2, 3)), offset (1.0), features     (<x,z> + offset)^p, one per degree
+                   ("all+each")                                    and feature set: 3 (d + 1)
+``linear``         features ("all+each")                           one per feature set: d + 1
+``simplemkl``      widths (the 24 SimpleMKL widths), degrees       gaussian + polynomial (offset 1) on
+                   ((1, 2, 3)); its feature sets are fixed         "all+each": 27 (d + 1)
+                   ("all+each")
+``random_subsets`` n_kernels (100), seed (0, or the estimator's    Gaussians on random feature subsets
+                   random_state), max_subset (d)                   of random width: n_kernels
+=================  ==============================================  ==================================
+
+- ``simplemkl`` is the SimpleMKL / SpicyMKL UCI recipe (SpicyMKL §6.1): Gaussian widths 0.1 0.25
+  0.5 0.75 1 2 3 ... 20 and polynomial degrees 1-3, each on every single variable and on all
+  variables together.
+- ``random_subsets`` is the SpicyMKL IDA recipe (§6.2): width s = 5 chi^2 + 0.1.
+- ``auto`` is a compact bank that solvers fit fast: on standardised features the typical distance
+  between two rows is about sqrt(2 d), so the five widths sqrt(d) (0.25 ... 4) span it; the specs
+  hold the absolute widths (computed from d when resolved), so a bank or model records them.
+
+``features`` (gaussian, polynomial, linear) is "all" (one set: all features together), "each" (one
+set per single feature), "all+each" (all, then every single feature: the SimpleMKL order), or a
+list of column indices (one subset). Specs come feature set by feature set, the parameter values in
+the order given within each set.
+
+The command line spells the parameters ``--widths``, ``--degrees``, ``--offset``,
+``--kernel-features`` (all, each, all+each or comma-separated indices), ``--n-kernels``, ``--seed``
+and ``--max-subset``; a pipeline writes them beside ``family`` in ``[bank]`` (or in each table of
+``families = [...]``).
+
+The functions :func:`gaussian`, :func:`polynomial` and :func:`linear` are the building blocks: one
+spec per parameter value on ONE feature set (``features=None``: all features).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -23,6 +63,25 @@ from mklscale.errors import SpecError
 #: The 24 Gaussian widths of the SimpleMKL / SpicyMKL UCI experiments.
 SIMPLEMKL_WIDTHS: tuple[float, ...] = (0.1, 0.25, 0.5, 0.75) + tuple(float(w) for w in range(1, 21))
 SIMPLEMKL_DEGREES: tuple[int, ...] = (1, 2, 3)
+#: ``auto``: Gaussian widths on all features, as multiples of sqrt(d), and the width on single features.
+AUTO_WIDTH_RATIOS: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0)
+AUTO_FEATURE_WIDTH = 1.0
+#: The values ``features`` takes besides a list of column indices.
+FEATURE_SETS = ("all", "each", "all+each")
+
+#: Each family's parameters and their defaults (random_subsets: seed None = resolve's seed, else 0;
+#: max_subset None = d). ``resolve`` fills what a description leaves out from here.
+FAMILY_DEFAULTS: dict[str, dict] = {
+    "auto": {},
+    "simplemkl": {"widths": SIMPLEMKL_WIDTHS, "degrees": SIMPLEMKL_DEGREES},
+    "gaussian": {"widths": SIMPLEMKL_WIDTHS, "features": "all+each"},
+    "polynomial": {"degrees": SIMPLEMKL_DEGREES, "offset": 1.0, "features": "all+each"},
+    "linear": {"features": "all+each"},
+    "random_subsets": {"n_kernels": 100, "seed": None, "max_subset": None},
+}
+#: The parameters each family takes (besides ``family`` itself).
+FAMILY_PARAMS: dict[str, tuple[str, ...]] = {f: tuple(p) for f, p in FAMILY_DEFAULTS.items()}
+FAMILIES = tuple(FAMILY_DEFAULTS)
 
 
 def gaussian(widths: Iterable[float], features=None) -> list[KernelSpec]:
@@ -36,6 +95,7 @@ def polynomial(degrees: Iterable[int], offset: float = 1.0, features=None) -> li
 
 
 def linear(features=None) -> list[KernelSpec]:
+    """The linear spec <x,z> on ``features`` (None = all)."""
     return [KernelSpec.linear(features)]
 
 
@@ -49,11 +109,15 @@ def simplemkl(
     Ordered feature set by feature set (all features first, then feature 0, 1, ...), Gaussian
     widths then polynomial degrees within each set.
     """
+    return [s for f in feature_sets("all+each", n_features) for s in gaussian(widths, f) + polynomial(degrees, 1.0, f)]
+
+
+def auto(n_features: int) -> list[KernelSpec]:
+    """The ``auto`` family: Gaussians at widths sqrt(d) * (0.25, 0.5, 1, 2, 4) and the linear kernel on
+    all features, then a Gaussian of width 1 on each single feature (M = 6 + d)."""
     d = _positive_int(n_features, "n_features")
-    specs: list[KernelSpec] = []
-    for feats in [None] + [(j,) for j in range(d)]:
-        specs += gaussian(widths, feats) + polynomial(degrees, 1.0, feats)
-    return specs
+    on_all = gaussian([math.sqrt(d) * r for r in AUTO_WIDTH_RATIOS]) + linear()
+    return on_all + [KernelSpec.gaussian(AUTO_FEATURE_WIDTH, (j,)) for j in range(d)]
 
 
 def random_subsets(
@@ -72,7 +136,7 @@ def random_subsets(
     m = _positive_int(n_kernels, "n_kernels")
     top = d if max_subset is None else _positive_int(max_subset, "max_subset")
     if top > d:
-        raise SpecError(f"max_subset={top} exceeds n_features={d}")
+        raise SpecError(f"max_subset={top} exceeds n_features={d}; give max_subset <= {d}")
     rng = np.random.default_rng(seed)
     specs = []
     for _ in range(m):
@@ -83,89 +147,105 @@ def random_subsets(
     return specs
 
 
-#: The parameters each family description accepts in ``resolve`` (besides ``family`` itself).
-FAMILY_PARAMS: dict[str, tuple[str, ...]] = {
-    "simplemkl": ("widths", "degrees"),
-    "gaussian": ("widths", "features"),
-    "polynomial": ("degrees", "offset", "features"),
-    "linear": ("features",),
-    "random_subsets": ("n_kernels", "seed", "max_subset"),
-}
-PRESETS = tuple(FAMILY_PARAMS)
-RANDOM_SUBSET_KERNELS = 100
+def feature_sets(features, n_features: int) -> list[tuple[int, ...] | None]:
+    """The feature sets a ``features`` value names: "all" -> [None], "each" -> [(0,), ..., (d-1,)],
+    "all+each" -> both in that order, a list of column indices -> that one subset."""
+    d = _positive_int(n_features, "n_features")
+    if isinstance(features, str):
+        if features not in FEATURE_SETS:
+            raise SpecError(f"features={features!r} is not one of {', '.join(map(repr, FEATURE_SETS))}; give one of "
+                            "those or a list of column indices")
+        return ([None] if features != "each" else []) + ([(j,) for j in range(d)] if features != "all" else [])
+    if features is None or isinstance(features, (bool, float, dict)):
+        raise SpecError(f"features={features!r}: give \"all\", \"each\", \"all+each\" or a list of column indices")
+    return [KernelSpec.linear(features).features]  # one subset, checked (non-empty, >= 0, no repeats)
+
+
+def parameters(description, seed: int | None = None) -> tuple[str, dict]:
+    """(family, every parameter) of a family name or mapping ``{"family": name, **parameters}``: the
+    parameters given over :data:`FAMILY_DEFAULTS`, checked (names and values; what depends on d,
+    e.g. max_subset <= d, is checked by :func:`resolve`). random_subsets' seed defaults to ``seed``,
+    else 0. A parameter the family does not take is a SpecError naming the ones it takes."""
+    if isinstance(description, str):
+        entry = {"family": description}
+    elif isinstance(description, dict):
+        entry = description
+    else:
+        raise SpecError(f"a kernel family is a name or a mapping like {{'family': 'gaussian', 'widths': [1, 2]}}; "
+                        f"got {description!r}")
+    family = entry.get("family")
+    if family not in FAMILY_DEFAULTS:
+        what = "kernel family" if isinstance(description, str) else "'family' in the kernel family mapping"
+        raise SpecError(f"unknown {what} {family!r}; choose one of {', '.join(FAMILIES)} (or give a list of "
+                        "KernelSpec)")
+    given = {k: v for k, v in entry.items() if k != "family"}
+    unknown = sorted(set(given) - set(FAMILY_PARAMS[family]))
+    if unknown:
+        takes = (f"use one of its parameters: {', '.join(FAMILY_PARAMS[family])}" if FAMILY_PARAMS[family] else
+                 "it takes no parameters")
+        raise SpecError(f"kernel family {family!r} does not take {', '.join(unknown)}; remove it or {takes}")
+    params = {**FAMILY_DEFAULTS[family], **given}
+    if family == "random_subsets":
+        if params["seed"] is None:
+            params["seed"] = 0 if seed is None else seed
+        _positive_int(params["n_kernels"], "n_kernels")
+        if params["max_subset"] is not None:
+            _positive_int(params["max_subset"], "max_subset")
+        if isinstance(params["seed"], bool) or not isinstance(params["seed"], (int, np.integer)) or params["seed"] < 0:
+            raise SpecError(f"seed must be an integer >= 0, got {params['seed']!r}")
+    else:  # the values on one feature (the feature sets depend on d; indices >= d fail when built)
+        _specs(family, {**params, "features": "all"}, 1)
+        if "features" in params:
+            feature_sets(params["features"], 1)
+    return family, params
+
+
+def _specs(family: str, params: dict, d: int) -> list[KernelSpec]:
+    """The specs of a family with its full parameters (from :func:`parameters`) for d features."""
+    if family == "auto":
+        return auto(d)
+    if family == "simplemkl":
+        return simplemkl(d, params["widths"], params["degrees"])
+    if family == "random_subsets":
+        return random_subsets(d, params["n_kernels"], params["seed"], params["max_subset"])
+    sets = feature_sets(params["features"], d)
+    if family == "gaussian":
+        return [s for f in sets for s in gaussian(params["widths"], f)]
+    if family == "polynomial":
+        return [s for f in sets for s in polynomial(params["degrees"], params["offset"], f)]
+    return [s for f in sets for s in linear(f)]
 
 
 def resolve(kernels, n_features: int, seed: int | None = None) -> list[KernelSpec]:
-    """Specs from a short description, for data with ``n_features`` columns.
+    """Specs from a short description, for data with ``n_features`` columns: the one function the
+    estimators (``kernels=``), pipelines (``[bank]``) and the CLI (``--family``) turn kernels with.
 
     ``kernels`` is one of, or a list mixing (concatenated in order; duplicates are an error):
 
-    - a preset name: "simplemkl" (27 (d + 1) kernels), "gaussian" (the 24 SimpleMKL widths) /
-      "polynomial" (degrees 1-3) / "linear", each on all features and on every single feature,
-      or "random_subsets" (100 kernels drawn with ``seed``, default 0);
+    - a family name (see the module docstring): the family with its defaults, exactly as
+      ``{"family": name}``;
     - a family mapping ``{"family": name, **parameters}`` with the parameters of
-      :data:`FAMILY_PARAMS` (gaussian/polynomial/linear on all features unless ``features`` is
-      given; random_subsets' seed defaults to ``seed``);
+      :data:`FAMILY_PARAMS` (random_subsets' seed defaults to ``seed``, else 0);
     - a ``KernelSpec`` or its ``to_dict()`` form (a mapping with ``params``).
     """
     d = _positive_int(n_features, "n_features")
     items = kernels if isinstance(kernels, (list, tuple)) else [kernels]
     if not items:
-        raise SpecError("kernels is an empty list; give a preset name, a family mapping or KernelSpecs")
+        raise SpecError("kernels is an empty list; give a family name, a family mapping or KernelSpecs")
     specs: list[KernelSpec] = []
     for item in items:
         if isinstance(item, KernelSpec):
             specs.append(item)
         elif isinstance(item, dict) and "params" in item:
             specs.append(KernelSpec.from_dict(item))
-        elif isinstance(item, str):
-            specs += _preset(item, d, seed)
-        elif isinstance(item, dict):
-            specs += _family_specs(item, d, seed)
+        elif isinstance(item, (str, dict)):
+            specs += _specs(*parameters(item, seed), d)
         else:
-            raise SpecError(f"kernels must be a preset name ({', '.join(PRESETS)}), a mapping like "
+            raise SpecError(f"kernels must be a family name ({', '.join(FAMILIES)}), a mapping like "
                             f"{{'family': 'gaussian', 'widths': [1, 2]}}, a KernelSpec or a list of these; got {item!r}")
     if len(set(specs)) != len(specs):
         raise SpecError("the kernel list has duplicate specs; remove the repeated family or parameter values")
     return specs
-
-
-def _preset(name: str, d: int, seed: int | None) -> list[KernelSpec]:
-    every = [None] + [(j,) for j in range(d)]
-    if name == "simplemkl":
-        return simplemkl(d)
-    if name == "gaussian":
-        return [s for f in every for s in gaussian(SIMPLEMKL_WIDTHS, f)]
-    if name == "polynomial":
-        return [s for f in every for s in polynomial(SIMPLEMKL_DEGREES, 1.0, f)]
-    if name == "linear":
-        return [s for f in every for s in linear(f)]
-    if name == "random_subsets":
-        return random_subsets(d, RANDOM_SUBSET_KERNELS, seed=0 if seed is None else seed)
-    raise SpecError(f"unknown kernel preset {name!r}; choose one of {', '.join(PRESETS)}, a family mapping "
-                    "or a list of KernelSpec")
-
-
-def _family_specs(entry: dict, d: int, seed: int | None) -> list[KernelSpec]:
-    family = entry.get("family")
-    if family not in FAMILY_PARAMS:
-        raise SpecError(f"a kernel family mapping needs 'family' in {', '.join(PRESETS)}; got {entry!r}")
-    params = {k: v for k, v in entry.items() if k != "family"}
-    unknown = sorted(set(params) - set(FAMILY_PARAMS[family]))
-    if unknown:
-        raise SpecError(f"kernel family {family!r} does not take {', '.join(unknown)}; remove it or use one of "
-                        f"its parameters: {', '.join(FAMILY_PARAMS[family]) or 'none'}")
-    if family == "simplemkl":
-        return simplemkl(d, **params)
-    if family == "random_subsets":
-        params.setdefault("n_kernels", RANDOM_SUBSET_KERNELS)
-        params.setdefault("seed", 0 if seed is None else seed)
-        return random_subsets(d, **params)
-    if family == "gaussian":
-        return gaussian(params.get("widths", SIMPLEMKL_WIDTHS), params.get("features"))
-    if family == "polynomial":
-        return polynomial(params.get("degrees", SIMPLEMKL_DEGREES), params.get("offset", 1.0), params.get("features"))
-    return linear(params.get("features"))
 
 
 def _nonempty(values: Iterable, what: str) -> list:

@@ -22,16 +22,19 @@ def bank_bytes(M: int, n: int, dtype: str = "float32", rank: int | None = None) 
 
 
 def count_kernels(kernels, n_features: int) -> int:
-    """The number of specs a family description gives, without generating ``random_subsets`` specs."""
+    """The number of specs ``families.resolve(kernels, n_features)`` gives, without generating
+    ``random_subsets`` specs (their number is the description's n_kernels, checked)."""
     from mklscale.bank import families
 
-    items = kernels if isinstance(kernels, list) else [kernels]
+    items = kernels if isinstance(kernels, (list, tuple)) else [kernels]
     total = 0
     for item in items:
-        if isinstance(item, dict) and item.get("family") == "random_subsets":
-            total += int(item.get("n_kernels", families.RANDOM_SUBSET_KERNELS))
-        else:
-            total += len(families.resolve(item, n_features))
+        if isinstance(item, (str, dict)) and not (isinstance(item, dict) and "params" in item):
+            family, params = families.parameters(item)
+            if family == "random_subsets":
+                total += params["n_kernels"]
+                continue
+        total += len(families.resolve(item, n_features))
     return total
 
 
