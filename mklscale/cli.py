@@ -231,8 +231,8 @@ def _cache_parser(sub) -> None:
 def _family_arguments(p: argparse.ArgumentParser) -> None:
     """--family and its parameters. They default to None (not given): the family's own defaults
     (mklscale.bank.families, the same as in Python and pipelines) fill what is not given."""
-    p.add_argument("--family", choices=FAMILY_CHOICES, default="simplemkl",
-                   help="the kernel family (default simplemkl); its parameters default to the family's own, the same "
+    p.add_argument("--family", choices=FAMILY_CHOICES, default="auto",
+                   help="the kernel family (default auto, as the estimators); its parameters default to the family's own, the same "
                         "as in Python and pipelines (see mklscale.bank.families)")
     p.add_argument("--widths", type=float, nargs="+", default=None,
                    help="gaussian, simplemkl: Gaussian widths s in exp(-||x-z||^2/(2 s^2))")

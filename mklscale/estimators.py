@@ -80,22 +80,28 @@ BANK_DTYPE = "float32"
 _PARAMETERS = """\
     Parameters
     ----------
-    kernels : str, dict, KernelSpec or list of these, default="simplemkl"
+    kernels : str, dict, KernelSpec or list of these, default="auto"
         The kernel bank, as ``mklscale.bank.families.resolve`` reads it: a family name, the same
-        bank as ``{"family": name}``, in pipelines and on the CLI ("auto": 6 + d kernels;
-        "simplemkl": 27 (d + 1) kernels, Gaussian and polynomial on all features and on every
-        single feature; "gaussian", "polynomial", "linear" on all and on every single feature;
-        "random_subsets", seeded by ``random_state``), a family dict with parameters such as
+        bank as ``{"family": name}`` in pipelines and on the CLI ("auto": 6 + d kernels, Gaussians
+        on all features at widths sqrt(d) x (1/4 .. 4), the linear kernel, and a Gaussian of width
+        1 on every single feature (standardised); "simplemkl": 27 (d + 1) kernels, Gaussian and
+        polynomial on all features and on every single feature, the SimpleMKL / SpicyMKL recipe;
+        "gaussian", "polynomial", "linear" on all and on every single feature; "random_subsets",
+        seeded by ``random_state``), a family dict with parameters such as
         ``{"family": "gaussian", "widths": [1, 2], "features": "all"}`` (an unknown parameter is
         an error), KernelSpecs, or a list mixing these.
     solver : str, default="spicy"
         A name of :func:`mklscale.solvers.registry.names`: spicy, citi, smo, pfbs, sgd, gcd,
         easymkl, fheuristic, uniform or alignment (``registry.info(name)`` says which tasks each
         supports).
-    C : float or None, default=None
-        The solver's main regularisation, with the meaning the registry table states (spicy:
-        penalty weight, larger = sparser; smo / citi: SVM C, larger = less regularised; pfbs: tau;
-        sgd / gcd: ridge lam). None: the registry's default for the solver and task.
+    C : float or "auto", default="auto"
+        The solver's main regularisation, with the meaning its registry row states
+        (``registry.regularisation(solver, task)``: spicy: penalty weight, larger = sparser; smo /
+        citi: SVM C, larger = less regularised; pfbs: tau; sgd / gcd: ridge lam). "auto" (or None):
+        the row's default times the problem's scale on this bank (spicy: 0.1 C_max, where C_max is
+        the smallest C whose model keeps no kernel; SVM constants: n / mean trace, scikit-learn's
+        C = 1 on unit-diagonal kernels; ridges: mean trace / n); the value used is ``C_``. To choose
+        it by cross-validation use :class:`MKLClassifierCV` / :class:`MKLRegressorCV`.
     solver_params : dict or None, default=None
         Further solver parameters, e.g. ``{"loss": "hinge"}`` for spicy (unknown names raise
         InvalidInputError listing the accepted ones).
@@ -157,7 +163,7 @@ class _MKLBase(BaseEstimator):
         "checkpoint_every_s": [Interval(Real, 0, None, closed="neither")],
     }
 
-    def __init__(self, kernels="simplemkl", solver="spicy", C="auto", solver_params=None, normalize="trace",
+    def __init__(self, kernels="auto", solver="spicy", C="auto", solver_params=None, normalize="trace",
                  rank=None, cache_dir=None, client=None, progress=False, verbose=False, random_state=None,
                  checkpoint_dir=None, checkpoint_every_s=60.0):
         self.kernels = kernels
@@ -427,6 +433,8 @@ class MKLClassifier(ClassifierMixin, _MKLBase):
     ----------
     classes_ : ndarray of shape (K,)
         The labels seen at fit (sorted).
+    C_ : float
+        The value of the solver's main regularisation the fit used (``C``, or what "auto" stood for).
     n_features_in_, feature_names_in_ :
         As in scikit-learn.
     result_ : MKLResult or list of MKLResult
@@ -694,7 +702,7 @@ class MKLClassifierCV(_CrossValidated, MKLClassifier):
 
     _parameter_constraints = _CV_CONSTRAINTS
 
-    def __init__(self, kernels="simplemkl", solver="spicy", Cs=10, cv=3, scoring=None, solver_params=None,
+    def __init__(self, kernels="auto", solver="spicy", Cs=10, cv=3, scoring=None, solver_params=None,
                  normalize="trace", rank=None, cache_dir=None, client=None, progress=False, verbose=False,
                  random_state=None, checkpoint_dir=None, checkpoint_every_s=60.0):
         _cv_init(self, kernels, solver, Cs, cv, scoring, solver_params, normalize, rank, cache_dir, client, progress,
@@ -715,7 +723,7 @@ class MKLRegressorCV(_CrossValidated, MKLRegressor):
 
     _parameter_constraints = _CV_CONSTRAINTS
 
-    def __init__(self, kernels="simplemkl", solver="spicy", Cs=10, cv=3, scoring=None, solver_params=None,
+    def __init__(self, kernels="auto", solver="spicy", Cs=10, cv=3, scoring=None, solver_params=None,
                  normalize="trace", rank=None, cache_dir=None, client=None, progress=False, verbose=False,
                  random_state=None, checkpoint_dir=None, checkpoint_every_s=60.0):
         _cv_init(self, kernels, solver, Cs, cv, scoring, solver_params, normalize, rank, cache_dir, client, progress,

@@ -28,7 +28,7 @@ CASES = [
     ("spicy", "regression", {"C": 0.05, "loss": "square", "tol": 1e-6}),
     ("spicy", "regression", {"C": 0.05, "loss": "eps_insensitive", "eps": 0.1, "tol": 1e-6}),
     ("elasticnet", "classification", {"C": 10.0, "eta": 0.5, "seed": 0}),
-    ("smo", "classification", {"C": 10.0, "seed": 0}),
+    ("smo", "classification", {"C": 10.0, "seed": 0, "tol": None}),
     ("pfbs", "classification", {"tau": 0.01, "mu": 0.0}),
     ("pfbs", "regression", {"tau": 0.01, "mu": 0.1, "accelerated": True}),
     ("sgd", "regression", {"lam": 0.1, "T": 200, "seed": 0}),

@@ -205,10 +205,10 @@ def _run_citi(engine, y, task, C, params):
     return citi.fit(engine, y, C=C, **params)
 
 
-def _run_smo(engine, y, task, C, params, checkpoint=None):
+def _run_smo(engine, y, task, C, params, checkpoint=None, init=None):
     from mklscale.solvers import smo
 
-    return smo.fit(engine, y, C=C, checkpoint=checkpoint, **params)
+    return smo.fit(engine, y, C=C, checkpoint=checkpoint, init=init, **params)
 
 
 def _run_pfbs(engine, y, task, C, params, checkpoint=None, init=None):
@@ -331,7 +331,8 @@ _TABLE: dict[str, SolverInfo] = {
     "citi": SolverInfo("citi", ("classification",), ("citi:fit",), _fixed(SVM_C), _run_citi, "seed",
                              "Citi elastic-net constrained MKL, hinge loss (eta default 0.5; eta = 1 is L1 MKL)"),
     "smo": SolverInfo("smo", ("classification",), ("smo:fit",), _fixed(SVM_C), _run_smo, "seed",
-                      "SMO-MKL support kernel machine (squared block-1 MKL, hinge loss)", checkpoints=True),
+                      "SMO-MKL support kernel machine (squared block-1 MKL, hinge loss)", checkpoints=True,
+                      warm_starts=True),
     "pfbs": SolverInfo("pfbs", TASKS, ("pfbs:fit",),
                        _fixed(Regularisation("tau", True, _pfbs_scale, "tau_max", 0.1, (1.0, 1e-3), zero_ok=True)),
                        _run_pfbs, None,
