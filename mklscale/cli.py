@@ -290,6 +290,7 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_fit(args) -> int:
+    from mklscale.bank.size import BankTooLargeError
     from mklscale.estimators import MKLClassifier, MKLRegressor
 
     kernels = _kernels(args)
@@ -307,7 +308,10 @@ def _cmd_fit(args) -> int:
     Estimator = MKLClassifier if task == "classification" else MKLRegressor
     estimator = Estimator(kernels=kernels, solver=args.solver, C=args.C, solver_params=_params(args.param),
                           rank=args.rank, cache_dir=None if args.cache_dir is None else str(args.cache_dir), progress=not args.quiet)
-    estimator.fit(X, y)
+    try:
+        estimator.fit(X, y)
+    except BankTooLargeError as exc:  # worded with this command's options
+        raise exc.respelled("cli-fit") from None
     estimator.save(args.out)
     print(f"model: {args.out}  kept {len(estimator.selected_kernels_)} kernel(s)  "
           f"training score {estimator.score(X, y):.4f}")
@@ -437,7 +441,8 @@ def _cmd_build(args) -> int:
 
     kernels = _kernels(args)
     X = _load_features(args)
-    check_fits(args.out, count_kernels(kernels, X.shape[1]), X.shape[0], args.dtype, args.rank)
+    check_fits(args.out, count_kernels(kernels, X.shape[1]), X.shape[0], args.dtype, args.rank,
+               n_features=X.shape[1], overwrite=args.overwrite, spelling="cli-build")
     specs = families.resolve(kernels, X.shape[1])
     normalize = None if args.normalize == "none" else args.normalize
     kw = dict(normalize=normalize, dtype=args.dtype, overwrite=args.overwrite, progress=not args.quiet)

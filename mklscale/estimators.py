@@ -116,7 +116,9 @@ _PARAMETERS = """\
         Where banks are kept for reuse by later fits on the same data and kernels (None:
         ``$MKLSCALE_CACHE`` or ``~/.cache/mklscale/banks``). The cache is kept under
         ``$MKLSCALE_CACHE_MAX`` (default 2GB) by removing the least recently used banks that no
-        other fit is using; ``mklscale cache info|clear`` shows or empties it.
+        other fit is using; ``mklscale cache info|clear`` shows or empties it. A new bank larger
+        than that cap or than the free space of the cache's disk is refused before anything is
+        written, the error naming its size and smaller choices (``rank=``, fewer kernels).
     client : distributed.Client, str or None, default=None
         A ``distributed.Client`` for the bank build and the engine's passes, a scheduler address
         (a client is opened for each fit and closed after), or None (Dask's threaded scheduler).
@@ -221,16 +223,22 @@ class _MKLBase(BaseEstimator):
     @contextlib.contextmanager
     def _cached_bank(self, X: np.ndarray, specs: list[KernelSpec], client):
         """(bank, build seconds): the cached bank for X and specs, built if missing, marked in use (not
-        evicted) until the context ends; the least recently used other banks are evicted over the cap."""
+        evicted) until the context ends; the least recently used other banks are evicted over the cap.
+        A bank to build that exceeds the cap ($MKLSCALE_CACHE_MAX) or its disk's free space raises
+        BankTooLargeError (``size.check_fits``) before anything is written."""
         from mklscale.bank import cache as bank_cache
         from mklscale.bank.build import build_bank
+        from mklscale.bank.size import check_fits
         from mklscale.bank.writer_lock import bank_writer
 
         limit = bank_cache.max_bytes()  # a bad $MKLSCALE_CACHE_MAX fails before any work
         cache = Path(self.cache_dir) if self.cache_dir is not None else bank_cache.default_dir()
-        cache.mkdir(parents=True, exist_ok=True)
         factor = {} if self.rank is None else {"rank": int(self.rank), "seed": self._seed() or 0}
         name = bank_cache.name_for(bank_key(X, specs, self.normalize, BANK_DTYPE, factor))
+        # a bank over the cap or the disk's free space is refused before the cache folder or a lock file is made
+        check_fits(cache / name, len(specs), X.shape[0], BANK_DTYPE, factor.get("rank"), n_features=X.shape[1],
+                   cap=limit, spelling="estimator")
+        cache.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         with bank_cache.using(cache, name):
             # the bank's writer lock (writer_lock; build_bank takes it too): parallel fits (e.g. GridSearchCV

@@ -582,7 +582,8 @@ def _build_bank(pipe: Pipeline, data: _Data, run_dir: Path, client, quiet: bool,
     else:
         path = Path(cfg["path"]) if shared else run_dir / cfg["path"]
         check_fits(path, count_kernels(cfg["kernels"], data.X_train.shape[1]), len(data.y_train), cfg["dtype"],
-                   (cfg.get("factor") or {}).get("rank"))
+                   (cfg.get("factor") or {}).get("rank"), n_features=data.X_train.shape[1],
+                   overwrite=overwrite and not shared, spelling="pipeline")
     specs = families.resolve(cfg["kernels"], data.X_train.shape[1])
     if stage is not None:
         stage.doing, stage.bank = "building the bank", path

@@ -1,6 +1,7 @@
 """The estimators' bank cache: a size cap with least-recently-used eviction that never removes a bank
 another process is using, and ``mklscale cache info|clear``. Real fits on tiny data, real zarr
-banks, and a real second process holding a bank."""
+banks, and a real second process holding a bank. A new bank larger than the cap is refused before
+anything is written: tests/test_size_checks.py."""
 
 from __future__ import annotations
 
@@ -97,10 +98,10 @@ def test_a_fit_keeps_the_cache_under_the_cap_and_keeps_its_own_bank(three_banks,
 
 def test_cap_from_the_environment(monkeypatch):
     monkeypatch.delenv("MKLSCALE_CACHE_MAX", raising=False)
-    assert bank_cache.max_bytes() == 2 * 10**9
-    for text, value in (("500MB", 500 * 10**6), ("3GiB", 3 * 2**30), ("none", None), ("0", 0)):
+    assert bank_cache.max_bytes() == 2 * 10**9 and bank_cache.max_setting() == "2GB"
+    for text, value in (("500MB", 500 * 10**6), (" 3GiB", 3 * 2**30), ("none", None), ("0", 0)):
         monkeypatch.setenv("MKLSCALE_CACHE_MAX", text)
-        assert bank_cache.max_bytes() == value
+        assert bank_cache.max_bytes() == value and bank_cache.max_setting() == text.strip()
     monkeypatch.setenv("MKLSCALE_CACHE_MAX", "lots")
     with pytest.raises(InvalidInputError, match="MKLSCALE_CACHE_MAX='lots' is not a size; set it to a size such as"):
         bank_cache.max_bytes()

@@ -5,11 +5,12 @@ any work."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
-from _disk import remount, tmpfs
+from _disk import fill, remount, tmpfs
 
 from mklscale import cli
 from mklscale.bank import KernelBank, build_bank, families
@@ -165,14 +166,27 @@ def test_cli_verify_and_repair_exit_codes(bank, fresh, capsys):
 
 
 # ---- disk full and read-only stores ------------------------------------------------------------------
-def test_disk_full_build_stops_cleanly_and_resumes(tmp_path):
+def test_disk_full_build_stops_cleanly_and_resumes(tmp_path, monkeypatch):
+    """The disk has room for the bank when the build starts (its size check passes), then another
+    writer fills it while the shards are written."""
     X = np.random.default_rng(4).normal(size=(200, 4))
     specs = families.gaussian(list(np.linspace(0.2, 5.0, 30)))  # 30 x 160 kB = 4.8 MB
     layout = {"chunk_mb": 0.16, "shard_mb": 0.5}  # three kernels a shard
     reference = build_bank(X, specs, tmp_path / "ref", progress=False, **layout)
-    with tmpfs(tmp_path / "small", "3M") as mnt:
+    with tmpfs(tmp_path / "small", "8M") as mnt:
+        real, guard, filled = build_module.build_shard, threading.Lock(), []
+
+        def another_writer_fills_the_disk(*args):
+            with guard:
+                if not filled:
+                    filled.append(fill(mnt, leave_pages=300))  # room for about two shards of 480 kB
+            return real(*args)
+
+        monkeypatch.setattr(build_module, "build_shard", another_writer_fills_the_disk)
         with pytest.raises(DiskFullError) as err:
             build_bank(X, specs, mnt / "b", progress=False, flush_every_s=0, **layout)
+        monkeypatch.undo()
+        filled[0].unlink()
         msg = str(err.value)
         assert "no space left" in msg and "free some space or choose another path" in msg
         assert "kept" in msg and "resumes" in msg
@@ -184,7 +198,6 @@ def test_disk_full_build_stops_cleanly_and_resumes(tmp_path):
         assert bank.verify(kernels=np.flatnonzero(done).tolist()).ok
         np.testing.assert_array_equal(bank.checksums[done], reference.checksums[done])
         assert not [p for p in mnt.rglob("*") if "partial" in p.name]
-        remount(mnt, "size=16M")
         resumed = build_bank(X, specs, mnt / "b", progress=False, **layout)
         assert resumed.last_build_computed == len(specs) - done.sum()
         assert resumed.verify().ok and resumed.complete.all()

@@ -46,6 +46,7 @@ from mklscale.bank.group import (
 from mklscale.bank.location import ObjectURL, bank_location
 from mklscale.bank.inputs import NORMALIZATIONS, validate_dtype, validate_features
 from mklscale.bank.shard_format import write_shard_file
+from mklscale.bank.size import bank_bytes, check_fits, human
 from mklscale.bank.stats import checksum, kernel_stats
 from mklscale.bank.store import KernelBank, VerifyReport, prepare_path, refuse_target, writing
 from mklscale.errors import (
@@ -105,7 +106,10 @@ def build_bank(
     end (0 = after every shard). Returns the opened bank; its ``last_build_computed`` says how many
     kernels this call computed.
 
-    A store that cannot be written raises ReadOnlyStoreError before any task runs. A disk that
+    A bank larger than the free space of its disk (``size.check_fits``: the bytes still to write, for
+    a resumed bank) raises BankTooLargeError (an InvalidInputError naming the size, the free space
+    and the remedies with their sizes) before anything is computed or written. A store that cannot
+    be written raises ReadOnlyStoreError before any task runs. A disk that
     fills up mid-build raises DiskFullError: shards are written whole (temporary file + rename), so
     the kernels already flagged complete stay intact, no partial shard is left or flagged, and the
     same call resumes once there is room (or after moving the bank elsewhere).
@@ -131,7 +135,10 @@ def build_bank(
     Xs = X if mean is None else (X - mean) / scale
     fingerprint = _fingerprint(X, specs, normalize, dt.name, standardize, rows, factor)
     path = bank_location(path, storage_options)  # a folder, or s3://bucket/prefix (``remote``)
-    refuse_target(path, overwrite, fingerprint)  # refused input leaves everything as it was, the lock file too
+    action = refuse_target(path, overwrite, fingerprint)  # refused input leaves everything as it was, the lock file too
+    # a bank that would not fit its disk is refused here, before the lock file or anything else is written
+    check_fits(path, len(specs), X.shape[0], dt.name, None if factor is None else factor.rank, n_features=X.shape[1],
+               chunk_mb=chunk_mb, shard_mb=shard_mb, action=action)
     with writing(path, "build", wait):  # one writer per bank (``writer_lock``; ``objlock`` on an object store)
         action = prepare_path(path, overwrite=overwrite, fingerprint=fingerprint)
         if action != "resume":
@@ -209,7 +216,9 @@ def _compute_shards(bank: KernelBank, specs: Sequence[KernelSpec], Xs: np.ndarra
     computed = 0
     todo = sum(len(range(*bank.shard_range(s))) for s in shards)
     compiling = bool(progress and todo) and will_compile(_ENTRY_POINTS["dense" if bank.rank is None else "factor"])
-    with _progress(len(specs), len(specs) - todo, progress, compiling) as bar:
+    nbytes = bank_bytes(bank.M, bank.n, bank.dtype.name, bank.rank, n_features=Xs.shape[1], layout=layout)
+    what = f"{bank.M} kernels, {human(nbytes)}"
+    with _progress(len(specs), len(specs) - todo, progress, what, compiling) as bar:
         try:
             # workers run in other folders: they get a folder's path as the driver resolves it
             with contextlib.closing(runner(client, bank.path if bank.remote else os.path.abspath(bank.path), specs, Xs,
@@ -219,7 +228,7 @@ def _compute_shards(bank: KernelBank, specs: Sequence[KernelSpec], Xs: np.ndarra
                     writer.record(first, stats)
                     if compiling:
                         compiling = False
-                        bar.set_description(_BAR)
+                        bar.set_description(f"{_BAR} ({what})")
                     bar.update(len(stats["checksum"]))
                     computed += len(stats["checksum"])
             writer.flush()
@@ -676,11 +685,12 @@ _ENTRY_POINTS = {"dense": (_compute._fill_grams, _compute.trace_fro_colabs, _com
                             factor_math._row_sq_sum)}
 
 
-def _progress(total: int, initial: int, enabled: bool, compiling: bool = False):
-    """The build's progress bar; ``compiling``: it says so until the first shard is done (numba's first
-    compilation of the build kernels, ``runtime.jit``, takes tens of seconds)."""
+def _progress(total: int, initial: int, enabled: bool, what: str, compiling: bool = False):
+    """The build's progress bar: kernels done of ``total``, described by ``what`` (the bank's kernels and
+    size on disk), e.g. "build bank (567 kernels, 227 GB)"; ``compiling``: it says so until the first
+    shard is done (numba's first compilation of the build kernels, ``runtime.jit``, takes tens of seconds)."""
     from tqdm.auto import tqdm
 
-    desc = f"{_BAR}: {COMPILING}" if compiling else _BAR
+    desc = f"{_BAR}: {COMPILING}; {what}" if compiling else f"{_BAR} ({what})"
     return tqdm(total=total, initial=initial, unit="kernel", desc=desc, disable=not enabled)
 

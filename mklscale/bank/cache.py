@@ -10,10 +10,13 @@ digits of the key the estimators hash from the data and kernel settings):
 
 A bank's last use is its folder's modification time, set when a fit takes it (:func:`touch`).
 
-After each fit takes its bank, :func:`evict` removes the least recently used banks until the cache
-is no larger than ``$MKLSCALE_CACHE_MAX`` (default 2GB; "none" for no cap); the bank just used stays
-even when it alone is larger. A bank is removed only while its build lock and its use lock are both
-held here, taken without waiting: a bank another process is building or fitting on is never removed.
+The cap ``$MKLSCALE_CACHE_MAX`` (default 2GB; "none" for no cap) is a hard limit on a new bank: a fit
+whose bank would be larger is refused before anything is written (``size.check_fits``, which also
+checks the free space of the cache's disk; a bank already complete in the cache is reused whatever
+its size). After each fit takes its bank, :func:`evict` removes the least recently used other banks
+until the cache is no larger than the cap. A bank is removed only while its build lock and its use
+lock are both held here, taken without waiting: a bank another process is building or fitting on is
+never removed.
 The use lock files stay: deleting a lock file another process holds open would let a third
 process lock a new file of the same name, and both would think they hold the lock (the writer
 lock removes its file only while holding it, and its takers check they locked the file still there).
@@ -49,7 +52,7 @@ def max_bytes() -> int | None:
     "3GiB", "1e9"), or "none" for no cap (None)."""
     from dask.utils import parse_bytes
 
-    text = os.environ.get("MKLSCALE_CACHE_MAX", DEFAULT_MAX).strip()
+    text = max_setting()
     if text.lower() in ("none", "unlimited"):
         return None
     try:
@@ -60,6 +63,11 @@ def max_bytes() -> int | None:
         raise InvalidInputError(f"MKLSCALE_CACHE_MAX={text!r} is not a size; set it to a size such as 2GB or 500MB, "
                                 "or to none for no cap")
     return int(value)
+
+
+def max_setting() -> str:
+    """``$MKLSCALE_CACHE_MAX`` as set (the default when unset), for messages."""
+    return os.environ.get("MKLSCALE_CACHE_MAX", DEFAULT_MAX).strip()
 
 
 def name_for(key: str) -> str:
@@ -87,7 +95,7 @@ def banks(cache: Path) -> list[CachedBank]:
     for entry in os.scandir(cache):
         if BANK_NAME.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
             with contextlib.suppress(FileNotFoundError):  # removed meanwhile by another process
-                size = _size(Path(entry.path)) + sum(_size(p) for p in cache.glob(f".{entry.name}.partial-*"))
+                size = disk_usage(Path(entry.path)) + sum(disk_usage(p) for p in cache.glob(f".{entry.name}.partial-*"))
                 found.append(CachedBank(Path(entry.path), size, entry.stat(follow_symlinks=False).st_mtime))
     return sorted(found, key=lambda b: (b.last_used, b.path.name))
 
@@ -179,7 +187,7 @@ def _locked(path: Path, shared: bool, wait: bool) -> Iterator[bool]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _size(path: Path) -> int:
+def disk_usage(path: str | os.PathLike) -> int:
     """Bytes of the files under ``path`` (allocated blocks where the platform says, else their sizes)."""
     total = 0
     for root, _, files in os.walk(path):

@@ -59,6 +59,7 @@ from mklscale.bank.metadata import read_metadata
 from mklscale.bank.inputs import DTYPES, NORMALIZATIONS, check_gram, validate_dtype, validate_features
 from mklscale.bank.normalize import normalize_block
 from mklscale.bank.shard_format import write_shard_file
+from mklscale.bank.size import check_fits
 from mklscale.bank.spec import KernelSpec
 from mklscale.bank.stats import checksum, kernel_stats
 from mklscale.bank.writer_lock import bank_writer
@@ -192,7 +193,9 @@ class KernelBank:
         for prediction. Each matrix must be square, finite, symmetric and PSD: its smallest
         eigenvalue must be >= -psd_tol * max(1, largest). ``normalize`` is None or "trace" (unit
         trace; the same factor scales the cross kernels). The bank appears atomically: either the
-        whole import is on disk or nothing is (``overwrite`` swaps the new store in for the old).
+        whole import is on disk or nothing is (``overwrite`` swaps the new store in for the old). A
+        bank larger than its disk's free space (``size.check_fits``) raises BankTooLargeError before
+        anything is written.
         ``wait``: what to do while another process writes a bank at ``path`` (``writing``).
         """
         dt = validate_dtype(dtype)
@@ -238,6 +241,9 @@ class KernelBank:
         attrs = {"normalize": normalize, "standardization": None, "train_rows": list(range(n)),
                  "fingerprint": None, "source": "from_arrays", "created": creation_info()}
         refuse_target(path, overwrite, None)  # refused input leaves everything as it was, the lock file too
+        # the whole new store is written beside any old one (swapped in at the end): all of it must fit
+        check_fits(path, len(mats), n, dt.name, n_cross=0 if crosses is None else crosses.shape[1], chunk_mb=chunk_mb,
+                   shard_mb=shard_mb, action="create", spelling="import")
         with writing(path, "import (from_arrays)", wait):
             action = prepare_path(path, overwrite=overwrite, fingerprint=None)
             if isinstance(path, ObjectURL):
