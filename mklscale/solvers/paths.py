@@ -94,7 +94,7 @@ def _check_taus(taus) -> np.ndarray:
 
 
 def path(engine, y, taus=None, n_taus: int = 20, mu: float = 1e-4, eps: float = 1e-3, tol: float = 1e-6,
-         max_iter: int = 20000, accelerated: bool = False, center: bool = False, warm_start: bool = True,
+         max_iter: int = 20000, accelerated: bool = True, center: bool = False, warm_start: bool = True,
          step: str = "lipschitz", working_set=None, verbose: bool = False) -> PFBSPath:
     """Solve problem (1) for every tau of a decreasing grid (default: :func:`tau_grid` from
     tau_max = max_j sqrt(y^T K_j y)/n, n_taus values down to eps * tau_max) at fixed mu.

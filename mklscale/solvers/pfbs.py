@@ -543,7 +543,7 @@ def _flag(name: str, value) -> bool:
 
 
 @single_blas_thread_for_small_n
-def fit(engine, y, tau, mu, tol: float = 1e-6, max_iter: int = 20000, accelerated: bool = False,
+def fit(engine, y, tau, mu, tol: float = 1e-6, max_iter: int = 20000, accelerated: bool = True,
         center: bool = False, init=None, working_set=None, step: str = "lipschitz",
         return_coefficients: bool = False, verbose: bool = False, checkpoint=None):
     """Solve problem (1) by PFBS (see the module docstring for formulas, gap and errata).
@@ -555,7 +555,9 @@ def fit(engine, y, tau, mu, tol: float = 1e-6, max_iter: int = 20000, accelerate
     tau : group-L1 weight >= 0 (tau >= tau_max gives alpha = 0 exactly); mu : ridge weight >= 0.
     tol : relative duality gap (P - D)/|P| certified over all M kernels.
     max_iter : total PFBS iterations (all working-set rounds together).
-    accelerated : FISTA with adaptive restart instead of plain PFBS.
+    accelerated : FISTA with adaptive restart (default) instead of plain PFBS (the paper's iteration,
+        ``accelerated=False``): at tau = 0.1 tau_max on breast_cancer (36 kernels) plain PFBS stopped at
+        gap 0.04 after 20 000 iterations where FISTA certified 5e-7.
     center : solve for y - mean(y) and return bias = mean(y) (a fixed offset, see docstring).
     init : None, an MKLResult (alpha_j = weights[j] dual_coef) or PFBSCoefficients (warm start).
     working_set : None/"auto" (grow from violators), "all" (no passes; every kernel held), or

@@ -480,7 +480,7 @@ def resolve_C(name: str, engine, heads, task: str, params: dict | None = None, C
     own name instead (e.g. tau for pfbs), as :func:`fit_solver` accepts it."""
     params = dict(params or {})
     reg = regularisation(name, task, params)
-    given = params.get(reg.name) if reg.name != "C" else None
+    given = params.get(reg.name)
     if not is_auto(C):
         if given is not None:
             raise InvalidInputError(f"solver {name!r}: C and solver_params[{reg.name!r}] set the same parameter; "
