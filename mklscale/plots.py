@@ -105,6 +105,32 @@ def weight_shares(kernels: Sequence[Mapping]) -> list[float | None]:
             for k, w in zip(kernels, weights)]
 
 
+def share_lines(kernels: Sequence[Mapping], top: int = 5, rest: bool = True) -> list[str]:
+    """Console lines of kept kernels by their share of the total weight (:func:`weight_shares`, as the
+    report shows them), largest first: ``41.2%  gaussian(width=2)[mean radius]``, with
+    ``  (class c)`` for a one-vs-rest head. The ``top`` largest get a line each; with ``rest``, one
+    more line counts the others (and, for one head, their share together)."""
+    shares = weight_shares(kernels)
+    order = sorted((i for i, share in enumerate(shares) if share is not None), key=lambda i: -shares[i])
+    lines = []
+    for i in order[:top]:
+        head = kernels[i].get("head")
+        lines.append(f"{_percent(shares[i])}  {kernels[i].get('name')}" + ("" if head is None else f"  (class {head})"))
+    others = order[top:]
+    if rest and others:
+        together = sum(shares[i] for i in others)
+        one_head = len({kernels[i].get("head") for i in order}) == 1
+        lines.append(f"... {len(others)} more kernel(s)" + (f", {_percent(together).strip()} together" if one_head else ""))
+    return lines
+
+
+def _percent(share: float) -> str:
+    """A share as a percentage: one decimal, right-aligned ('41.2%', '  0.8%'); under 0.1 % two
+    significant digits ('0.032%')."""
+    value = 100.0 * share
+    return f"{value:5.1f}%" if value >= 0.1 or value == 0.0 else f"{value:.2g}%"
+
+
 def is_uniform(kernels: Sequence[Mapping], rel_tol: float = 1e-9) -> bool:
     """Whether every kept kernel (at least two) carries the same weight: a uniform baseline."""
     ws = [number(k.get("weight")) for k in kernels]
