@@ -2,8 +2,8 @@
 
     mklscale --version
     mklscale run pipelines/quickstart.toml [--cluster cluster/slurm.toml] [--out runs/quickstart] [--quiet]
-    mklscale fit --dataset breast_cancer --family simplemkl --solver spicy --C 0.05 --out model/
-    mklscale predict model/ --features X_new.npy [--proba] [--out predictions.npy]
+    mklscale fit --dataset breast_cancer --family simplemkl --solver spicy --C 0.05 --out model/ [--overwrite]
+    mklscale predict model/ --features X_new.npy [--proba] [--out predictions.csv|predictions.npy]
     mklscale report runs/quickstart
     mklscale bank build --dataset breast_cancer --family simplemkl --out bank.zarr
     mklscale bank build --features X.npy --family gaussian --widths 0.5 1 2 --kernel-features all --out bank.zarr
@@ -30,6 +30,7 @@ what to do); 70 an internal error, a bug in mklscale (one line naming the file t
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import shlex
@@ -147,7 +148,9 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="a solver parameter; VALUE is read as JSON when it parses, else as a string")
     f.add_argument("--cache-dir", type=Path, default=None, help="where banks are kept for reuse")
-    f.add_argument("--out", type=Path, required=True, help="model directory to write")
+    f.add_argument("--out", type=Path, required=True, help="model directory to write (a new or empty folder)")
+    f.add_argument("--overwrite", action="store_true", help="replace a model already in --out (in one step: a failed "
+                   "write keeps the old model); without it such an --out is refused")
     f.add_argument("--quiet", action="store_true")
     f.set_defaults(func=_cmd_fit, saved="no model was written; the bank kernels finished so far stay in the cache "
                    "and are reused")
@@ -158,7 +161,8 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument("--dataset", help="an offline dataset name: predict on all its rows")
     src.add_argument("--features", type=Path, help="a .npy file with an (n, d) feature matrix")
     pr.add_argument("--proba", action="store_true", help="class probabilities (logistic-loss models only)")
-    pr.add_argument("--out", type=Path, default=None, help=".npy or .csv file (default: print)")
+    pr.add_argument("--out", type=Path, default=None, help=".npy or .csv file (default: print the CSV); the CSV has a "
+                    "header: prediction, or proba_<class> per class with --proba")
     pr.set_defaults(func=_cmd_predict, saved="no predictions were written")
 
     rep = sub.add_parser("report", help="write RUN_DIR/report/index.html with plots from RUN_DIR/results.json")
@@ -292,13 +296,16 @@ def _cmd_run(args) -> int:
 def _cmd_fit(args) -> int:
     from mklscale.bank.size import BankTooLargeError
     from mklscale.estimators import MKLClassifier, MKLRegressor
+    from mklscale.plots import share_lines
 
     kernels = _kernels(args)
+    _check_fit_out(args.out, args.overwrite)
+    feature_names = None
     if args.dataset:
         from mklscale.datasets import load
 
         ds = load(args.dataset, standardise=False)  # raw: the model's own standardisation maps them (issue 18)
-        X, y = ds.X, ds.y
+        X, y, feature_names = ds.X, ds.y, ds.feature_names
         task = args.task or ("regression" if ds.task == "regression" else "classification")
     else:
         if args.labels is None or args.task is None:
@@ -315,7 +322,29 @@ def _cmd_fit(args) -> int:
     estimator.save(args.out)
     print(f"model: {args.out}  kept {len(estimator.selected_kernels_)} kernel(s)  "
           f"training score {estimator.score(X, y):.4f}")
+    for line in share_lines(estimator.model_.kernel_entries(feature_names), top=10):
+        print(f"  {line}")
     return 0
+
+
+def _check_fit_out(out: Path, overwrite: bool) -> None:
+    """Refuse, before any work, an --out that holds a model (unless --overwrite) or anything else.
+
+    A non-empty folder that is not a model, or a file, is refused even with --overwrite: mklscale
+    replaces only what it wrote (``MKLModel.save`` refuses it too)."""
+    from mklscale.model import is_model_dir
+
+    if not out.exists() and not out.is_symlink():
+        return
+    if is_model_dir(out):
+        if not overwrite:
+            raise InvalidInputError(f"--out {out} already holds a model; pass --overwrite to replace it, or choose "
+                                    "another --out")
+        return
+    if out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
+        return
+    raise InvalidInputError(f"--out {out} exists and is not an mklscale model folder; choose another --out (a new or "
+                            "empty folder: mklscale replaces only a model it wrote, even with --overwrite)")
 
 
 def _params(pairs: list[str]) -> dict:
@@ -343,11 +372,6 @@ def _cmd_predict(args) -> int:
         X = load(args.dataset, standardise=model.dataset_features == "standardised").X
     else:
         X = _load_npy(args.features, "--features")
-        if model.dataset_features == "standardised" and _standardisation_is_identity(model):
-            print(f"mklscale: warning: model {args.model} was written by an older mklscale (model schema < 3) and "
-                  "fitted on features that were already standardised, e.g. a dataset of `mklscale fit --dataset` "
-                  "or `mklscale run`: it expects --features standardised the same way (mklscale.datasets.load(NAME).X"
-                  "), not raw ones; refit it with this mklscale to predict on raw features", file=sys.stderr)
     predict = estimator.predict
     if args.proba:
         try:
@@ -356,14 +380,20 @@ def _cmd_predict(args) -> int:
             reason = exc.__cause__ if exc.__cause__ is not None else exc
             raise InvalidInputError(f"--proba: {reason}. On the command line, leave out --proba to get the predicted "
                                     "labels") from None
-    values = predict(X)
+    with warnings.catch_warnings(record=True) as caught:  # e.g. rows that look standardised (MKLModel)
+        warnings.simplefilter("always", UserWarning)
+        values = predict(X)
+    for message in dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, UserWarning)):
+        print(f"mklscale: warning: model {args.model}: {message}", file=sys.stderr)
+    header = [f"proba_{_label_text(c)}" for c in estimator.classes_] if args.proba else ["prediction"]
     if args.out is None:
-        np.savetxt(sys.stdout, np.atleast_1d(values), fmt="%s")
+        sys.stdout.write(_csv_text(header, values))
         return 0
     from mklscale.runtime.atomic import output_error, write_file
 
     if args.out.suffix == ".csv":
-        out, write = args.out, lambda fh: np.savetxt(fh, np.atleast_1d(values), fmt="%s", delimiter=",")
+        out, text = args.out, _csv_text(header, values).encode("utf-8")
+        write = lambda fh: fh.write(text)  # noqa: E731
     else:  # numpy.save's rule: .npy is appended to any other name
         out = args.out if args.out.suffix == ".npy" else args.out.with_name(args.out.name + ".npy")
         write = lambda fh: np.save(fh, np.asarray(values), allow_pickle=False)  # noqa: E731
@@ -374,10 +404,24 @@ def _cmd_predict(args) -> int:
     return 0
 
 
-def _standardisation_is_identity(model) -> bool:
-    """True when the model's stored standardisation does nothing: it was fitted on standardised features."""
-    return (model.mean is not None and np.allclose(model.mean, 0.0, atol=1e-8)
-            and np.allclose(model.scale, 1.0, atol=1e-8))
+def _label_text(label) -> str:
+    """A class label as a column name: integral floats without their '.0' (-1.0 -> '-1')."""
+    value = label.item() if isinstance(label, np.generic) else label
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _csv_text(header: list[str], values) -> str:
+    """Predictions as CSV: a header row (``prediction``, or ``proba_<class>`` per class), one row per sample."""
+    import csv
+
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(header)
+    rows = np.asarray(values)
+    writer.writerows(rows.reshape(rows.shape[0], -1).tolist())
+    return text.getvalue()
 
 
 def _cmd_report(args) -> int:

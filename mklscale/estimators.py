@@ -371,6 +371,9 @@ class _MKLBase(BaseEstimator):
         """f(x) = sum_m w_m k_m(x, X_S) c_S + b per head: (n,) for binary / regression, (n, K) for OvR."""
         check_is_fitted(self, "model_")
         X = _validated(self, X, reset=False, dtype=np.float64)
+        message = self.model_.input_scale_warning(X)   # rows standardised for a model that takes raw ones
+        if message is not None:
+            warnings.warn(message, UserWarning, stacklevel=_caller_stacklevel())
         return self.model_.decision_function(X)
 
     def decision_function_from_kernels(self, K_cross) -> np.ndarray:

@@ -40,6 +40,11 @@ Schema versions: 1 dense models, 2 factor models, 3 (written now) either; from 3
 them), older ones its standardised features (``MKLModel.dataset_features``). mean/scale are always the
 standardisation the fit applied to the features it was given.
 
+Rows scaled the wrong way (issue 28): a model whose standardisation changes its features expects raw
+rows; rows that look already standardised instead (``input_scale_warning``, the rule is in its
+docstring) get a warning from the estimators' predict and from `mklscale predict`, as do rows that do
+not look standardised given to a model of schema < 3 fitted on standardised dataset features.
+
 Everything is numbers, strings and JSON; ``arrays.npz`` is written and read with
 ``allow_pickle=False``. Every field is checked against the others (``model_checks``: shapes, dtypes,
 finiteness, index ranges) when a model is read, built from results or saved, before any compiled
@@ -81,6 +86,10 @@ JSON_FILE = "model.json"
 ARRAYS_FILE = "arrays.npz"
 #: bytes of one cross-kernel block (n_batch x |S| float64) evaluated at once in decision_function
 BATCH_BYTES = 32 * 2**20
+#: fewer rows than this tell too little about how they were scaled: ``input_scale_warning`` stays silent
+SCALE_CHECK_MIN_ROWS = 10
+#: kernels named by ``repr(model)``, the largest shares of the total weight first
+REPR_KERNELS = 3
 
 
 @dataclass
@@ -202,6 +211,105 @@ class MKLModel:
     @property
     def kernel_names(self) -> list[str]:
         return [s.name for s in self.specs]
+
+    def kernel_entries(self, feature_names=None) -> list[dict]:
+        """The kept kernels of every head as results.json lists them (``mklscale run``): one entry per
+        head and kernel with a non-zero weight, {index (in the bank), name (``spec.label(feature_names)``),
+        family, params, features, weight, head (the class of a one-vs-rest head, else None)}; what
+        ``plots.weight_shares`` / ``plots.share_lines`` read."""
+        out = []
+        for h in range(self.n_heads):
+            head = None if self.n_heads == 1 or self.classes is None else _plain(self.classes[h])
+            for k in np.flatnonzero(self.weights[h]):
+                spec = self.specs[k]
+                out.append({"index": int(self.bank_kernels[k]), "name": spec.label(feature_names),
+                            "family": spec.family, "params": dict(spec.params),
+                            "features": None if spec.features is None else list(spec.features),
+                            "weight": float(self.weights[h, k]), "head": head})
+        return out
+
+    def __repr__(self) -> str:
+        """One line: task, classes and heads, representation, the kept kernels (count, the largest
+        shares of the total weight), the training rows or landmarks kept, and how it takes features."""
+        from mklscale.plots import share_lines
+
+        if self.task == "classification" and self.classes is not None:
+            task = (f"classification, {len(self.classes)} classes"
+                    + (f" ({self.n_heads} one-vs-rest heads)" if self.n_heads > 1 else ""))
+        else:
+            task = self.task
+        shares = [" ".join(line.split("  ")).strip()
+                  for line in share_lines(self.kernel_entries(), top=REPR_KERNELS, rest=False)]
+        more = len(self.specs) - REPR_KERNELS if self.n_heads == 1 else 0
+        kernels = (f"{len(self.specs)} of {self.n_bank_kernels} kernels kept"
+                   + (f" ({'; '.join(shares)}{f'; +{more} more' if more > 0 else ''})" if shares else ""))
+        if self.factor is not None:
+            rows = f"{self.factor.n_landmarks} landmark rows of {self.n_train} training rows"
+        else:
+            rows = f"{self.rows.size} of {self.n_train} training rows"
+        return (f"<MKLModel {task}, {'dense' if self.factor is None else 'factor'}: {kernels}, {rows}, "
+                f"{self._features_text()}>")
+
+    def _features_text(self) -> str:
+        if self.n_features is None:
+            return "no features (predicts from cross kernels)"
+        if self.mean is None:
+            return f"{self.n_features} features used as given"
+        if _is_identity(self.mean, self.scale):
+            return f"{self.n_features} standardised features used as given"
+        return f"{self.n_features} raw features standardised by the model"
+
+    def input_scale_warning(self, X) -> str | None:
+        """Why the rows ``X`` look scaled differently from the features this model takes, or None.
+
+        Per column j the rows have mean m_j and standard deviation t_j; the distance of those two
+        moments from a distribution with mean a and standard deviation b is
+        delta(a, b) = |m_j - a| / b + |ln(t_j / b)| (0: the same mean and spread).
+
+        - A model that standardises raw rows (mean mu_j, scale s_j stored, not 0 and 1): the columns
+          that tell raw from standardised rows are those with delta_j(mu_j, s_j) measured from (0, 1),
+          i.e. |mu_j| + |ln s_j|, at least 1, and non-constant in ``X``. Over them, D_std = median
+          delta_j(0, 1) and D_raw = median delta_j(mu_j, s_j) (the median: a few sparse columns, e.g.
+          pixels rarely lit, have wild sample moments in a few rows). The rows look already standardised when
+          D_raw >= 2 D_std + 1: they match standardised features much better than raw ones. (D_std of
+          standardised rows equals D_raw of the same rows raw, so a subset of raw rows, e.g. one class,
+          is judged as its standardised copy would be, the other way round.) Raw features that are
+          themselves near mean 0 and std 1 have no telling column: no warning; nor when fewer than half
+          of the columns that vary in ``X`` tell (the training features were mostly standardised
+          already, and a few sparse columns of a small training set differ by chance).
+        - A model of schema < 3 fitted on a dataset's standardised features (stored standardisation
+          the identity, ``dataset_features == "standardised"``): the rows do not look standardised
+          when D_std (the median over all non-constant columns) exceeds 1.
+        Fewer than ``SCALE_CHECK_MIN_ROWS`` rows, or rows of the wrong width, are not judged (None).
+        """
+        X = np.asarray(X)
+        if (self.mean is None or X.ndim != 2 or X.shape[0] < SCALE_CHECK_MIN_ROWS or X.shape[1] != self.mean.size
+                or X.dtype.kind not in "biuf"):
+            return None
+        m, t = X.mean(axis=0), X.std(axis=0)
+        varies = np.isfinite(m) & np.isfinite(t) & (t > 0.0)
+        d_std = _moment_distance(m, t, 0.0, 1.0)
+        if _is_identity(self.mean, self.scale):
+            if self.dataset_features != "standardised" or not varies.any() or np.median(d_std[varies]) <= 1.0:
+                return None
+            return ("this model was written by an older mklscale (model schema < 3) and fitted on features that were "
+                    "already standardised, e.g. a dataset of `mklscale fit --dataset` or `mklscale run`: it expects "
+                    "rows standardised the same way (mklscale.datasets.load(NAME).X), and these rows do not look "
+                    f"standardised ({_column_text(varies, m, t)}); pass standardised rows, or refit it with this "
+                    "mklscale to predict on raw features")
+        telling = varies & (_moment_distance(self.mean, self.scale, 0.0, 1.0) >= 1.0)
+        if not telling.any() or 2 * int(telling.sum()) < int(varies.sum()):
+            return None
+        D_std = float(np.median(d_std[telling]))
+        D_raw = float(np.median(_moment_distance(m, t, self.mean, self.scale)[telling]))
+        if D_raw < 2.0 * D_std + 1.0:
+            return None
+        j = int(np.flatnonzero(telling)[np.argmax(_moment_distance(self.mean, self.scale, 0.0, 1.0)[telling])])
+        return (f"these rows look already standardised (over the {int(telling.sum())} column(s) whose training "
+                f"values were not, their mean and spread match mean 0 and std 1: column {j} has mean "
+                f"{round(float(m[j]), 2) + 0.0:.2f} and std {t[j]:.2f} here but mean {self.mean[j]:.4g} and std {self.scale[j]:.4g} at fit), while this model "
+                "takes raw rows and standardises them itself, so its predictions on them are wrong; pass the raw "
+                "features (for a dataset: mklscale.datasets.load(NAME, standardise=False).X, not load(NAME).X)")
 
     # ---- prediction ---------------------------------------------------------------------------
     def standardize(self, X) -> np.ndarray:
@@ -380,6 +488,23 @@ class MKLModel:
 
 def _squeeze(F: np.ndarray) -> np.ndarray:
     return F[:, 0] if F.shape[1] == 1 else F
+
+
+def _is_identity(mean: np.ndarray, scale: np.ndarray) -> bool:
+    """Whether a stored standardisation does nothing: the model was fitted on standardised features."""
+    return bool(np.allclose(mean, 0.0, atol=1e-8) and np.allclose(scale, 1.0, atol=1e-8))
+
+
+def _moment_distance(m, t, a, b) -> np.ndarray:
+    """|m - a| / b + |ln(t / b)|: how far a column with mean m and std t is from mean a and std b."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.abs(m - a) / b + np.abs(np.log(t / b))
+
+
+def _column_text(columns: np.ndarray, m: np.ndarray, t: np.ndarray) -> str:
+    """'column j has mean .. and std ..' for the column furthest from mean 0 and std 1."""
+    j = int(np.flatnonzero(columns)[np.argmax(_moment_distance(m, t, 0.0, 1.0)[columns])])
+    return f"column {j} has mean {m[j]:.4g} and std {t[j]:.4g}"
 
 
 # ---- model files ---------------------------------------------------------------------------------

@@ -70,6 +70,11 @@ class FactorTerms:
     def n_landmarks(self) -> int:
         return int(self.landmark_rows.shape[0])
 
+    def __repr__(self) -> str:
+        H, k, r = self.coef.shape
+        return (f"<FactorTerms {k} kernel(s) of rank <= {r}, {self.n_landmarks} landmark rows, {H} head(s)"
+                f"{', rows normalised' if self.row_normalise else ''}>")
+
     def decision(self, Xs: np.ndarray, specs: list[KernelSpec]) -> np.ndarray:
         """(n_new, H): sum_m L_m(x) v_{h,m} for standardised rows ``Xs``, in row blocks."""
         H, k, r = self.coef.shape

@@ -782,7 +782,10 @@ def _null_text(null: dict) -> str:
 def _say_solver(say, record: dict, M: int) -> None:
     """Print a solver's test metric beside the null model's, the cross-validated value, its cost and its
     flags (not converged, constant predictor) (a summary line, printed under ``quiet`` too), then
-    through ``say`` its convergence advice and kept kernels (top 5 by weight)."""
+    through ``say`` its convergence advice and kept kernels (the 5 largest shares of the total weight,
+    as the report shows them)."""
+    from mklscale.plots import share_lines
+
     metric = null_model.test_metric(record["metrics"])
     gap = record["gap"]  # json_safe: a float, or "inf"/"nan"
     flag = "" if record["converged"] else f"  {NOT_CONVERGED} (gap {gap:.3g})" if isinstance(gap, float) \
@@ -797,8 +800,8 @@ def _say_solver(say, record: dict, M: int) -> None:
              f"{M} kernels  passes {record['passes']}  {record['seconds']:.1f} s  converged {record['converged']}{flag}")
     if record.get("convergence_warning"):
         say(f"    {record['convergence_warning']}")
-    for k in sorted(record["kernels"], key=lambda k: -k["weight"])[:5]:
-        say(f"    {k['weight']:.4f}  {k['name']}" + (f"  (class {k['head']})" if k["head"] is not None else ""))
+    for line in share_lines(record["kernels"], top=5):
+        say(f"    {line}")
 
 
 def _run_path(entry: dict, bank, data: _Data, client, quiet: bool, say) -> dict:

@@ -25,6 +25,8 @@ _NON_FINITE = {"inf": math.inf, "+inf": math.inf, "-inf": -math.inf, "nan": math
 #: width of a figure in inches, and the height of one row of a horizontal bar chart
 FIG_WIDTH = 7.5
 ROW_HEIGHT = 0.26
+#: at most this many labelled ticks on a log axis (:func:`_log_axis`)
+LOG_TICKS = 5
 
 
 # ---- plain-data helpers (no matplotlib needed) ---------------------------------------------------
@@ -103,6 +105,32 @@ def weight_shares(kernels: Sequence[Mapping]) -> list[float | None]:
             for k, w in zip(kernels, weights)]
 
 
+def share_lines(kernels: Sequence[Mapping], top: int = 5, rest: bool = True) -> list[str]:
+    """Console lines of kept kernels by their share of the total weight (:func:`weight_shares`, as the
+    report shows them), largest first: ``41.2%  gaussian(width=2)[mean radius]``, with
+    ``  (class c)`` for a one-vs-rest head. The ``top`` largest get a line each; with ``rest``, one
+    more line counts the others (and, for one head, their share together)."""
+    shares = weight_shares(kernels)
+    order = sorted((i for i, share in enumerate(shares) if share is not None), key=lambda i: -shares[i])
+    lines = []
+    for i in order[:top]:
+        head = kernels[i].get("head")
+        lines.append(f"{_percent(shares[i])}  {kernels[i].get('name')}" + ("" if head is None else f"  (class {head})"))
+    others = order[top:]
+    if rest and others:
+        together = sum(shares[i] for i in others)
+        one_head = len({kernels[i].get("head") for i in order}) == 1
+        lines.append(f"... {len(others)} more kernel(s)" + (f", {_percent(together).strip()} together" if one_head else ""))
+    return lines
+
+
+def _percent(share: float) -> str:
+    """A share as a percentage: one decimal, right-aligned ('41.2%', '  0.8%'); under 0.1 % two
+    significant digits ('0.032%')."""
+    value = 100.0 * share
+    return f"{value:5.1f}%" if value >= 0.1 or value == 0.0 else f"{value:.2g}%"
+
+
 def is_uniform(kernels: Sequence[Mapping], rel_tol: float = 1e-9) -> bool:
     """Whether every kept kernel (at least two) carries the same weight: a uniform baseline."""
     ws = [number(k.get("weight")) for k in kernels]
@@ -171,6 +199,37 @@ def _styles(count: int) -> list[dict]:
     colors = _colors(min(count, 10))
     dashes = ("-", "--", ":", "-.")
     return [{"color": colors[i % 10], "linestyle": dashes[(i // 10) % len(dashes)]} for i in range(count)]
+
+
+def _log_axis(ax, which: str) -> None:
+    """Make the ``which`` ("x" or "y") axis of ``ax`` logarithmic, with labels that do not overlap.
+
+    Called once the axes hold their data (the choice reads the view limits). Only major ticks are
+    labelled, and the first of these that puts 2 to ``LOG_TICKS`` ticks in view is used: powers of
+    ten (10^k labels, thinned to every second or third decade on long axes), then 1-2-5 steps,
+    then 1..9 steps (plain labels: 20, 50, 0.002), then evenly spaced plain labels for a range
+    within a factor of two. Matplotlib's default labels the minor ticks of an axis spanning about
+    one decade (2x10^1, 3x10^1, ...), which run into each other in the report's small panels.
+    """
+    from matplotlib.ticker import FuncFormatter, LogFormatterSciNotation, LogLocator, MaxNLocator, NullFormatter
+
+    getattr(ax, f"set_{which}scale")("log")
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    lo, hi = sorted(getattr(ax, f"get_{which}lim")())
+    if not (0.0 < lo < hi < math.inf):
+        return
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
+    choices = [(LogLocator(base=10.0, numticks=LOG_TICKS), LogFormatterSciNotation()),
+               (LogLocator(base=10.0, subs=(1.0, 2.0, 5.0), numticks=LOG_TICKS), plain),
+               (LogLocator(base=10.0, subs=tuple(range(1, 10)), numticks=LOG_TICKS), plain),
+               (MaxNLocator(nbins=LOG_TICKS - 1), plain)]
+    for locator, formatter in choices:
+        shown = [t for t in locator.tick_values(lo, hi) if lo * (1 - 1e-9) <= t <= hi * (1 + 1e-9)]
+        if 2 <= len(shown) <= LOG_TICKS:
+            break
+    axis.set_major_locator(locator)
+    axis.set_major_formatter(formatter)
+    axis.set_minor_formatter(NullFormatter())
 
 
 def _empty(ax, message: str):
@@ -363,7 +422,7 @@ def duality_gap(histories: Mapping[str, Sequence[Mapping]], ax=None, tolerances:
         tol = number(tolerances.get(label))
         if tol is not None and math.isfinite(tol) and tol > 0:
             ax.axhline(tol, color=style["color"], linestyle="--", linewidth=0.8)
-    ax.set_yscale("log")
+    _log_axis(ax, "y")
     ax.set_xlabel("wall time (s)")
     ax.set_ylabel("relative duality gap")
     ax.grid(True, which="both", alpha=0.3)
@@ -392,13 +451,13 @@ def active_set(histories: Mapping[str, Sequence[Mapping]], ax=None, title: str =
         pts = pts[pts[:, 1] > 0] if log_y else pts
         ax.step(pts[:, 0], pts[:, 1], where="post", label=key, marker="." if len(pts) < 60 else None, **style)
     if log_y:
-        ax.set_yscale("log")
+        _log_axis(ax, "y")
     else:
         ax.set_ylim(bottom=0)
         ax.yaxis.get_major_locator().set_params(integer=True)
     lengths = [pts[:, 0].max() for _, pts in lines]
     if min(lengths) >= 1 and max(lengths) > 20 * min(lengths):
-        ax.set_xscale("log")
+        _log_axis(ax, "x")
     ax.set_xlabel("iteration")
     ax.set_ylabel("active kernels")
     ax.grid(True, which="both", alpha=0.3)
@@ -473,7 +532,7 @@ def regularisation_path(path: Mapping, ax=None, title: str | None = None, max_le
         ax.plot(values[keep], weights[keep, j], marker=".", linewidth=1.2, label=name if j in labelled else None,
                 **style)
     _mark_best(ax, values, path.get("scores"), path.get("score_name"))
-    ax.set_xscale("log")
+    _log_axis(ax, "x")
     ax.set_xlabel(parameter)
     ax.set_ylabel("kernel weight d_m")
     ax.set_ylim(bottom=0)
@@ -603,7 +662,7 @@ def model_selection(selections: Mapping[str, Mapping], ncols: int = 3):
             ax.axvline(chosen, color="C3", linestyle=":", linewidth=1.2, label=f"chosen {chosen:g}")
             ax.legend(fontsize="x-small", frameon=False)
         if np.all(x > 0) and x.max() > 10 * x.min():
-            ax.set_xscale("log")
+            _log_axis(ax, "x")
         ax.set_xlabel(str(table["parameter"]), fontsize="small")
         ax.set_ylabel(f"CV {table['score_name']}" if table["score_name"] else "CV score", fontsize="small")
         ax.tick_params(labelsize="small")

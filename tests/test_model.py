@@ -314,3 +314,49 @@ def test_model_files_of_schema_1_still_load_and_take_standardised_dataset_featur
     old = mklscale.load(path)
     assert old.model_.dataset_features == "standardised"
     np.testing.assert_array_equal(old.decision_function(X_new), est.decision_function(X_new))
+
+
+# ---- issue 28: rows scaled the wrong way, a short repr ------------------------------------------------------
+@pytest.mark.parametrize("name", ["wine", "breast_cancer", "digits", "diabetes"])
+def test_standardised_rows_given_to_a_model_of_raw_rows_warn(tmp_path, name):
+    """A model fitted on a dataset's raw rows warns (UserWarning, at the caller's line) when given the
+    standardised rows of ``datasets.load(name).X``, also 10 of them; raw rows, single rows and a model
+    fitted on standardised rows (nothing to tell apart) do not warn."""
+    import warnings
+
+    raw, std = datasets.load(name, standardise=False), datasets.load(name)
+    Est = mklscale.MKLRegressor if raw.task == "regression" else mklscale.MKLClassifier
+    kw = dict(kernels={"family": "gaussian", "widths": [3.0]}, solver="uniform", cache_dir=tmp_path / "c")
+    est = Est(**kw).fit(raw.X[:120], raw.y[:120])
+    rows = np.random.default_rng(0).choice(len(raw.y), 10, replace=False)
+    for X in (std.X, std.X[rows]):
+        with pytest.warns(UserWarning, match="look already standardised") as caught:
+            est.predict(X)
+        assert caught[0].filename == __file__
+        assert "load(NAME, standardise=False).X" in str(caught[0].message)
+    on_std = Est(**kw).fit(std.X[:120], std.y[:120])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for X in (raw.X, raw.X[rows], raw.X[120:], std.X[:1]):
+            est.predict(X)
+        on_std.predict(std.X)
+        on_std.predict(std.X[rows])
+
+
+def test_model_repr_is_one_short_line_and_the_estimators_stays_sklearns(tmp_path, data):
+    X, y, X_new = data
+    est = mklscale.MKLClassifier(kernels=SPECS, solver="spicy", C=0.3, cache_dir=tmp_path / "c").fit(X, y)
+    model = est.model_
+    text = repr(model)
+    assert str(model) == text and "\n" not in text and len(text) < 400 and "array(" not in text
+    assert text.startswith("<MKLModel classification, 2 classes, dense: ")
+    assert f"{len(model.specs)} of {len(SPECS)} kernels kept" in text
+    assert f"{model.rows.size} of {X.shape[0]} training rows" in text
+    assert "6 raw features standardised by the model" in text
+    shares = 100 * np.abs(model.weights[0]) / np.abs(model.weights[0]).sum()
+    top = int(np.argmax(shares))
+    assert f"{shares[top]:.1f}% {model.specs[top].name}" in text
+    assert repr(est).startswith("MKLClassifier(") and "C=0.3" in repr(est) and "MKLModel" not in repr(est)
+    ovr = mklscale.MKLClassifier(kernels=SPECS[:2], solver="uniform", cache_dir=tmp_path / "c").fit(
+        X, np.arange(X.shape[0]) % 3)
+    assert repr(ovr.model_).startswith("<MKLModel classification, 3 classes (3 one-vs-rest heads), dense: 2 of 2")

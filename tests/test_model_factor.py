@@ -124,6 +124,10 @@ def test_estimator_on_a_factor_bank_saves_and_loads(tmp_path, data):
     est = mklscale.MKLClassifier(kernels=list(SPECS), solver="uniform", rank=RANK, cache_dir=str(tmp_path / "c"))
     est.fit(X, y)
     assert est.model_.factor is not None
+    n_marks = est.model_.factor.n_landmarks   # a short repr, no arrays (issue 28)
+    assert f", factor: {len(SPECS)} of {len(SPECS)} kernels kept (" in repr(est.model_)
+    assert f"{n_marks} landmark rows of {X.shape[0]} training rows" in repr(est.model_)
+    assert repr(est.model_.factor).startswith(f"<FactorTerms {len(SPECS)} kernel(s) of rank <= {RANK}, {n_marks} landmark")
     est.save(tmp_path / "m")
     loaded = mklscale.load(tmp_path / "m")
     np.testing.assert_array_equal(loaded.decision_function(X_new), est.decision_function(X_new))

@@ -368,3 +368,69 @@ def test_weights_figure_groups_by_family_and_caps_the_rows(results):
     assert f"{len(kernels)} kept, 3 largest shown" in ax.get_title()
     ovr = plots.kernel_weights(results["solvers"][1]["kernels"])
     assert len(ovr.patches) == 2 * len(ovr.get_yticklabels())   # one bar per head in each row
+
+
+# ---- readable log axes (issue 28) ------------------------------------------------------------------
+
+def _drawn_labels(axis) -> list:
+    """The tick labels (major and minor) ``axis`` draws: non-empty, at a tick inside the view."""
+    lo, hi = sorted(axis.get_view_interval())
+    pairs = [*zip(axis.get_majorticklocs(), axis.get_majorticklabels()),
+             *zip(axis.get_minorticklocs(), axis.get_minorticklabels())]
+    return [t for loc, t in pairs if lo * (1 - 1e-9) <= loc <= hi * (1 + 1e-9) and t.get_visible() and t.get_text()]
+
+
+def _overlapping_tick_labels(fig) -> list:
+    """(axes title, label, label) of drawn tick labels whose boxes overlap, over every axis of ``fig``."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    bad = []
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            labels = _drawn_labels(axis)
+            boxes = [t.get_window_extent(renderer) for t in labels]
+            bad += [(ax.get_title(), a.get_text(), b.get_text()) for i, (a, p) in enumerate(zip(labels, boxes))
+                    for b, q in zip(labels[i + 1:], boxes[i + 1:]) if p.overlaps(q)]
+    return bad
+
+
+def _labelled(axis) -> list[str]:
+    return [t.get_text() for t in _drawn_labels(axis)]
+
+
+@pytest.mark.parametrize("grid", [[2.1, 5.0, 8.0, 12.0, 25.0], [21.0, 66.0, 210.0, 660.0], [0.0031, 0.01, 0.031, 0.1],
+                                  [1e-6, 1e-4, 1e-2, 1.0, 100.0], [0.0021, 0.005, 0.008, 0.012, 0.025]])
+def test_log_axes_of_the_cv_figure_have_readable_labels(grid):
+    """The CV panels' log axes label 2 to 5 ticks that do not overlap, whatever the grid's span (a span
+    of about a decade used to label every minor tick: 2x10^1, 3x10^1, ... on top of each other)."""
+    from mklscale import plots
+
+    cv = {"parameter": "C", "grid": grid, "mean": np.linspace(0.6, 0.9, len(grid)).tolist(),
+          "std": [0.02] * len(grid), "metric": "accuracy", "chosen": grid[1]}
+    fig = plots.model_selection({"a": cv, "b": cv, "c": cv})
+    assert _overlapping_tick_labels(fig) == []
+    for ax in fig.axes:
+        assert ax.get_xscale() == "log" and 2 <= len(_labelled(ax.xaxis)) <= plots.LOG_TICKS
+
+
+def test_every_log_axis_of_the_report_has_readable_labels():
+    from mklscale import plots
+
+    history = [{"seconds": 0.1 * i, "gap": g, "iteration": i, "n_active": a}
+               for i, (g, a) in enumerate([(5e-3, 1), (3e-3, 40), (2.2e-3, 300), (1.4e-3, 500), (1.1e-3, 480)], 1)]
+    long = [{"seconds": 0.1 * i, "gap": 10.0 ** -i, "iteration": i, "n_active": 3} for i in range(1, 60)]
+    fig = plots.convergence_panels({"narrow": history, "long": long, "short": long[:2]})
+    path = {"parameter": "tau", "values": [0.31, 0.2, 0.12, 0.08, 0.05, 0.03], "kernel_names": ["a", "b"],
+            "weights": [[0, 0], [1, 0], [2, 1], [3, 2], [4, 2], [5, 3]]}
+    both = plots.active_set({"long": long, "short": long[:2], "narrow": history})   # 59 iterations against 2: log x
+    axes = [*fig.axes, plots.regularisation_path(path), both]
+    assert [a.get_yscale() for a in fig.axes[:2]] == ["log", "log"] and axes[-2].get_xscale() == "log"
+    assert both.get_xscale() == "log" and both.get_yscale() == "log"
+    for ax in axes:
+        assert _overlapping_tick_labels(ax.figure) == []
+        for axis, scale in ((ax.xaxis, ax.get_xscale()), (ax.yaxis, ax.get_yscale())):
+            if scale == "log":
+                assert 2 <= len(_labelled(axis)) <= plots.LOG_TICKS, (ax.get_title(), _labelled(axis))

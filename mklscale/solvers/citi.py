@@ -214,7 +214,8 @@ def fit(engine, y, C, eta, tol: float = 1e-4, max_iter: int = 200, wsr_tol: floa
 
     theta = np.ones(M) / rescaling_norm(np.ones(M), eta)
     probes = _svm.probe_vectors(n, seed)
-    log = RunLog(engine, "citi", verbose)
+    log = RunLog(engine, "citi", verbose, not_monotone="each iteration refits the SVM at the new kernel weights "
+                 "theta (the WSR step), and the gap of these alternating steps is not monotone")
     converged = False
     for iteration in range(1, max_iter + 1):
         K = _final_fit.combined_kernel(engine, theta)
@@ -239,8 +240,12 @@ def fit(engine, y, C, eta, tol: float = 1e-4, max_iter: int = 200, wsr_tol: floa
             "n_selected": int(np.count_nonzero(theta > selection_threshold * np.max(theta))),
             "wsr_iterations": wsr_iterations, "svm_converged": svm_ok,
         })
+        log.explain("O_up, O_low", "the SVM's dual value at the current kernel weights, and the dual lower bound "
+                    "over all weights in the constraint set (the gap compares the primal P with O_low)")
+        log.explain("selected", f"kernels whose weight exceeds selection_threshold = {selection_threshold:g} x the "
+                    "largest weight / kernels in the bank")
         log.say(f"it {iteration:3d}  P {primal:.8g}  O_up {upper:.8g}  O_low {lower:.8g}  gap {gap:.3e}  "
-                f"selected {entry['n_selected']}/{M}")
+                f"selected {entry['n_selected']}/{M}", gap=gap)
         if stop:
             converged = True
             break

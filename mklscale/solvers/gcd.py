@@ -159,7 +159,8 @@ class _Run:
 
     def __init__(self, src, checkpoint, name: str, verbose: bool):
         self.src, self.checkpoint = src, checkpoint
-        self.log = RunLog(src.engine, name, verbose)
+        self.log = RunLog(src.engine, name, verbose, not_monotone="the Frank-Wolfe gap bounds J - J* at each iterate "
+                          "but is not monotone: a step toward one vertex can raise the gradient's score of another")
 
     @property
     def history(self) -> list[dict]:
@@ -263,8 +264,13 @@ def fit_one_stage(source, y, lam: float = 1.0, max_iter: int = 1000, tol: float 
                 K_theta = factors.combine(weights.values)
             kind = "fw"
         alpha, J = _final_fit.ridge_dual(K_theta, t, lam)
-        run.append({**_entry(it, J, gap, eta, key, src), "step": kind},
-                   f"it {it:4d} J={J:.10g} gap={gap:.3e} {kind} eta={eta:.4f} key={src.describe(key)}")
+        run.log.explain("gap", "the Frank-Wolfe gap (1/2)(max_i q_i - alpha^T K_theta alpha) of the iterate before "
+                        "the step, a bound on J - J* (absolute; the stop needs gap / J <= tol)")
+        run.log.explain(kind, {"fw": "a Frank-Wolfe step toward kernel `key` (eta: its step length)",
+                               "away": "an away step: weight moved off kernel `key` (eta = -gamma)",
+                               "drop": "an away step that removed kernel `key` from the combination"}[kind])
+        run.log.record({**_entry(it, J, gap, eta, key, src), "step": kind},
+                       f"it {it:4d} J={J:.10g} gap={gap:.3e} {kind} eta={eta:.4f} key={src.describe(key)}", gap=gap)
     w, extra = weights.as_result_arrays(src)
     return MKLResult(weights=w, dual_coef=alpha, bias=bias, active=np.flatnonzero(w), objective=J,
                      gap=duality.relative_gap(J, J - gap), history=run.history, converged=converged,

@@ -316,7 +316,9 @@ class PFBSSolver:
         if tau == 0.0 and self.mu == 0.0:
             raise InvalidInputError("tau = 0 and mu = 0 is unregularised least squares (no unique "
                                     "solution, no certificate); give tau > 0 or mu > 0")
-        self.log = RunLog(self.engine, "pfbs", self.verbose)
+        self.log = RunLog(self.engine, "pfbs", self.verbose, not_monotone="the forward-backward iterates' gap is "
+                          "not monotone" + (" (FISTA's momentum)" if self.accelerated else ""))
+        self._said_working_set = 0   # |W| at the last verbose line
         self.iterations = 0
         self._target = INNER_TOL_FACTOR * self.tol     # gap target of the working-set rounds
         self._momentum = None     # (x_prev, K x_prev, t) the next round starts from (a resume)
@@ -520,8 +522,19 @@ class PFBSSolver:
         entry = self.log.record({"iteration": self.iterations, "primal": primal, "dual": dual, "gap": gap,
                                  "n_active": n_active, "working_set": self.ws.size, "scope": scope, **extra})
         if scope == "all" or self.iterations % 100 == 0:
+            self.log.explain(f"[{scope}]", {
+                "working_set": "the gap of the iterate over the working set W (the kernels held) only, printed "
+                               "every 100 iterations",
+                "all": f"the gap of the model returned from the iterate (weights d_j, module docstring) over all "
+                       f"{self.M} kernels, which decides whether PFBS stops"}[scope])
+            grew = self.ws.size - self._said_working_set if self._said_working_set else 0
+            self._said_working_set = self.ws.size
             self.log.say(f"it {self.iterations:6d} [{scope}] P={primal:.10g} D={dual:.10g} gap={gap:.2e} "
-                         f"active={n_active} |W|={self.ws.size} passes={entry['passes']}")
+                         f"active={n_active} |W|={self.ws.size} passes={entry['passes']}"
+                         + (f"  {extra['violators']} kernel(s) outside W violate the optimality test"
+                            if extra.get("violators") else ""),
+                         gap=gap, scope="all" if scope == "all" else "working set",
+                         why=f"the working set W grew by {grew} kernel(s) since the previous line" if grew > 0 else None)
 
     def _result(self, tau: float, certificate: dict, converged: bool) -> MKLResult:
         model = certificate["model"]

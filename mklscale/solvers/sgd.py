@@ -512,6 +512,9 @@ def fit(source, y, lam: float = 1.0, nu: float = 2, T: int = 1000, step="auto", 
             w_full[keys] = proj
             state.set_theta(keys, proj, None if factored else src.engine.combine(w_full))
         if k % record_every == 0 or k == T:
+            loop.log.explain("C", "the gradient scale of the step (step=\"auto\": eta = eta0 / (C sqrt(T)), module "
+                             "docstring); J, the objective at the current weights, need not fall from one line to the "
+                             "next (stochastic steps)")
             loop.record({"iteration": k, "objective": J, "eta": eta, "C": C_step, "kernel": src.describe(key),
                          "n_active": len(state.u), "blocks_read": loop.blocks_read},
                         f"it {k:6d} J={J:.8g} C={C_step:.4g} active={len(state.u)}")

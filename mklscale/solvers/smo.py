@@ -242,7 +242,9 @@ class _SMO:
         self.max_stages, self.max_steps, self.max_working_set = max_stages, max_steps, max_working_set
         self.drop_after, self.seed = drop_after, seed
         self.n, self.M = y.size, d.size
-        self.log = RunLog(engine, "smo", verbose)
+        self.log = RunLog(engine, "smo", verbose, not_monotone="each stage's gap is that of the Moreau-Yosida "
+                          "solution at its kappa (and SMO precision), which is not monotone from stage to stage")
+        self._restart_news = None   # why the next stage's gap may rise: kernels joined W, kappa restarted
         self.factor = engine.representation == "factor"
         # W's kernels as stored (K_l, or L_l on a factor engine), kept sorted by kernel id
         self.held = HeldKernels(engine, name="SMO-MKL")  # factors (n, r) on a factor engine
@@ -355,7 +357,10 @@ class _SMO:
                 break
             if violators.size:
                 # restart the continuation: at small kappa SMO moves a newcomer's gamma_j very slowly
+                size = W.size
                 Z, q, W, zero_streak = self._add(Z, q, W, zero_streak, violators, alpha)
+                self._restart_news = (f"{W.size - size} kernel(s) joined the working set W and kappa restarted at "
+                                      f"mu = {self.mu:g}")
                 self.log.say(f"{violators.size} kernel(s) outside the working set violate the optimality test: "
                              f"added (W {W.size}); kappa restarts at mu = {self.mu:g}, where SMO can still "
                              "move their weights")
@@ -506,5 +511,11 @@ class _SMO:
         else:
             line = (f"kappa {kappa:.3e}  W {n_working:4d}  active {n_active:4d}  steps {steps:7d}  "
                     f"P {primal:.10g}  D {dual:.10g}  gap {gap:.2e}  opt4 {opt4:.2e}  eps1 {excess:.2e}")
-        self.log.record(entry, line)
+            self.log.explain("opt4, eps1", f"the stage's (OPT_4) pair violation (the stop needs <= 2 eps2 = "
+                             f"{2 * self.eps2:g}); the largest excess of a weighted kernel over the eps1-activity test "
+                             "(the stop needs <= 0)")
+        self.log.explain("W", "kernels in the working set; a stage's gap is measured over them, and one pass over all "
+                         "kernels checks the others before SMO-MKL stops")
+        why, self._restart_news = self._restart_news, None
+        self.log.record(entry, line, gap=gap, why=why)
 

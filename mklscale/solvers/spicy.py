@@ -122,7 +122,9 @@ class _Spicy:
         self.C, self.loss, self.penalty, self.bias = C, loss, penalty, bias
         self.tol, self.max_outer, self.max_inner = tol, max_outer, max_inner
         self.method, self.newton_solver = method, newton_solver
-        self.log = RunLog(engine, "spicy", verbose)
+        self.log = RunLog(engine, "spicy", verbose, not_monotone="the gap of the model built from each outer step's "
+                          "dual point is not monotone from one outer step to the next")
+        self._said_working_set = 0   # |W| at the last verbose line (a rise of the gap may come from W growing)
         self.screen = Screening(engine, lambda_max)
         self.threshold = penalty.threshold(C)
         self.working_set_rule = check.check_working_set(working_set, self.M)
@@ -433,9 +435,21 @@ class _Spicy:
         if self.method == "proximal":
             entry["primal_alpha"] = self._alpha_primal()
         self.log.record(entry)
-        self.log.say(f"it {t + 1:3d} primal {primal:.10g} dual {dual:.10g} gap {gap:.3e}"
-                     f"{'' if certified else ' (W)'} active {entry['n_active']}/{self.index.size}/{self.M}"
-                     f" passes {entry['passes']} inner {report.iterations}")
+        log = self.log
+        log.explain("active a/w/M", "kernels with a non-zero weight / in the working set W (the kernels held) / in "
+                                    "the bank; inner = Newton steps of this outer step")
+        if not certified:
+            log.explain("(W)", f"the gap covers only the working set W; once it is below tol it is re-measured over "
+                               f"all {self.M} kernels (it may then rise), and kernels outside W that violate the "
+                               "optimality test join W")
+        grew = self.index.size - self._said_working_set if self._said_working_set else 0
+        self._said_working_set = self.index.size
+        joined = f"  {violators.size} kernel(s) outside W violate the optimality test" if violators.size else ""
+        log.say(f"it {t + 1:3d} primal {primal:.10g} dual {dual:.10g} gap {gap:.3e}"
+                f"{'' if certified else ' (W)'} active {entry['n_active']}/{self.index.size}/{self.M}"
+                f" passes {entry['passes']} inner {report.iterations}{joined}",
+                gap=gap, scope="all" if certified else "working set",
+                why=f"the working set W grew by {grew} kernel(s) since the previous line" if grew > 0 else None)
 
     def _result(self, model, converged) -> MKLResult:
         d, b, rho, primal, gap, index = model
