@@ -264,6 +264,7 @@ class _MKLBase(BaseEstimator):
         with Engine(bank, client=client, progress=bool(self.progress)) as engine:
             self.C_ = self._choose_C(engine, bank, y_targets, params, y)
             fit_params = dict(params)
+            fit_params.pop(registry.c_parameter(self.solver, self._task, params), None)   # C_ holds it now
             if self.verbose and "verbose" in registry.accepted_params(self.solver):
                 fit_params.setdefault("verbose", True)
             checkpoints = [self._checkpoint(bank, t, h, fit_params, resume) for h, t in enumerate(y_targets)]

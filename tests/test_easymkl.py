@@ -192,7 +192,8 @@ def test_registry_maps_C_to_lam(scaled, tmp_path):
         a = registry.fit_solver("easymkl", eng, y, "classification", C=0.3, params={"learner": "svm"})
         b = easymkl.fit(eng, y, lam=0.3, learner="svm")
     np.testing.assert_array_equal(a.weights, b.weights)
-    assert a.params["lam"] == 0.3 and registry.default_C("easymkl", "classification") == 0.1
+    reg = registry.regularisation("easymkl", "classification")
+    assert a.params["lam"] == 0.3 and reg.name == "lam" and reg.default == 0.1 and reg.scale_text == "1"
 
 
 def test_estimator(tmp_path):

@@ -101,7 +101,9 @@ def test_registry_and_bad_inputs(classification, tmp_path):
         a = registry.fit_solver("fheuristic", eng, y, "classification", C=10.0)
         b = fheuristic.fit(eng, y, C=10.0)
         np.testing.assert_array_equal(a.dual_coef, b.dual_coef)
-        assert a.solver == "fheuristic" and registry.default_C("fheuristic", "classification") == 100.0
+        assert a.solver == "fheuristic" and registry.c_parameter("fheuristic", "classification") == "C"
+        auto = registry.resolve_C("fheuristic", eng, [y], "classification")       # scikit-learn's C = 1 on unit diagonal
+        assert auto == pytest.approx(eng.n / np.mean(eng.traces))
         passes = eng.stats["passes"]
         with pytest.raises(InvalidInputError, match="C must be finite and > 0"):
             fheuristic.fit(eng, y, C=0.0)

@@ -131,29 +131,38 @@ def test_folds_are_stratified_and_seeded():
 def test_ties_go_to_the_more_regularised_value():
     mean = np.array([0.9, 0.95, 0.95, 0.9])
     grid = [1.0, 10.0, 100.0, 1000.0]
-    assert model_selection._best(mean, grid, larger_regularises=False) == 1   # SVM C: the smaller
-    assert model_selection._best(mean, grid, larger_regularises=True) == 2    # penalty / ridge: the larger
+    assert cv.best_index(mean, grid, larger_regularises=False) == 1   # SVM C: the smaller
+    assert cv.best_index(mean, grid, larger_regularises=True) == 2    # penalty / ridge: the larger
 
 
 def test_auto_grids_follow_the_problem_scale(small_bank):
+    """The registry rows' "auto" grids: 10 values from the most regularised end, on the problem's scale."""
     bank, y = small_bank
     engine, n = InMemoryEngine(_grams(bank)), y.size
-    svm, rule = model_selection.auto_grid("smo", "classification", {}, engine, [y])
-    np.testing.assert_allclose(svm, [f * n for f in model_selection.SVM_FACTORS], rtol=2e-3)   # unit trace
-    assert rule.startswith("n / mean trace")
-    ridge, _ = model_selection.auto_grid("uniform", "regression", {}, engine, [y])
-    np.testing.assert_allclose(ridge, [f / n for f in model_selection.RIDGE_FACTORS], rtol=2e-3)
+
+    def grid(solver, task, params=None):
+        return registry.regularisation(solver, task, params).grid(engine, [y], task, params or {})
+
+    svm, rule = grid("smo", "classification")
+    np.testing.assert_allclose(svm, np.geomspace(0.01 * n, 100 * n, 10), rtol=5e-3)   # unit trace: n / mean trace = n
+    assert "n / mean trace" in rule
+    ridge, _ = grid("uniform", "regression")
+    np.testing.assert_allclose(ridge, np.geomspace(100 / n, 1e-3 / n, 10), rtol=5e-3)
     # spicy: C_max is the smallest C with an empty model: just above it no kernel, just below some
-    spicy, rule = model_selection.auto_grid("spicy", "classification", {"loss": "logistic"}, engine, [y])
+    spicy, rule = grid("spicy", "classification", {"loss": "logistic"})
     c_max = float(rule.rsplit("= ", 1)[1])
-    np.testing.assert_allclose(spicy, sorted(c_max * f for f in model_selection.PENALTY_FACTORS), rtol=2e-3)
+    np.testing.assert_allclose(spicy, np.geomspace(c_max, 1e-3 * c_max, 10), rtol=5e-3)
     above = registry.fit_solver("spicy", engine, y, "classification", C=1.05 * c_max, params={"tol": 1e-6})
     below = registry.fit_solver("spicy", engine, y, "classification", C=0.9 * c_max, params={"tol": 1e-6})
     assert above.active.size == 0 and below.active.size > 0
-    tau, rule = model_selection.auto_grid("pfbs", "classification", {}, engine, [y])
+    tau, rule = grid("pfbs", "classification")
     tau_max = float(rule.rsplit("= ", 1)[1])
     assert registry.fit_solver("pfbs", engine, y, "classification", C=1.05 * tau_max).active.size == 0
     assert registry.fit_solver("pfbs", engine, y, "classification", C=0.9 * tau_max).active.size > 0
+    # "auto" as a single value is the row's default on the same scale
+    assert registry.resolve_C("smo", engine, [y], "classification") == pytest.approx(n, rel=2e-3)
+    assert registry.resolve_C("spicy", engine, [y], "classification", {"loss": "logistic"}) == \
+        pytest.approx(0.1 * c_max, rel=1e-3)
 
 
 def test_resume_reuses_the_finished_fold_scores(small_bank, tmp_path):
@@ -206,10 +215,10 @@ def test_pipeline_records_the_cv_curve_and_refits_at_the_chosen_value(cv_run):
     on_disk = json.loads((out / "results.json").read_text())
     entries = {s["name"]: s for s in on_disk["solvers"]}
     uni, spicy = entries["uni_cv"]["cv"], entries["spicy_cv"]["cv"]
-    assert uni["requested"] == "auto" and uni["grid"] == sorted(uni["grid"]) and len(uni["grid"]) == 3
+    assert uni["requested"] == "auto" and uni["grid"] == sorted(uni["grid"]) and len(uni["grid"]) == 10
     assert spicy["requested"] == [0.02, 0.2, 2.0] and spicy["grid"] == [0.02, 0.2, 2.0]
     assert spicy["folds"] == 4 and np.shape(spicy["fold_scores"]) == (3, 4)
-    assert uni["folds"] == 3 and np.shape(uni["fold_scores"]) == (3, 3)
+    assert uni["folds"] == 3 and np.shape(uni["fold_scores"]) == (10, 3)
     for name, cv in (("uni_cv", uni), ("spicy_cv", spicy)):
         assert len(cv["mean"]) == len(cv["std"]) == len(cv["unconverged"]) == len(cv["grid"])
         assert cv["chosen"] == cv["grid"][int(np.argmax(cv["mean"]))] or \
@@ -251,7 +260,7 @@ def test_regression_run_has_the_mean_predictor_and_flags_a_constant_model(tmp_pa
     assert null["kind"] == "mean" and null["train_r2"] == pytest.approx(0.0, abs=1e-12)
     fitted, flat = results["solvers"]
     assert fitted["cv"]["metric"] == "r2" and fitted["cv"]["key"] == "lam" and fitted["cv"]["parameter"] == "lam"
-    assert fitted["params"]["lam"] == fitted["cv"]["chosen"] and len(fitted["cv"]["grid"]) == 5
+    assert fitted["params"]["lam"] == fitted["cv"]["chosen"] and len(fitted["cv"]["grid"]) == 10
     assert fitted["null_model"]["metric"] == "test_r2" and fitted["null_model"]["at_least_null"]
     assert fitted["metrics"]["test_r2"] > 0.2 and not fitted["constant_predictor"]["constant"]
     assert flat["constant_predictor"]["constant"] is True

@@ -152,6 +152,13 @@ def fit(engine, y, C, eps1: float | None = None, eps2: float = 1e-4, mu: float =
     checkpoint : None or a :class:`mklscale.runtime.checkpoint.Checkpoint`: resume from its state if it
         holds one, save it before each stage when due and on SIGTERM/SIGINT (module docstring; the caller
         clears it after storing the result).
+    init : None or the MKLResult of this problem at another C (the previous point of a path): start the
+        continuation (at kappa = mu) from its alpha = |dual_coef| (feasible when it is <= C, as along a
+        path of increasing C; else the usual start) with its kernels first in the working set, instead
+        of from the kappa = 1 SVM. Where the solve starts, not what it solves. It saves the SVM and
+        little else: the SMO steps of the last, small-kappa stages dominate wherever alpha starts
+        (measured: 55 622 against 56 096 steps at C = 1 from the solution at C = 0.3; starting at the
+        previous run's final kappa instead stalled, since at small kappa SMO moves alpha slowly).
 
     Returns
     -------
@@ -417,18 +424,18 @@ class _SMO:
         return alpha, q_all
 
     def _warm_start(self, init):
-        """(alpha, ranking q, kappa) from the result of this problem at another C, or None when it cannot
+        """(alpha, ranking q, kappa = mu) from the result of this problem at another C, or None when it cannot
         start there: alpha = |dual_coef| (dual_coef = D(y) alpha) must lie in the box [0, C] (a path of
-        increasing C keeps it there; y^T alpha = 0 holds already); kappa = its final kappa. One pass ranks
-        the kernels (with the PSD probes), as the cold start's."""
+        increasing C keeps it there; y^T alpha = 0 holds already). One pass ranks the kernels (with the
+        PSD probes), as the cold start's."""
         if init is None:
             return None
         if init.dual_coef.shape != (self.n,) or init.weights.shape != (self.M,):
             raise InvalidInputError(f"init has {init.dual_coef.size} dual coefficients and {init.weights.size} "
                                     f"weights; a warm start needs a result on this engine (n = {self.n}, M = {self.M})")
         alpha = np.abs(np.asarray(init.dual_coef, dtype=np.float64))
-        kappa = float(init.params.get("kappa", self.mu))
-        if np.any(alpha > self.C) or not 0.0 < kappa <= self.mu or not np.any(init.weights > 0.0):
+        kappa = self.mu
+        if np.any(alpha > self.C) or not np.any(init.weights > 0.0):
             return None
         q_all = self._full_pass(alpha, with_probes=True)
         self.warm = True
