@@ -141,7 +141,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="default: the dataset's task; required with --features")
     _family_arguments(f)
     f.add_argument("--solver", default="spicy", help="solver name (mklscale.solvers.registry)")
-    f.add_argument("--C", type=float, default=None, help="the solver's main regularisation")
+    f.add_argument("--C", default="cv", help="the solver's main regularisation: cv (default: chosen among 10 values "
+                   "of the solver's grid by --cv-fold cross-validation), auto (the solver's default on the bank's "
+                   "scale), or a number")
+    f.add_argument("--cv", type=int, default=3, help="folds of the cross-validation that chooses C (--C cv) or scores "
+                   "it (a number or auto; printed beside the training score); 0: none (only the training score)")
     f.add_argument("--rank", type=int, default=None,
                    help="store every kernel as a rank-R factor (Nystrom; for n in the tens of thousands) "
                         "instead of n x n; the model keeps only the kept kernels' landmarks")
@@ -312,19 +316,60 @@ def _cmd_fit(args) -> int:
             raise InvalidInputError("--features needs its labels and the task: pass --labels y.npy and "
                                     "--task classification|regression")
         X, y, task = _load_npy(args.features, "--features"), _load_npy(args.labels, "--labels"), args.task
-    Estimator = MKLClassifier if task == "classification" else MKLRegressor
-    estimator = Estimator(kernels=kernels, solver=args.solver, C=args.C, solver_params=_params(args.param),
-                          rank=args.rank, cache_dir=None if args.cache_dir is None else str(args.cache_dir), progress=not args.quiet)
+    estimator = _fit_estimator(args, task, kernels)
     try:
         estimator.fit(X, y)
     except BankTooLargeError as exc:  # worded with this command's options
         raise exc.respelled("cli-fit") from None
     estimator.save(args.out)
-    print(f"model: {args.out}  kept {len(estimator.selected_kernels_)} kernel(s)  "
-          f"training score {estimator.score(X, y):.4f}")
+    print(f"model: {args.out}  kept {len(estimator.selected_kernels_)} kernel(s)  {_fit_scores(estimator, X, y)}")
     for line in share_lines(estimator.model_.kernel_entries(feature_names), top=10):
         print(f"  {line}")
     return 0
+
+
+def _fit_estimator(args, task: str, kernels):
+    """The estimator ``mklscale fit`` fits: MKLClassifierCV / MKLRegressorCV (C chosen, or the given C
+    scored, by --cv folds on the rows of the one bank), or with --cv 0 the plain estimator."""
+    from mklscale import estimators
+
+    C = _C_argument(args.C)
+    if args.cv == 0 and C == "cv":
+        raise InvalidInputError("--C cv chooses C by cross-validation and needs --cv 2 or more; give --cv 3, or a "
+                                "number or auto for --C")
+    if args.cv == 1 or args.cv < 0:
+        raise InvalidInputError(f"--cv {args.cv}: give the number of folds (2 or more), or 0 for none")
+    common = dict(kernels=kernels, solver=args.solver, solver_params=_params(args.param), rank=args.rank,
+                  cache_dir=None if args.cache_dir is None else str(args.cache_dir), progress=not args.quiet)
+    classification = task == "classification"
+    if args.cv == 0:
+        Estimator = estimators.MKLClassifier if classification else estimators.MKLRegressor
+        return Estimator(C=C, **common)
+    Estimator = estimators.MKLClassifierCV if classification else estimators.MKLRegressorCV
+    return Estimator(Cs=10 if C == "cv" else C if C == "auto" else [C], cv=args.cv, **common)
+
+
+def _C_argument(text: str):
+    """--C: "cv", "auto" or a number."""
+    if text in ("cv", "auto"):
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise InvalidInputError(f"--C {text!r}: give cv (choose it by cross-validation), auto, or a number") from None
+
+
+def _fit_scores(estimator, X, y) -> str:
+    """The cross-validated score (when there is one) beside the training score."""
+    metric = "accuracy" if hasattr(estimator, "classes_") else "R^2"
+    train = f"training {metric} {estimator.score(X, y):.4f}"
+    results = getattr(estimator, "cv_results_", None)
+    if results is None:
+        return f"{train} (no held-out score: --cv 0)"
+    folds = sum(k.startswith("split") for k in results)
+    chose = "chosen by" if len(estimator.Cs_) > 1 else "at"
+    return (f"C = {estimator.C_:.4g} ({chose} {folds}-fold CV)  cv {metric} {estimator.best_score_:.4f} "
+            f"+- {results['std_test_score'][estimator.best_index_]:.4f}  {train}")
 
 
 def _check_fit_out(out: Path, overwrite: bool) -> None:

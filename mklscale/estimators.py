@@ -576,11 +576,12 @@ class MKLRegressor(RegressorMixin, _MKLBase):
 
 # ---- cross-validated estimators ------------------------------------------------------------------
 _CV_PARAMETERS = """\
-    Cs : int or array-like of float, default=10
+    Cs : int, array-like of float or "auto", default=10
         The values of the solver's main regularisation to try: an int asks for that many values of the
         solver's "auto" grid (``registry.regularisation(solver, task).grid``: from the most regularised
         end, e.g. spicy's C_max where no kernel is kept, geometrically to the other end), else the values
-        themselves (valid for the solver: > 0, or >= 0 for pfbs' tau).
+        themselves (valid for the solver: > 0, or >= 0 for pfbs' tau); "auto": the one value
+        ``C="auto"`` stands for (``cv_results_`` then scores it, as ``mklscale fit`` prints).
     cv : int or a scikit-learn splitter, default=3
         Folds: an int k gives k folds stratified by class (classification), seeded by ``random_state``;
         a splitter (KFold, StratifiedKFold, GroupKFold, ...) must put every row in exactly one test fold.
@@ -636,6 +637,8 @@ class _CrossValidated:
     def _grid(self, engine, y_targets, params, reg) -> tuple[list[float], str]:
         """(values from the most to the least regularised, how they were made)."""
         Cs = self.Cs
+        if isinstance(Cs, str) and Cs == registry.AUTO:
+            return [reg.auto(engine, y_targets, self._task, params)], f"auto: {reg.default:g} x {reg.scale_text}"
         if isinstance(Cs, (int, np.integer)) and not isinstance(Cs, bool):
             if Cs < 1:
                 raise InvalidInputError(f"Cs = {Cs} must be >= 1 (the number of values to try) or a list of values")
@@ -689,7 +692,7 @@ def _cv_init(self, kernels, solver, Cs, cv, scoring, solver_params, normalize, r
 
 _CV_CONSTRAINTS = {
     **{k: v for k, v in _MKLBase._parameter_constraints.items() if k != "C"},
-    "Cs": [Interval(Integral, 1, None, closed="left"), "array-like"],
+    "Cs": [Interval(Integral, 1, None, closed="left"), "array-like", StrOptions({registry.AUTO})],
     "cv": [Interval(Integral, 2, None, closed="left"), "cv_object"],
     "scoring": [StrOptions(set(cv.SCORINGS)), None],
 }

@@ -170,7 +170,7 @@ def primal_objective(theta, u, y, C: float, f: np.ndarray) -> float:
 @single_blas_thread_for_small_n
 def fit(engine, y, C, eta, tol: float = 1e-4, max_iter: int = 200, wsr_tol: float = 1e-10,
         wsr_max_iter: int = 10_000, svm_tol: float = 1e-6, selection_threshold: float = 1e-3,
-        max_seconds: float | None = None, seed: int = 0, verbose: bool = False) -> MKLResult:
+        max_seconds: float | None = None, seed: int = 0, verbose: bool = False, init=None) -> MKLResult:
     """Solve the elastic-net constrained MKL problem (1)-(2) by Algorithm 1 (see the module docstring).
 
     Parameters
@@ -188,6 +188,9 @@ def fit(engine, y, C, eta, tol: float = 1e-4, max_iter: int = 200, wsr_tol: floa
     max_seconds : optional wall-time budget; the run ends (not converged) after the outer iteration
         that exceeds it, returning the model of that iteration.
     seed : seed of the PSD probe vectors of the first pass.
+    init : None or the MKLResult of this problem at another C (the previous point of a path): Algorithm 1
+        starts from its theta (in Theta whatever C is; mixed 9 : 1 with the uniform start, ``_warm_theta``)
+        instead of the uniform 1 / s(1).
 
     Returns
     -------
@@ -212,7 +215,7 @@ def fit(engine, y, C, eta, tol: float = 1e-4, max_iter: int = 200, wsr_tol: floa
               "wsr_max_iter": wsr_max_iter, "svm_tol": svm_tol, "selection_threshold": selection_threshold,
               "max_seconds": max_seconds, "seed": seed}
 
-    theta = np.ones(M) / rescaling_norm(np.ones(M), eta)
+    theta = np.ones(M) / rescaling_norm(np.ones(M), eta) if init is None else _warm_theta(init, M, eta)
     probes = _svm.probe_vectors(n, seed)
     log = RunLog(engine, "citi", verbose, not_monotone="each iteration refits the SVM at the new kernel weights "
                  "theta (the WSR step), and the gap of these alternating steps is not monotone")
@@ -259,6 +262,21 @@ def fit(engine, y, C, eta, tol: float = 1e-4, max_iter: int = 200, wsr_tol: floa
     return MKLResult(weights=theta, dual_coef=v, bias=intercept, active=np.flatnonzero(theta),
                      objective=primal, gap=gap, history=history, converged=converged,
                      solver="citi_elasticnet", params=params)
+
+
+def _warm_theta(init, M: int, eta: float) -> np.ndarray:
+    """theta of a previous solution mixed with the uniform start (9 : 1), scaled onto the boundary
+    s(theta) = 1 of Theta. The updates (3)-(4) are multiplicative, so a weight the previous C drove to
+    ~0 would take many iterations to come back if this C needs it: measured on wine (19 kernels, 10 C
+    values) the pure previous theta stalled at gap 0.019 after 200 iterations at one value, where the
+    cold start took 50; the mix converges at every value."""
+    theta = np.asarray(init.weights, dtype=np.float64)
+    if theta.shape != (M,) or not np.all(np.isfinite(theta)) or np.any(theta < 0.0) or not np.any(theta > 0.0):
+        raise InvalidInputError(f"init must be a Citi result on this bank (M = {M} non-negative weights); got "
+                                f"{theta.size} weights")
+    uniform = np.ones(M) / rescaling_norm(np.ones(M), eta)
+    theta = 0.9 * theta / rescaling_norm(theta, eta) + 0.1 * uniform
+    return theta / rescaling_norm(theta, eta)
 
 
 def _check_eta(eta) -> float:

@@ -190,14 +190,16 @@ def _targets(y, n, fit_intercept):
 @single_blas_thread_for_small_n
 def fit_one_stage(source, y, lam: float = 1.0, max_iter: int = 1000, tol: float = 1e-4,
                   fit_intercept: bool = True, reg: float = 0.0, variant: str = "away", verbose: bool = False,
-                  checkpoint=None) -> MKLResult:
+                  checkpoint=None, init=None) -> MKLResult:
     """GCD-1s / CKL (Algorithm 6) on a finite bank (engine) or a continuous family; see the module docstring.
 
     ``lam`` is the ridge of J (``_final_fit`` convention), ``tol`` the relative Frank-Wolfe gap,
     ``reg`` the per-feature width regulariser of a per-feature Gaussian family, ``variant`` "fw"
     (Algorithm 6 as printed) or "away" (away-step Frank-Wolfe, module docstring). ``checkpoint``: None or
     a :class:`mklscale.runtime.checkpoint.Checkpoint`; resume from its state if it holds one, save it
-    before each step when due and on SIGTERM/SIGINT (module docstring; the caller clears it).
+    before each step when due and on SIGTERM/SIGINT (module docstring; the caller clears it). ``init``:
+    None or the MKLResult of this problem at another lam on the same finite bank (the previous point of a
+    path): Frank-Wolfe starts from its theta (a point of Delta_1 whatever lam is) instead of theta = 0.
     """
     src = as_source(source)
     lam = check_positive("lam", lam)
@@ -211,8 +213,13 @@ def fit_one_stage(source, y, lam: float = 1.0, max_iter: int = 1000, tol: float 
     converged = False
     factors = _Factors(src) if getattr(src, "factored", False) else None
     if saved is None:
-        weights, first = _Weights(), 1
-        K_theta = np.zeros((n, n)) if factors is None else factors.combine({})
+        weights, first = _warm_weights(init, src), 1
+        if factors is not None:
+            K_theta = factors.combine(weights.values)
+        else:
+            K_theta = np.zeros((n, n))
+            for k in weights.keys:
+                K_theta += weights.values[k] * src.block(k)
         alpha, J = _final_fit.ridge_dual(K_theta, t, lam)
         gap = np.inf
     else:
@@ -278,6 +285,19 @@ def fit_one_stage(source, y, lam: float = 1.0, max_iter: int = 1000, tol: float 
                                               "fit_intercept": fit_intercept, "reg": reg, "simplex": "Delta_1",
                                               "variant": variant,
                                               "iterations": len(run.history), **extra})
+
+
+def _warm_weights(init, src) -> _Weights:
+    """The weights a one-stage run starts from: theta of ``init`` (a result on this finite bank), else none."""
+    weights = _Weights()
+    if init is None:
+        return weights
+    if not src.finite or np.shape(init.weights) != (src.M,):
+        raise InvalidInputError(f"init has {np.size(init.weights)} weights; a warm start needs a result on this finite "
+                                f"bank of M = {src.M} kernels")
+    for k in np.flatnonzero(init.weights > 0.0):
+        weights.add(int(k), float(init.weights[k]))
+    return weights
 
 
 class _Factors:

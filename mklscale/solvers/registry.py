@@ -197,12 +197,12 @@ def _check_spicy(task: str, params: dict) -> None:
     make_penalty(params.get("penalty", "l1"), params.get("lam", 0.5), params.get("q", 1.5))
 
 
-def _run_citi(engine, y, task, C, params):
+def _run_citi(engine, y, task, C, params, init=None):
     from mklscale.solvers import citi
 
     params = dict(params)
     params.setdefault("eta", 0.5)
-    return citi.fit(engine, y, C=C, **params)
+    return citi.fit(engine, y, C=C, init=init, **params)
 
 
 def _run_smo(engine, y, task, C, params, checkpoint=None, init=None):
@@ -226,13 +226,13 @@ def _run_sgd(engine, y, task, C, params, checkpoint=None):
     return sgd.fit(engine, y, lam=C, checkpoint=checkpoint, **params)
 
 
-def _run_gcd(engine, y, task, C, params, checkpoint=None):
+def _run_gcd(engine, y, task, C, params, checkpoint=None, init=None):
     from mklscale.solvers import gcd
 
     _check_gcd(task, params)
     params = dict(params)
     if params.pop("stage", "one") == "one":
-        return gcd.fit_one_stage(engine, y, lam=C, checkpoint=checkpoint, **params)
+        return gcd.fit_one_stage(engine, y, lam=C, checkpoint=checkpoint, init=init, **params)
     key = _final_fit_param(task, params)
     params[key] = C
     return gcd.fit_two_stage(engine, y, task=task, checkpoint=checkpoint, **params)
@@ -329,7 +329,8 @@ _TABLE: dict[str, SolverInfo] = {
                         "eps-insensitive loss; default loss logistic for classification, square for regression)",
                         checkpoints=True, warm_starts=True),
     "citi": SolverInfo("citi", ("classification",), ("citi:fit",), _fixed(SVM_C), _run_citi, "seed",
-                             "Citi elastic-net constrained MKL, hinge loss (eta default 0.5; eta = 1 is L1 MKL)"),
+                       "Citi elastic-net constrained MKL, hinge loss (eta default 0.5; eta = 1 is L1 MKL)",
+                       warm_starts=True),
     "smo": SolverInfo("smo", ("classification",), ("smo:fit",), _fixed(SVM_C), _run_smo, "seed",
                       "SMO-MKL support kernel machine (squared block-1 MKL, hinge loss)", checkpoints=True,
                       warm_starts=True),
@@ -344,7 +345,7 @@ _TABLE: dict[str, SolverInfo] = {
                       _gcd_regularisation, _run_gcd, None,
                       "greedy coordinate descent MKL: stage='one' (GCD-1s/CKL, square loss, default) or "
                       "stage='two' (GCD-2s alignment/euclidean, then SVM or kernel ridge)", checkpoints=True,
-                      extra=("stage",), variants=({}, {"stage": "two"})),
+                      extra=("stage",), variants=({}, {"stage": "two"}), warm_starts=True),
     "uniform": SolverInfo("uniform", TASKS, ("baselines:uniform",), _final_fit_regularisation,
                           _run_baseline("uniform"), None, "UNIFORM weights 1/M, then SVM or kernel ridge"),
     "alignment": SolverInfo("alignment", TASKS, ("baselines:alignment",), _final_fit_regularisation,
