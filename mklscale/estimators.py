@@ -74,6 +74,8 @@ from mklscale.solvers.result import json_safe
 
 #: storage dtype of the banks the estimators build (float32 storage, float64 accumulation)
 BANK_DTYPE = "float32"
+#: ``kernels=PRECOMPUTED``: fit(K, y) and predict(K_test) take Gram matrices instead of feature rows
+PRECOMPUTED = "precomputed"
 
 
 #: the numpydoc Parameters section of both estimators (their class docstrings, so help() shows it)
@@ -89,7 +91,12 @@ _PARAMETERS = """\
         "gaussian", "polynomial", "linear" on all and on every single feature; "random_subsets",
         seeded by ``random_state``), a family dict with parameters such as
         ``{"family": "gaussian", "widths": [1, 2], "features": "all"}`` (an unknown parameter is
-        an error), KernelSpecs, or a list mixing these.
+        an error), KernelSpecs, or a list mixing these. "precomputed": ``fit(K, y)`` takes your own
+        Gram matrices, a list of M (n, n) arrays or an (M, n, n) array (a memory-mapped ``.npy``
+        stays on disk; they are imported into a cached bank, ``KernelBank.from_arrays``, checked
+        symmetric and PSD), and ``predict(K_test)`` / ``decision_function`` the cross kernels
+        K_m(X_test, X_train) (M, n_test, n_train), raw as given to fit (each is scaled by its
+        training kernel's normalisation), as MKLpy's ``fit(KL, y)`` / ``predict(KL_test)``.
     solver : str, default="spicy"
         A name of :func:`mklscale.solvers.registry.names`: spicy, citi, smo, pfbs, sgd, gcd,
         easymkl, fheuristic, uniform or alignment (``registry.info(name)`` says which tasks each
@@ -216,36 +223,68 @@ class _MKLBase(BaseEstimator):
         t0 = time.perf_counter()
         params = self._check_solver()
         specs = families.resolve(self.kernels, X.shape[1], self._seed())
-        with _client(self.client) as client, self._cached_bank(X, specs, client) as (bank, seconds):
+        factor = {} if self.rank is None else {"rank": int(self.rank), "seed": self._seed() or 0}
+        key = bank_key(X, specs, self.normalize, BANK_DTYPE, factor)
+
+        def build(path, client):
+            from mklscale.bank.build import build_bank
+
+            return build_bank(X, specs, path, normalize=self.normalize, dtype=BANK_DTYPE, client=client,
+                              progress=bool(self.progress), **factor)
+
+        with _client(self.client) as client, \
+                self._cached_bank(key, len(specs), X.shape[0], build, client, X.shape[1], factor.get("rank")) as (bank, seconds):
+            self._solve(bank, y_targets, params, t0, client, build_seconds=seconds, resume=resume, y=y)
+        return self
+
+    def _fit_precomputed(self, K, y, y_targets: list[np.ndarray], resume: bool = False):
+        """``kernels="precomputed"``: import the Gram matrices K (M, n, n) into a cached bank, then solve."""
+        from mklscale.bank import KernelBank
+
+        t0 = time.perf_counter()
+        params = self._check_solver()
+        if self.rank is not None:
+            raise InvalidInputError("rank= makes a factor bank from features; with kernels='precomputed' the Gram "
+                                    "matrices are stored as given: leave rank=None")
+        if self.normalize not in (None, "trace"):
+            raise InvalidInputError(f"normalize={self.normalize!r} needs k(x, x) of new points to scale their cross "
+                                    "kernels, which precomputed Gram matrices do not give; use normalize='trace' "
+                                    "(the default) or None")
+        key = precomputed_key(K, self.normalize, BANK_DTYPE)
+
+        def build(path, client):   # an imported bank appears whole (from_arrays is atomic): reuse it as it is
+            if KernelBank.is_bank(path):
+                return KernelBank.open(path)
+            return KernelBank.from_arrays(K, path, normalize=self.normalize, dtype=BANK_DTYPE)
+
+        with _client(self.client) as client, self._cached_bank(key, len(K), K.shape[1], build, client, 0) as (bank, seconds):
             self._solve(bank, y_targets, params, t0, client, build_seconds=seconds, resume=resume, y=y)
         return self
 
     @contextlib.contextmanager
-    def _cached_bank(self, X: np.ndarray, specs: list[KernelSpec], client):
-        """(bank, build seconds): the cached bank for X and specs, built if missing, marked in use (not
-        evicted) until the context ends; the least recently used other banks are evicted over the cap.
-        A bank to build that exceeds the cap ($MKLSCALE_CACHE_MAX) or its disk's free space raises
-        BankTooLargeError (``size.check_fits``) before anything is written."""
+    def _cached_bank(self, key: str, M: int, n: int, build, client, n_features: int | None = None,
+                     rank: int | None = None):
+        """(bank, build seconds): the cached bank of ``key`` (``bank_key`` / ``precomputed_key``), made by
+        ``build(path, client)`` if missing, marked in use (not evicted) until the context ends; the least
+        recently used other banks are evicted over the cap. A bank to build that exceeds the cap
+        ($MKLSCALE_CACHE_MAX) or its disk's free space raises BankTooLargeError (``size.check_fits``)
+        before anything is written."""
         from mklscale.bank import cache as bank_cache
-        from mklscale.bank.build import build_bank
         from mklscale.bank.size import check_fits
         from mklscale.bank.writer_lock import bank_writer
 
         limit = bank_cache.max_bytes()  # a bad $MKLSCALE_CACHE_MAX fails before any work
         cache = Path(self.cache_dir) if self.cache_dir is not None else bank_cache.default_dir()
-        factor = {} if self.rank is None else {"rank": int(self.rank), "seed": self._seed() or 0}
-        name = bank_cache.name_for(bank_key(X, specs, self.normalize, BANK_DTYPE, factor))
+        name = bank_cache.name_for(key)
         # a bank over the cap or the disk's free space is refused before the cache folder or a lock file is made
-        check_fits(cache / name, len(specs), X.shape[0], BANK_DTYPE, factor.get("rank"), n_features=X.shape[1],
-                   cap=limit, spelling="estimator")
+        check_fits(cache / name, M, n, BANK_DTYPE, rank, n_features=n_features, cap=limit, spelling="estimator")
         cache.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         with bank_cache.using(cache, name):
-            # the bank's writer lock (writer_lock; build_bank takes it too): parallel fits (e.g. GridSearchCV
+            # the bank's writer lock (writer_lock; builds take it too): parallel fits (e.g. GridSearchCV
             # n_jobs > 1) build one bank once, and an eviction never removes a bank being built
             with bank_writer(cache / name, "build (estimator cache)"):
-                bank = build_bank(X, specs, cache / name, normalize=self.normalize, dtype=BANK_DTYPE,
-                                  client=client, progress=bool(self.progress), **factor)
+                bank = build(cache / name, client)
             seconds = time.perf_counter() - t0
             bank_cache.touch(bank.path)
             bank_cache.evict(cache, keep=bank.path, limit=limit)
@@ -368,9 +407,34 @@ class _MKLBase(BaseEstimator):
         return bank, y
 
     # ---- prediction ---------------------------------------------------------------------------
+    @property
+    def _precomputed(self) -> bool:
+        return isinstance(self.kernels, str) and self.kernels == PRECOMPUTED
+
+    def _precomputed_fit_input(self, K, y):
+        """(K (M, n, n), y) of ``fit(K, y)`` with kernels="precomputed", checked against each other."""
+        K = precomputed_kernels(K, "fit(K, y)")
+        try:
+            y = column_or_1d(check_array(y, ensure_2d=False, dtype=None), warn=True)
+        except ValueError as exc:
+            raise InvalidInputError(f"y: {exc}; pass one label or target per row of the Gram matrices") from exc
+        if K.shape[1] != K.shape[2] or K.shape[1] != y.shape[0]:
+            raise InvalidInputError(f"fit(K, y): the Gram matrices are {K.shape[1]} x {K.shape[2]} and y has {y.shape[0]} "
+                                    "entries; pass square (n, n) Gram matrices over the n training rows and their n labels")
+        if y.shape[0] < 2:
+            raise InvalidInputError("fit(K, y) needs at least 2 training rows")
+        for attr in ("n_features_in_", "feature_names_in_"):   # no feature columns: kernels were given
+            if hasattr(self, attr):
+                delattr(self, attr)
+        return K, y
+
     def _decision(self, X) -> np.ndarray:
-        """f(x) = sum_m w_m k_m(x, X_S) c_S + b per head: (n,) for binary / regression, (n, K) for OvR."""
+        """f(x) = sum_m w_m k_m(x, X_S) c_S + b per head: (n,) for binary / regression, (n, K) for OvR.
+        With kernels="precomputed", X is the cross kernels K_m(X_new, X_train) (M, n_new, n_train), raw
+        as the Gram matrices given to fit."""
         check_is_fitted(self, "model_")
+        if self._precomputed:
+            return self.model_.decision_function_from_kernels(precomputed_kernels(X, "predict(K)"), normalised=False)
         X = _validated(self, X, reset=False, dtype=np.float64)
         message = self.model_.input_scale_warning(X)   # rows standardised for a model that takes raw ones
         if message is not None:
@@ -472,6 +536,9 @@ class MKLClassifier(ClassifierMixin, _MKLBase):
 
         ``resume``: continue from the checkpoints in ``checkpoint_dir`` (see the class docstring).
         """
+        if self._precomputed:
+            K, y = self._precomputed_fit_input(X, y)
+            return self._fit_precomputed(K, y, self._targets(y), resume)
         X, y = _validated(self, X, y, ensure_min_samples=2, dtype=np.float64)
         return self._fit_features(X, y, self._targets(y), resume)
 
@@ -551,6 +618,11 @@ class MKLRegressor(RegressorMixin, _MKLBase):
 
     def fit(self, X, y, resume: bool = False):
         """Fit on raw features X (n, d) and real targets y (n,); ``resume`` as in MKLClassifier.fit."""
+        if self._precomputed:
+            K, y = self._precomputed_fit_input(X, y)
+            if not np.issubdtype(np.asarray(y).dtype, np.number) or not np.isfinite(np.asarray(y, dtype=float)).all():
+                raise InvalidInputError("y must hold finite real targets; drop or impute the rows with missing values")
+            return self._fit_precomputed(K, y, [np.asarray(y, dtype=np.float64)], resume)
         X, y = _validated(self, X, y, ensure_min_samples=2, y_numeric=True, dtype=np.float64)
         return self._fit_features(X, y, [np.asarray(y, dtype=np.float64)], resume)
 
@@ -803,6 +875,35 @@ def bank_key(X: np.ndarray, specs, normalize, dtype: str, factor: dict | None = 
     if factor:
         h.update(repr(sorted(factor.items())).encode())
     return h.hexdigest()
+
+
+def precomputed_key(K, normalize, dtype: str) -> str:
+    """sha256 of imported Gram matrices (shape, dtype and bytes, read one kernel at a time, so a memory-mapped
+    array is never loaded whole), ``normalize`` and the storage dtype: the cache key of their bank."""
+    h = hashlib.sha256()
+    h.update(repr(("precomputed", K.shape, str(K.dtype), normalize, str(dtype))).encode())
+    for m in range(K.shape[0]):
+        h.update(np.ascontiguousarray(K[m]).tobytes())
+    return h.hexdigest()
+
+
+def precomputed_kernels(K, what: str = "K") -> np.ndarray:
+    """Gram matrices as an (M, n, m) float array: a list of (n, m) matrices or an (M, n, m) array (a
+    memory-mapped .npy stays mapped); anything else is an InvalidInputError saying what to pass."""
+    if isinstance(K, np.ndarray) and K.ndim == 3 and np.issubdtype(K.dtype, np.floating):
+        return K
+    if isinstance(K, (list, tuple)) and K and all(np.ndim(k) == 2 for k in K):
+        shapes = {np.shape(k) for k in K}
+        if len(shapes) != 1:
+            raise InvalidInputError(f"{what}: the Gram matrices have different shapes {sorted(shapes)}; give M "
+                                    "matrices over the same rows")
+        return np.stack([np.asarray(k, dtype=np.float64) for k in K])
+    shape = np.shape(K) if not isinstance(K, (list, tuple)) else f"a list of {len(K)} items"
+    raise InvalidInputError(
+        f"{what}: with kernels='precomputed' pass the Gram matrices: a list of M (n, n) arrays or an (M, n, n) float "
+        f"array (np.load(path, mmap_mode='r') keeps a large one on disk) for fit, and (M, n_test, n_train) cross "
+        f"kernels K_m(X_test, X_train) for predict; got {shape}. For feature rows X use kernels='auto' (or another "
+        "family); to import Gram matrices into a bank of your own see mklscale.bank.KernelBank.from_arrays")
 
 
 @contextlib.contextmanager

@@ -357,12 +357,15 @@ class MKLModel:
         """f(x): (n_new,) with one head, (n_new, H) with several."""
         return _squeeze(self.decision_values(X))
 
-    def decision_function_from_kernels(self, K_cross) -> np.ndarray:
-        """f from precomputed cross kernels K_m(X_new, X_train) (normalised as the bank's).
+    def decision_function_from_kernels(self, K_cross, normalised: bool = True) -> np.ndarray:
+        """f from precomputed cross kernels K_m(X_new, X_train).
 
         ``K_cross`` has shape (M, n_new, n) for every kernel of the bank the model came from, or
         (k, n_new, n) for the kept kernels only (order of ``bank_kernels``); n is the bank's number
         of training rows (a bank imported with ``cross_grams`` gives them by ``bank.cross(None)``).
+        ``normalised``: whether they are scaled as the bank's kernels already (``bank.cross``), or raw,
+        as the Gram matrices given to ``fit(K, y)`` with ``kernels="precomputed"`` (then each is scaled by
+        its kernel's ``norm_factor``, the factor that normalised the training Gram matrix).
         """
         if self.factor is not None:
             raise InvalidInputError(
@@ -382,8 +385,9 @@ class MKLModel:
             K = K[self.bank_kernels]
         F = np.zeros((K.shape[1], self.n_heads))
         coef = self.dual_coef.T
+        scale = np.ones(k) if normalised else self.norm_factor
         for j in range(k):
-            F += K[j][:, self.rows] @ (coef * self.weights[:, j])
+            F += scale[j] * (K[j][:, self.rows] @ (coef * self.weights[:, j]))
         return _squeeze(F + self.bias)
 
     # ---- files --------------------------------------------------------------------------------

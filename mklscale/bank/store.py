@@ -202,31 +202,39 @@ class KernelBank:
         if normalize not in (None, "trace"):
             raise InvalidInputError(f"from_arrays supports normalize=None or 'trace', got {normalize!r} "
                                     "(unit-diagonal scaling of cross kernels needs k(x, x) of the new points)")
-        mats = [np.asarray(g, dtype=np.float64) for g in grams]
-        if not mats:
+        M = len(grams)
+        if M == 0:
             raise InvalidInputError("grams is empty; give at least one Gram matrix")
-        names = [f"kernel_{m}" for m in range(len(mats))] if names is None else [str(x) for x in names]
-        if len(names) != len(mats) or len(set(names)) != len(names):
-            raise InvalidInputError(f"names must be {len(mats)} distinct strings, got {len(names)} ({len(set(names))} distinct)")
-        n = mats[0].shape[0] if mats[0].ndim == 2 else -1
-        for name, K in zip(names, mats):
+
+        def gram(m: int) -> np.ndarray:   # one at a time: a memory-mapped (M, n, n) array is never loaded whole
+            return np.asarray(grams[m], dtype=np.float64)
+
+        names = [f"kernel_{m}" for m in range(M)] if names is None else [str(x) for x in names]
+        if len(names) != M or len(set(names)) != len(names):
+            raise InvalidInputError(f"names must be {M} distinct strings, got {len(names)} ({len(set(names))} distinct)")
+        first = gram(0)
+        n = first.shape[0] if first.ndim == 2 else -1
+        factors = []
+        for m, name in enumerate(names):
+            K = first if m == 0 else gram(m)
             check_gram(name, K, n, psd_tol)
-        factors = [1.0 / np.trace(K) if normalize == "trace" and np.trace(K) > 0 else 1.0 for K in mats]
+            factors.append(1.0 / np.trace(K) if normalize == "trace" and np.trace(K) > 0 else 1.0)
+        del first
         crosses = None
         if cross_grams is not None:
             crosses = np.asarray(cross_grams, dtype=np.float64)
-            if crosses.ndim != 3 or crosses.shape[0] != len(mats) or crosses.shape[2] != n:
-                raise InvalidInputError(f"cross_grams must have shape ({len(mats)}, n_new, {n}), got {crosses.shape}")
+            if crosses.ndim != 3 or crosses.shape[0] != M or crosses.shape[2] != n:
+                raise InvalidInputError(f"cross_grams must have shape ({M}, n_new, {n}), got {crosses.shape}")
             if not np.isfinite(crosses).all():
                 raise InvalidInputError("cross_grams contains NaN or inf")
         path = bank_location(path)
         specs = [KernelSpec.precomputed(x) for x in names]
 
         def fill(group: zarr.Group) -> None:
-            stats = np.empty((len(mats), 4))
-            sums = np.empty(len(mats), dtype=np.uint32)
-            for m, K in enumerate(mats):
-                stored = (K * factors[m]).astype(dt)
+            stats = np.empty((M, 4))
+            sums = np.empty(M, dtype=np.uint32)
+            for m in range(M):
+                stored = (gram(m) * factors[m]).astype(dt)
                 group["gram"][m] = stored
                 *stats[m, :3], sums[m] = kernel_stats(stored)
             for k, name in enumerate(("trace", "fro", "lambda_max")):
@@ -242,7 +250,7 @@ class KernelBank:
                  "fingerprint": None, "source": "from_arrays", "created": creation_info()}
         refuse_target(path, overwrite, None)  # refused input leaves everything as it was, the lock file too
         # the whole new store is written beside any old one (swapped in at the end): all of it must fit
-        check_fits(path, len(mats), n, dt.name, n_cross=0 if crosses is None else crosses.shape[1], chunk_mb=chunk_mb,
+        check_fits(path, M, n, dt.name, n_cross=0 if crosses is None else crosses.shape[1], chunk_mb=chunk_mb,
                    shard_mb=shard_mb, action="create", spelling="import")
         with writing(path, "import (from_arrays)", wait):
             action = prepare_path(path, overwrite=overwrite, fingerprint=None)
