@@ -218,7 +218,7 @@ class _MKLBase(BaseEstimator):
         if problem:
             raise InvalidInputError(problem)
 
-    def _fit_features(self, X, y, y_targets: list[np.ndarray], resume: bool = False):
+    def _fit_features(self, X, y, y_targets: list[np.ndarray], resume: bool = False, sample_weight=None):
         """Build or reuse the bank for X, then solve every head (``y``: the labels or targets as given)."""
         t0 = time.perf_counter()
         params = self._check_solver()
@@ -234,10 +234,11 @@ class _MKLBase(BaseEstimator):
 
         with _client(self.client) as client, \
                 self._cached_bank(key, len(specs), X.shape[0], build, client, X.shape[1], factor.get("rank")) as (bank, seconds):
-            self._solve(bank, y_targets, params, t0, client, build_seconds=seconds, resume=resume, y=y)
+            self._solve(bank, y_targets, params, t0, client, build_seconds=seconds, resume=resume, y=y,
+                        sample_weight=sample_weight)
         return self
 
-    def _fit_precomputed(self, K, y, y_targets: list[np.ndarray], resume: bool = False):
+    def _fit_precomputed(self, K, y, y_targets: list[np.ndarray], resume: bool = False, sample_weight=None):
         """``kernels="precomputed"``: import the Gram matrices K (M, n, n) into a cached bank, then solve."""
         from mklscale.bank import KernelBank
 
@@ -258,7 +259,8 @@ class _MKLBase(BaseEstimator):
             return KernelBank.from_arrays(K, path, normalize=self.normalize, dtype=BANK_DTYPE)
 
         with _client(self.client) as client, self._cached_bank(key, len(K), K.shape[1], build, client, 0) as (bank, seconds):
-            self._solve(bank, y_targets, params, t0, client, build_seconds=seconds, resume=resume, y=y)
+            self._solve(bank, y_targets, params, t0, client, build_seconds=seconds, resume=resume, y=y,
+                        sample_weight=sample_weight)
         return self
 
     @contextlib.contextmanager
@@ -291,8 +293,9 @@ class _MKLBase(BaseEstimator):
             yield bank, seconds
 
     def _solve(self, bank, y_targets: list[np.ndarray], params: dict, t0: float, client, build_seconds: float = 0.0,
-               resume: bool = False, y=None):
-        """Open one engine on ``bank``, choose C (:meth:`_choose_C`), solve every head at it, keep the model."""
+               resume: bool = False, y=None, sample_weight=None):
+        """Open one engine on ``bank``, choose C (:meth:`_choose_C`), solve every head at it, keep the model.
+        ``sample_weight``: per-row weights of the final fit (sample_weight x class_weight), or None."""
         from mklscale.engine import Engine
 
         seed = self._seed()
@@ -301,7 +304,7 @@ class _MKLBase(BaseEstimator):
             params[seed_param] = seed
         t_solve = time.perf_counter()
         with Engine(bank, client=client, progress=bool(self.progress)) as engine:
-            self.C_ = self._choose_C(engine, bank, y_targets, params, y)
+            self.C_ = self._choose_C(engine, bank, y_targets, params, y, sample_weight)
             fit_params = dict(params)
             fit_params.pop(registry.c_parameter(self.solver, self._task, params), None)   # C_ holds it now
             if self.verbose and "verbose" in registry.accepted_params(self.solver):
@@ -310,7 +313,8 @@ class _MKLBase(BaseEstimator):
             signals = stop_on_signals() if any(checkpoints) else contextlib.nullcontext()
             with signals:
                 results = [registry.fit_solver(self.solver, engine, t, self._task, C=self.C_, params=fit_params,
-                                               checkpoint=ck) for t, ck in zip(y_targets, checkpoints)]
+                                               checkpoint=ck, sample_weight=sample_weight)
+                           for t, ck in zip(y_targets, checkpoints)]
             stats = engine.stats
         for ck in filter(None, checkpoints):
             ck.clear()
@@ -331,7 +335,7 @@ class _MKLBase(BaseEstimator):
         if message is not None:
             warnings.warn(message, ConvergenceWarning, stacklevel=_caller_stacklevel())
 
-    def _choose_C(self, engine, bank, y_targets: list[np.ndarray], params: dict, y) -> float:
+    def _choose_C(self, engine, bank, y_targets: list[np.ndarray], params: dict, y, sample_weight=None) -> float:
         """The value ``C`` stands for on this bank: itself, or "auto" (``registry.resolve_C``: the solver's
         default times the problem's scale, one value for every head)."""
         return registry.resolve_C(self.solver, engine, y_targets, self._task, params, self.C)
@@ -407,6 +411,29 @@ class _MKLBase(BaseEstimator):
         return bank, y
 
     # ---- prediction ---------------------------------------------------------------------------
+    def _row_weights(self, y, sample_weight):
+        """The weight of every row's loss term: ``sample_weight`` times ``class_weight`` (classifiers), or None
+        when neither is given. Checked before any bank is built: the solver must take weights."""
+        from sklearn.utils.class_weight import compute_sample_weight
+        from sklearn.utils.validation import _check_sample_weight
+
+        class_weight = getattr(self, "class_weight", None)
+        if sample_weight is None and class_weight is None:
+            return None
+        registry.check_sample_weight(self.solver, self.solver_params)
+        try:
+            w = _check_sample_weight(sample_weight, np.empty((len(y), 0)), dtype=np.float64,
+                                     ensure_non_negative=True)
+            if class_weight is not None:
+                w = w * compute_sample_weight(class_weight, y)
+        except ValueError as exc:
+            raise InvalidInputError(f"sample_weight / class_weight: {exc}; give one finite weight >= 0 per row (and "
+                                    "class_weight='balanced' or a dict of class -> weight)") from None
+        if self._task == "regression" and np.any(w <= 0):
+            raise InvalidInputError("sample_weight must be > 0 for regression (the weighted kernel ridge divides by "
+                                    "it); drop the rows whose weight is 0")
+        return w
+
     @property
     def _precomputed(self) -> bool:
         return isinstance(self.kernels, str) and self.kernels == PRECOMPUTED
@@ -504,7 +531,11 @@ class MKLClassifier(ClassifierMixin, _MKLBase):
     of :mod:`mklscale.estimators`). ``predict_proba`` exists only for ``solver="spicy"`` with the
     logistic loss (its default for classification).
 
-{_PARAMETERS}
+{_PARAMETERS}    class_weight : "balanced", dict or None, default=None
+        Weights of the classes' loss terms, as in scikit-learn: "balanced" weighs class c by
+        n / (K n_c); a dict maps labels to weights. They multiply ``fit``'s ``sample_weight`` and need a
+        solver that takes per-sample weights (uniform, alignment, fheuristic, gcd with stage='two').
+
     Attributes
     ----------
     classes_ : ndarray of shape (K,)
@@ -531,16 +562,33 @@ class MKLClassifier(ClassifierMixin, _MKLBase):
         solver, class, gap reached and what to change; None when converged).
     """
 
-    def fit(self, X, y, resume: bool = False):
+    _parameter_constraints = {**_MKLBase._parameter_constraints,
+                              "class_weight": [StrOptions({"balanced"}), dict, None]}
+
+    def __init__(self, kernels="auto", solver="spicy", C="auto", solver_params=None, class_weight=None,
+                 normalize="trace", rank=None, cache_dir=None, client=None, progress=False, verbose=False,
+                 random_state=None, checkpoint_dir=None, checkpoint_every_s=60.0):
+        super().__init__(kernels=kernels, solver=solver, C=C, solver_params=solver_params, normalize=normalize,
+                         rank=rank, cache_dir=cache_dir, client=client, progress=progress, verbose=verbose,
+                         random_state=random_state, checkpoint_dir=checkpoint_dir,
+                         checkpoint_every_s=checkpoint_every_s)
+        self.class_weight = class_weight
+
+    def fit(self, X, y, sample_weight=None, resume: bool = False):
         """Fit on raw features X (n, d) and labels y (any hashable labels, at least two classes).
 
+        ``sample_weight`` (n,) >= 0 weights each row's loss term in the final fit (libsvm's per-sample C;
+        with ``class_weight`` the two multiply): solvers uniform, alignment, fheuristic and gcd with
+        stage='two' (``registry.info(solver).sample_weights``); others refuse it.
         ``resume``: continue from the checkpoints in ``checkpoint_dir`` (see the class docstring).
         """
         if self._precomputed:
             K, y = self._precomputed_fit_input(X, y)
-            return self._fit_precomputed(K, y, self._targets(y), resume)
+            weights = self._row_weights(y, sample_weight)
+            return self._fit_precomputed(K, y, self._targets(y), resume, weights)
         X, y = _validated(self, X, y, ensure_min_samples=2, dtype=np.float64)
-        return self._fit_features(X, y, self._targets(y), resume)
+        weights = self._row_weights(y, sample_weight)
+        return self._fit_features(X, y, self._targets(y), resume, weights)
 
     def fit_bank(self, bank, y, resume: bool = False):
         """Fit on a precomputed KernelBank (or its path); y are the labels of the bank's rows.
@@ -616,15 +664,18 @@ class MKLRegressor(RegressorMixin, _MKLBase):
 
     _task = "regression"
 
-    def fit(self, X, y, resume: bool = False):
-        """Fit on raw features X (n, d) and real targets y (n,); ``resume`` as in MKLClassifier.fit."""
+    def fit(self, X, y, sample_weight=None, resume: bool = False):
+        """Fit on raw features X (n, d) and real targets y (n,); ``sample_weight`` (> 0: the weighted kernel
+        ridge of the final fit) and ``resume`` as in MKLClassifier.fit."""
         if self._precomputed:
             K, y = self._precomputed_fit_input(X, y)
             if not np.issubdtype(np.asarray(y).dtype, np.number) or not np.isfinite(np.asarray(y, dtype=float)).all():
                 raise InvalidInputError("y must hold finite real targets; drop or impute the rows with missing values")
-            return self._fit_precomputed(K, y, [np.asarray(y, dtype=np.float64)], resume)
+            weights = self._row_weights(y, sample_weight)
+            return self._fit_precomputed(K, y, [np.asarray(y, dtype=np.float64)], resume, weights)
         X, y = _validated(self, X, y, ensure_min_samples=2, y_numeric=True, dtype=np.float64)
-        return self._fit_features(X, y, [np.asarray(y, dtype=np.float64)], resume)
+        weights = self._row_weights(y, sample_weight)
+        return self._fit_features(X, y, [np.asarray(y, dtype=np.float64)], resume, weights)
 
     def fit_bank(self, bank, y, resume: bool = False):
         """Fit on a precomputed KernelBank (or its path); see MKLClassifier.fit_bank."""
@@ -687,12 +738,12 @@ class _CrossValidated:
     #: C is not a parameter of the CV estimators: it is chosen (``C_``)
     C = registry.AUTO
 
-    def _choose_C(self, engine, bank, y_targets, params, y) -> float:
+    def _choose_C(self, engine, bank, y_targets, params, y, sample_weight=None) -> float:
         reg = registry.regularisation(self.solver, self._task, params)
         grid, rule = self._grid(engine, y_targets, params, reg)
         fold = self._folds(y, bank)
         result = cv.cross_validate(self.solver, engine, y, self._task, grid, params, getattr(self, "classes_", None),
-                                   fold=fold, scoring=self.scoring)
+                                   fold=fold, scoring=self.scoring, sample_weight=sample_weight)
         mean, std = result.mean, result.std
         best = cv.best_index(mean, grid, reg.larger_regularises)
         order = np.argsort(-mean, kind="stable")
@@ -754,12 +805,14 @@ class _CrossValidated:
 
 
 def _cv_init(self, kernels, solver, Cs, cv, scoring, solver_params, normalize, rank, cache_dir, client, progress,
-             verbose, random_state, checkpoint_dir, checkpoint_every_s):
+             verbose, random_state, checkpoint_dir, checkpoint_every_s, **classifier):
     _MKLBase.__init__(self, kernels=kernels, solver=solver, solver_params=solver_params, normalize=normalize,
                       rank=rank, cache_dir=cache_dir, client=client, progress=progress, verbose=verbose,
                       random_state=random_state, checkpoint_dir=checkpoint_dir, checkpoint_every_s=checkpoint_every_s)
     del self.C   # the class attribute (C is chosen), not a parameter
     self.Cs, self.cv, self.scoring = Cs, cv, scoring
+    for key, value in classifier.items():    # class_weight
+        setattr(self, key, value)
 
 
 _CV_CONSTRAINTS = {
@@ -787,13 +840,13 @@ class MKLClassifierCV(_CrossValidated, MKLClassifier):
     and every attribute of :class:`MKLClassifier`.
     """
 
-    _parameter_constraints = _CV_CONSTRAINTS
+    _parameter_constraints = {**_CV_CONSTRAINTS, "class_weight": [StrOptions({"balanced"}), dict, None]}
 
     def __init__(self, kernels="auto", solver="spicy", Cs=10, cv=3, scoring=None, solver_params=None,
-                 normalize="trace", rank=None, cache_dir=None, client=None, progress=False, verbose=False,
-                 random_state=None, checkpoint_dir=None, checkpoint_every_s=60.0):
+                 class_weight=None, normalize="trace", rank=None, cache_dir=None, client=None, progress=False,
+                 verbose=False, random_state=None, checkpoint_dir=None, checkpoint_every_s=60.0):
         _cv_init(self, kernels, solver, Cs, cv, scoring, solver_params, normalize, rank, cache_dir, client, progress,
-                 verbose, random_state, checkpoint_dir, checkpoint_every_s)
+                 verbose, random_state, checkpoint_dir, checkpoint_every_s, class_weight=class_weight)
 
 
 class MKLRegressorCV(_CrossValidated, MKLRegressor):

@@ -53,38 +53,50 @@ def combined_kernel(engine, weights) -> np.ndarray | LowRank:
     return engine.combine(weights)
 
 
-def kernel_ridge(K, y: np.ndarray, lam: float) -> tuple[np.ndarray, float]:
-    """(c, b) minimising ||K c + b 1 - y||^2 + lam c^T K c (bordered system, see module docstring)."""
+def kernel_ridge(K, y: np.ndarray, lam: float, sample_weight=None) -> tuple[np.ndarray, float]:
+    """(c, b) minimising sum_i w_i (K c + b 1 - y)_i^2 + lam c^T K c (bordered system, see module docstring;
+    w = ``sample_weight`` > 0, else 1: stationarity gives [[K + lam W^-1, 1], [1^T, 0]] [c; b] = [y; 0])."""
     if isinstance(K, LowRank):
+        if sample_weight is not None:
+            raise _low_rank_weights()
         return K.kernel_ridge(y, lam)
     n = y.size
     A = np.zeros((n + 1, n + 1))
-    A[:n, :n] = K + lam * np.eye(n)
+    A[:n, :n] = K + lam * (np.eye(n) if sample_weight is None else np.diag(1.0 / np.asarray(sample_weight, float)))
     A[:n, n] = 1.0
     A[n, :n] = 1.0
     sol = scipy.linalg.solve(A, np.append(y, 0.0), assume_a="sym")
     return sol[:n], float(sol[n])
 
 
-def svm(K, y: np.ndarray, C: float, tol: float = 1e-3) -> tuple[np.ndarray, float, bool]:
+def svm(K, y: np.ndarray, C: float, tol: float = 1e-3, sample_weight=None) -> tuple[np.ndarray, float, bool]:
     """(c, b, converged) of libsvm's soft-margin SVM on the precomputed Gram matrix K (liblinear on
     the features of a LowRank)."""
-    _, v, intercept, converged = svm_dual(K, y, C, tol)
+    _, v, intercept, converged = svm_dual(K, y, C, tol, sample_weight)
     return v, intercept, converged
 
 
-def svm_dual(K, y: np.ndarray, C: float, tol: float) -> tuple[np.ndarray, np.ndarray, float, bool]:
+def svm_dual(K, y: np.ndarray, C: float, tol: float, sample_weight=None) -> tuple[np.ndarray, np.ndarray, float, bool]:
     """(alpha, v, intercept, converged) of ``_svm.fit_svc`` (dense K) or ``_svm.fit_linear_svc`` (LowRank)."""
     if isinstance(K, LowRank):
+        if sample_weight is not None:
+            raise _low_rank_weights()
         return _svm.fit_linear_svc(K.F, y, C, tol)
-    return _svm.fit_svc(K, y, C, tol)
+    return _svm.fit_svc(K, y, C, tol, sample_weight=sample_weight)
 
 
-def final_fit(K: np.ndarray, y: np.ndarray, task: str, lam: float, C: float) -> tuple[np.ndarray, float]:
-    """Kernel ridge (task="regression", ridge ``lam``) or SVM (task="classification", ``C``)."""
+def _low_rank_weights() -> InvalidInputError:
+    return InvalidInputError("sample_weight is supported by the exact final fits (libsvm's SVM, the bordered kernel "
+                             f"ridge) on kernels of up to n x n = {lowrank.DENSE_BYTES_CAP / 8:.3g} float64 entries; "
+                             "this factor bank is above that cap: fit without sample_weight or on fewer rows")
+
+
+def final_fit(K: np.ndarray, y: np.ndarray, task: str, lam: float, C: float, sample_weight=None) -> tuple[np.ndarray, float]:
+    """Kernel ridge (task="regression", ridge ``lam``) or SVM (task="classification", ``C``), each sample's
+    loss term weighted by ``sample_weight`` (None: 1)."""
     if task == "regression":
-        return kernel_ridge(K, y, lam)
-    c, b, _ = svm(K, y, C)
+        return kernel_ridge(K, y, lam, sample_weight)
+    c, b, _ = svm(K, y, C, sample_weight=sample_weight)
     return c, b
 
 

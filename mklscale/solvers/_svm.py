@@ -32,23 +32,24 @@ N_PROBES = 3
 
 
 
-def fit_svc(K: np.ndarray, y: np.ndarray, C: float, tol: float, max_iter: int = -1):
-    """SVM on the precomputed Gram matrix K.
+def fit_svc(K: np.ndarray, y: np.ndarray, C: float, tol: float, max_iter: int = -1, sample_weight=None):
+    """SVM on the precomputed Gram matrix K; ``sample_weight`` w scales each hinge term (libsvm's per-sample
+    C_i = C w_i, scikit-learn's ``SVC.fit(..., sample_weight)``).
 
-    Returns (alpha, v, intercept, converged): alpha (n,) in [0, C] with y^T alpha = 0, v = alpha o y,
+    Returns (alpha, v, intercept, converged): alpha (n,) in [0, C w] with y^T alpha = 0, v = alpha o y,
     f = K v + intercept the decision values, and whether libsvm met its tolerance ``tol`` (libsvm
     stops when max_{I_low} y_i grad_i - min_{I_up} y_i grad_i <= tol, i.e. OPT_6 with 2 eps = tol).
     """
     svc = SVC(C=C, kernel="precomputed", tol=tol, shrinking=True, max_iter=max_iter)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConvergenceWarning)
-        svc.fit(K, y)
+        svc.fit(K, y, sample_weight=sample_weight)
     converged = not any(issubclass(w.category, ConvergenceWarning) for w in caught)
     # classes_ is sorted ([-1, 1]) and scikit-learn orients dual_coef_/intercept_ so that f > 0
     # means classes_[1] = +1: dual_coef_ is y_l alpha_l on the support vectors.
     v = np.zeros(y.size)
     v[svc.support_] = svc.dual_coef_[0]
-    alpha = np.clip(v * y, 0.0, C)
+    alpha = np.clip(v * y, 0.0, C if sample_weight is None else C * np.asarray(sample_weight, dtype=np.float64))
     return alpha, alpha * y, float(svc.intercept_[0]), converged
 
 

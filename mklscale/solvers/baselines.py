@@ -62,9 +62,10 @@ def _prepare(engine, y, task):
     return n, M, task, y
 
 
-def _finish(engine, weights, y, task, lam, C, solver, params, log: RunLog, history_extra, objective=None, gap=0.0):
+def _finish(engine, weights, y, task, lam, C, solver, params, log: RunLog, history_extra, objective=None, gap=0.0,
+            sample_weight=None):
     K = _final_fit.combined_kernel(engine, weights)
-    c, b = _final_fit.final_fit(K, y, task, lam, C)
+    c, b = _final_fit.final_fit(K, y, task, lam, C, sample_weight)
     align = _final_fit.centred_alignment(K, y)
     log.record({"alignment": align, "n_active": int(np.count_nonzero(weights)), **history_extra})
     return MKLResult(weights=weights, dual_coef=c, bias=b, active=np.flatnonzero(weights),
@@ -74,7 +75,7 @@ def _finish(engine, weights, y, task, lam, C, solver, params, log: RunLog, histo
 
 
 @single_blas_thread_for_small_n
-def uniform(engine, y, task: str = "auto", lam: float = 1.0, C: float = 1.0) -> MKLResult:
+def uniform(engine, y, task: str = "auto", lam: float = 1.0, C: float = 1.0, sample_weight=None) -> MKLResult:
     """UNIFORM: weights 1/M, then kernel ridge (regression, ridge ``lam``) or SVM (classification, ``C``).
 
     ``objective`` and ``params["alignment"]`` hold the centred alignment of the uniform kernel; gap 0.
@@ -84,7 +85,7 @@ def uniform(engine, y, task: str = "auto", lam: float = 1.0, C: float = 1.0) -> 
     lam = check_positive("lam", lam)
     C = check_positive("C", C)
     weights = np.full(M, 1.0 / M)
-    return _finish(engine, weights, y, task, lam, C, "uniform", {}, log, {})
+    return _finish(engine, weights, y, task, lam, C, "uniform", {}, log, {}, sample_weight=sample_weight)
 
 
 def centred_kernel_gram(engine, idx: np.ndarray) -> np.ndarray:
@@ -114,7 +115,7 @@ def alignment_qp(b: np.ndarray, Mc: np.ndarray) -> tuple[np.ndarray, float]:
 
 
 @single_blas_thread_for_small_n
-def alignment(engine, y, task: str = "auto", lam: float = 1.0, C: float = 1.0) -> MKLResult:
+def alignment(engine, y, task: str = "auto", lam: float = 1.0, C: float = 1.0, sample_weight=None) -> MKLResult:
     """AMKL: maximise centred alignment by the QP (2.12) (module docstring), then the final fit.
 
     ``objective`` = achieved centred alignment A_c(sum_m w_m K_m, y y^T); ``gap`` = the QP's relative
@@ -140,7 +141,7 @@ def alignment(engine, y, task: str = "auto", lam: float = 1.0, C: float = 1.0) -
     qp_alignment = _qp_alignment(b_all, weights, candidates, Mc if candidates.size else None, yc)
     return _finish(engine, weights, y, task, lam, C, "alignment",
                    {"n_candidates": int(candidates.size), "qp_alignment": qp_alignment}, log,
-                   {"kkt_residual": kkt}, gap=kkt)
+                   {"kkt_residual": kkt}, gap=kkt, sample_weight=sample_weight)
 
 
 def _qp_alignment(b_all, weights, candidates, Mc, yc) -> float:

@@ -168,13 +168,15 @@ class CVScores:
 def cross_validate(name: str, engine, y, task: str, grid, params: dict | None = None, classes=None,
                    folds: int = DEFAULT_FOLDS, seed: int = 0, scoring: str | None = None,
                    fold: np.ndarray | None = None, done: np.ndarray | None = None,
-                   on_fold: Callable[[int, CVScores], None] | None = None) -> CVScores:
+                   on_fold: Callable[[int, CVScores], None] | None = None, sample_weight=None) -> CVScores:
     """k-fold CV of solver ``name``'s regularisation over ``grid`` on ``engine`` (module docstring).
 
     ``y``: labels (classification, with ``classes`` the sorted labels) or real targets of the engine's
     rows. ``fold``: a fold index per row (default ``fold_assignment(y, folds, ..., seed)``). ``done``:
     (n_values, folds) scores of folds finished before (NaN where not; a resumed run skips those
     folds). ``on_fold(k, partial)`` runs after each fold (saving state, progress, stopping).
+    ``sample_weight`` (n,): each fold fits with its training rows' weights (the scores are unweighted, as
+    scikit-learn's GridSearchCV scores them by default).
     """
     classification = task == "classification"
     scoring = check_scoring(scoring, task)
@@ -195,7 +197,8 @@ def cross_validate(name: str, engine, y, task: str, grid, params: dict | None = 
         sub = RowSubsetEngine(engine, train)
         f = np.empty((len(grid), test.size, len(heads)))
         for h, target in enumerate(heads):
-            results = registry.fit_path(name, sub, target[train], task, grid, params)
+            results = registry.fit_path(name, sub, target[train], task, grid, params,
+                                        sample_weight=None if sample_weight is None else sample_weight[train])
             for i, result in enumerate(results):
                 unconverged[i, k] |= not result.converged
                 f[i, :, h] = predict_rows(engine, result, train, test)

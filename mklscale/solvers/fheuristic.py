@@ -48,7 +48,7 @@ def kernel_alignments(engine, y: np.ndarray) -> np.ndarray:
 
 
 @single_blas_thread_for_small_n
-def fit(engine, y, task: str = "auto", lam: float = 1.0, C: float = 1.0) -> MKLResult:
+def fit(engine, y, task: str = "auto", lam: float = 1.0, C: float = 1.0, sample_weight=None) -> MKLResult:
     """FHeuristic weights (module docstring), then SVM (classification, ``C``) or kernel ridge (``lam``).
 
     ``objective`` and ``params["alignment"]`` hold the centred alignment of the learned kernel (as the
@@ -62,4 +62,5 @@ def fit(engine, y, task: str = "auto", lam: float = 1.0, C: float = 1.0) -> MKLR
     fallback = not align.sum() > 0
     weights = np.full(M, 1.0 / M) if fallback else align / align.sum()
     return _finish(engine, weights, y, task, lam, C, "fheuristic",
-                   {"fallback": bool(fallback), "max_kernel_alignment": float(align.max())}, log, {})
+                   {"fallback": bool(fallback), "max_kernel_alignment": float(align.max())}, log, {},
+                   sample_weight=sample_weight)

@@ -351,7 +351,7 @@ def _away_atom(src, weights: _Weights, alpha, q_all):
 def fit_two_stage(source, y, criterion: str = "alignment", task: str = "auto", lam: float = 1.0, C: float = 1.0,
                   max_iter: int = 50, delta: float = 1e-3, eps: float = 1e-6, eta_max: float = 1.0,
                   beta: float | None = None, step: str = "exact", tol: float = 1e-6, reg: float = 0.0,
-                  verbose: bool = False, checkpoint=None) -> MKLResult:
+                  verbose: bool = False, checkpoint=None, sample_weight=None) -> MKLResult:
     """GCD-2s: Algorithm 7 (criterion="alignment") or Algorithm 8 (criterion="euclidean"), then the final
     fit (kernel ridge with ridge ``lam`` for regression, SVM with ``C`` for classification).
 
@@ -382,7 +382,7 @@ def fit_two_stage(source, y, criterion: str = "alignment", task: str = "auto", l
     if criterion == "euclidean" and w.sum() > 0:
         w = w / w.sum()
     K = _combine(src, weights, w)
-    c, b = _final_fit.final_fit(K, y, task, lam, C)
+    c, b = _final_fit.final_fit(K, y, task, lam, C, sample_weight)   # the kernel weights are unweighted
     align = _final_fit.centred_alignment(K, y)
     return MKLResult(weights=w, dual_coef=c, bias=b, active=np.flatnonzero(w), objective=align,
                      gap=extra.pop("gap", np.nan), history=history, converged=converged,

@@ -73,7 +73,8 @@ AUTO = "auto"
 #: arguments of the solvers' functions that are not user parameters: the bank, the targets, the task
 #: (the registry's), the checkpoint (fit_solver's) and pfbs' raw-coefficient switch (fit_solver
 #: returns an MKLResult)
-NOT_PARAMETERS = frozenset({"engine", "source", "y", "task", "checkpoint", "return_coefficients", "init"})
+NOT_PARAMETERS = frozenset({"engine", "source", "y", "task", "checkpoint", "return_coefficients", "init",
+                            "sample_weight"})
 
 #: the losses of spicy that fit each task (the first one is the default)
 SPICY_LOSSES = {"classification": ("logistic", "hinge"), "regression": ("square", "eps_insensitive")}
@@ -144,7 +145,9 @@ class SolverInfo:
     checkpoints : whether ``run`` takes ``checkpoint=`` (resumable solves, module docstring);
     variants : parameter settings that change what ``C`` sets (gcd's stage), for :func:`c_names`;
     warm_starts : whether ``run`` takes ``init=`` (an MKLResult of the same problem at another C, to
-    start from: :func:`fit_path`).
+    start from: :func:`fit_path`);
+    sample_weights : whether ``run`` takes ``sample_weight=`` (per-sample weights of the final fit's loss:
+    libsvm's per-sample C, or the weighted kernel ridge).
     """
 
     name: str
@@ -158,6 +161,7 @@ class SolverInfo:
     extra: tuple[str, ...] = ()
     warm_starts: bool = False
     variants: tuple[dict, ...] = ({},)
+    sample_weights: bool = False
 
     @property
     def params(self) -> tuple[str, ...]:
@@ -226,7 +230,7 @@ def _run_sgd(engine, y, task, C, params, checkpoint=None):
     return sgd.fit(engine, y, lam=C, checkpoint=checkpoint, **params)
 
 
-def _run_gcd(engine, y, task, C, params, checkpoint=None, init=None):
+def _run_gcd(engine, y, task, C, params, checkpoint=None, init=None, sample_weight=None):
     from mklscale.solvers import gcd
 
     _check_gcd(task, params)
@@ -235,7 +239,7 @@ def _run_gcd(engine, y, task, C, params, checkpoint=None, init=None):
         return gcd.fit_one_stage(engine, y, lam=C, checkpoint=checkpoint, init=init, **params)
     key = _final_fit_param(task, params)
     params[key] = C
-    return gcd.fit_two_stage(engine, y, task=task, checkpoint=checkpoint, **params)
+    return gcd.fit_two_stage(engine, y, task=task, checkpoint=checkpoint, sample_weight=sample_weight, **params)
 
 
 def _check_gcd(task: str, params: dict) -> None:
@@ -251,12 +255,13 @@ def _check_gcd(task: str, params: dict) -> None:
 
 def _run_baseline(fn_name, module="baselines"):
     """Adapter of a weights-then-final-fit solver ``mklscale.solvers.<module>.<fn_name>(engine, y, task, lam, C)``."""
-    def run(engine, y, task, C, params):
+    def run(engine, y, task, C, params, sample_weight=None):
         import importlib
 
         params = dict(params)
         params[_final_fit_param(task, params)] = C
-        return getattr(importlib.import_module(f"mklscale.solvers.{module}"), fn_name)(engine, y, task=task, **params)
+        return getattr(importlib.import_module(f"mklscale.solvers.{module}"), fn_name)(
+            engine, y, task=task, sample_weight=sample_weight, **params)
 
     return run
 
@@ -345,16 +350,18 @@ _TABLE: dict[str, SolverInfo] = {
                       _gcd_regularisation, _run_gcd, None,
                       "greedy coordinate descent MKL: stage='one' (GCD-1s/CKL, square loss, default) or "
                       "stage='two' (GCD-2s alignment/euclidean, then SVM or kernel ridge)", checkpoints=True,
-                      extra=("stage",), variants=({}, {"stage": "two"}), warm_starts=True),
+                      extra=("stage",), variants=({}, {"stage": "two"}), warm_starts=True, sample_weights=True),
     "uniform": SolverInfo("uniform", TASKS, ("baselines:uniform",), _final_fit_regularisation,
-                          _run_baseline("uniform"), None, "UNIFORM weights 1/M, then SVM or kernel ridge"),
+                          _run_baseline("uniform"), None, "UNIFORM weights 1/M, then SVM or kernel ridge",
+                          sample_weights=True),
     "alignment": SolverInfo("alignment", TASKS, ("baselines:alignment",), _final_fit_regularisation,
                             _run_baseline("alignment"), None,
-                            "AMKL centred-alignment weights (Cortes et al.), then SVM or kernel ridge"),
+                            "AMKL centred-alignment weights (Cortes et al.), then SVM or kernel ridge",
+                            sample_weights=True),
     "fheuristic": SolverInfo("fheuristic", TASKS, ("fheuristic:fit",), _final_fit_regularisation,
                              _run_baseline("fit", "fheuristic"), None,
                              "FHeuristic weights ~ uncentred alignment with y y^T (Qiu & Lane; MKLpy), "
-                             "then SVM or kernel ridge"),
+                             "then SVM or kernel ridge", sample_weights=True),
     "easymkl": SolverInfo("easymkl", ("classification",), ("easymkl:fit",),
                           _fixed(Regularisation("lam", True, _unit_scale, "1", 0.1, (1.0, 1e-3))), _run_easymkl,
                           None, "EasyMKL margin-based weights (Aiolli & Donini; MKLpy), then KOMD (default) or "
@@ -522,7 +529,7 @@ def check_params(name: str, params: dict | None, task: str | None = None) -> dic
 
 
 def fit_solver(name: str, engine, y, task: str, C=None, params: dict | None = None,
-               checkpoint=None, init: MKLResult | None = None) -> MKLResult:
+               checkpoint=None, init: MKLResult | None = None, sample_weight=None) -> MKLResult:
     """Run solver ``name`` (module table) on ``engine`` and targets ``y``.
 
     ``C`` sets the solver's main regularisation (:func:`regularisation`); None or "auto" uses the value
@@ -532,7 +539,8 @@ def fit_solver(name: str, engine, y, task: str, C=None, params: dict | None = No
     :func:`checkpoints` true and is ignored by the others (module docstring, "Checkpoints"). ``init``
     (an MKLResult of the same problem at another value, e.g. the previous point of a path) is where the
     solvers with ``warm_starts`` start from; the others ignore it. A warm start changes where a solve
-    starts, not the problem: the result is certified to the same tolerance.
+    starts, not the problem: the result is certified to the same tolerance. ``sample_weight`` (n,) weights
+    each sample's loss term in the final fit of the solvers with ``sample_weights`` (:func:`check_sample_weight`).
     """
     entry = info(name)
     _check_task(task)
@@ -547,10 +555,24 @@ def fit_solver(name: str, engine, y, task: str, C=None, params: dict | None = No
         extra["checkpoint"] = checkpoint
     if init is not None and entry.warm_starts:
         extra["init"] = init
+    if sample_weight is not None:
+        check_sample_weight(name, params)
+        extra["sample_weight"] = sample_weight
     return entry.run(engine, y, task, value, params, **extra)
 
 
-def fit_path(name: str, engine, y, task: str, values, params: dict | None = None, on_result=None) -> list[MKLResult]:
+def check_sample_weight(name: str, params: dict | None = None) -> None:
+    """Refuse sample weights for a solver (with these ``params``) that cannot use them, naming those that can."""
+    one_stage = canonical(name) == "gcd" and (params or {}).get("stage", "one") == "one"
+    if not info(name).sample_weights or one_stage:
+        raise InvalidInputError(f"solver {name!r} does not take sample_weight (or class_weight): per-sample weights "
+                                "enter the final fit (libsvm's per-sample C, the weighted kernel ridge) of "
+                                f"{[n for n in names() if info(n).sample_weights]} (gcd with stage='two'); use one "
+                                "of these, or fit without weights")
+
+
+def fit_path(name: str, engine, y, task: str, values, params: dict | None = None, on_result=None,
+             sample_weight=None) -> list[MKLResult]:
     """Solve at every value of ``values`` (taken from the most to the least regularised, the order of
     :meth:`Regularisation.order`), each solve starting from the previous solution where the solver
     warm-starts (``warm_starts``), else from its usual start. Returns the results in the order of
@@ -561,7 +583,7 @@ def fit_path(name: str, engine, y, task: str, values, params: dict | None = None
     results: dict[float, MKLResult] = {}
     previous = None
     for value in reg.order(values):
-        previous = fit_solver(name, engine, y, task, C=value, params=params, init=previous)
+        previous = fit_solver(name, engine, y, task, C=value, params=params, init=previous, sample_weight=sample_weight)
         results[value] = previous
         if on_result is not None:
             on_result(value, previous)
