@@ -159,7 +159,7 @@ class _MKLBase(BaseEstimator):
     _parameter_constraints: dict = {
         "kernels": [str, dict, list, tuple, KernelSpec],
         "solver": [str],
-        "C": [Interval(Real, 0, None, closed="left"), StrOptions({registry.AUTO}), None],
+        "C": [Real, StrOptions({registry.AUTO}), None],
         "solver_params": [dict, None],
         "normalize": [StrOptions({"trace", "diag"}), None],
         "rank": [Interval(Integral, 1, None, closed="left"), None],

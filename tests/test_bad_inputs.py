@@ -342,7 +342,7 @@ API = [
          lambda ws: MKLRegressor(kernels=SPECS, solver="smo", cache_dir=ws / "cache").fit(_X(ws), _y(ws)),
          InvalidInputError, r"does not support regression.*Use one of"),
     Case("estimator_C_not_positive", lambda ws: _clf(ws, C=-1.0).fit(_X(ws), _y(ws)), InvalidInputError,
-         r"C = -1.0 .*pass a finite number > 0, or C=None"),
+         r'C = -1.0 .*pass a finite number > 0, or C="auto"'),
     Case("estimator_C_zero", lambda ws: _clf(ws, solver="smo", C=0).fit(_X(ws), _y(ws)), InvalidInputError,
          r"C = 0 .*pass a finite number > 0"),
     Case("estimator_fit_lam_outside_0_1_builds_no_bank",
