@@ -2,8 +2,12 @@
 
     mklscale --version
     mklscale run pipelines/quickstart.toml [--cluster cluster/slurm.toml] [--out runs/quickstart] [--quiet]
+    mklscale run pipelines/uci_simplemkl.toml --dataset pima      (another offline dataset for this run)
     mklscale fit --dataset breast_cancer --family simplemkl --solver spicy --C 0.05 --out model/ [--overwrite]
+    mklscale fit --features data.csv --target label [--task classification] --out model/   (.csv/.parquet)
+    mklscale fit --features X.npy --labels y.npy [--task regression] --out model/
     mklscale predict model/ --features X_new.npy [--proba] [--out predictions.csv|predictions.npy]
+    mklscale predict model/ --features new.csv [--out predictions.csv]   (columns matched by name)
     mklscale report runs/quickstart
     mklscale bank build --dataset breast_cancer --family simplemkl --out bank.zarr
     mklscale bank build --features X.npy --family gaussian --widths 0.5 1 2 --kernel-features all --out bank.zarr
@@ -123,7 +127,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("pipeline", type=Path, help="a pipeline TOML file (see pipelines/)")
     r.add_argument("--cluster", type=Path, default=None, help="a cluster TOML file (see cluster/); default: "
                    "an embedded LocalCluster with 2 worker processes")
-    r.add_argument("--out", type=Path, default=None, help="run directory (default: runs/<pipeline name>)")
+    r.add_argument("--dataset", default=None, metavar="NAME", help="run on this offline dataset instead of the "
+                   "pipeline's [dataset] (see mklscale.datasets.available()); its split settings stay")
+    r.add_argument("--out", type=Path, default=None, help="run directory (default: runs/<pipeline name>, or "
+                   "runs/<pipeline name>-<dataset> with --dataset)")
     r.add_argument("--quiet", action="store_true", help="no progress bars, per-iteration lines or kernel lists "
                    "(each solver's result line and where the results went are still printed)")
     r.add_argument("--resume", action="store_true", help="continue an interrupted run in --out from its checkpoints "
@@ -135,10 +142,14 @@ def _parser() -> argparse.ArgumentParser:
     f = sub.add_parser("fit", help="fit one MKL model on a dataset or on features and labels, and save it")
     src = f.add_mutually_exclusive_group(required=True)
     src.add_argument("--dataset", help="an offline dataset name (see mklscale.datasets.available())")
-    src.add_argument("--features", type=Path, help="a .npy file with an (n, d) feature matrix (needs --labels)")
-    f.add_argument("--labels", type=Path, help="a .npy file with the n labels or targets")
+    src.add_argument("--features", type=Path, help="your own data: a .csv (header row) or .parquet table (needs "
+                     "--target), or a .npy (n, d) array (needs --labels)")
+    f.add_argument("--target", metavar="COLUMN", help="the target column of a --features table; the other columns "
+                   "are the features")
+    f.add_argument("--labels", type=Path, help="a .npy file with the n labels or targets of .npy --features")
     f.add_argument("--task", choices=("classification", "regression"), default=None,
-                   help="default: the dataset's task; required with --features")
+                   help="default: the dataset's task; with --features inferred from the target (whole numbers with "
+                        "at most 20 values, or text: classification) and printed")
     _family_arguments(f)
     f.add_argument("--solver", default="spicy", help="solver name (mklscale.solvers.registry)")
     f.add_argument("--C", default="cv", help="the solver's main regularisation: cv (default: chosen among 10 values "
@@ -163,7 +174,10 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("model", type=Path, help="a model directory written by fit / run / save()")
     src = pr.add_mutually_exclusive_group(required=True)
     src.add_argument("--dataset", help="an offline dataset name: predict on all its rows")
-    src.add_argument("--features", type=Path, help="a .npy file with an (n, d) feature matrix")
+    src.add_argument("--features", type=Path, help="a .csv / .parquet table (columns matched by name to the "
+                     "model's features; others, the target among them, are ignored) or a .npy (n, d) array")
+    pr.add_argument("--target", metavar="COLUMN", help="a column of the --features table to leave out (needed only "
+                    "for models fitted without column names, e.g. on .npy features)")
     pr.add_argument("--proba", action="store_true", help="class probabilities (logistic-loss models only)")
     pr.add_argument("--out", type=Path, default=None, help=".npy or .csv file (default: print the CSV); the CSV has a "
                     "header: prediction, or proba_<class> per class with --proba")
@@ -177,7 +191,8 @@ def _parser() -> argparse.ArgumentParser:
     b = bank.add_parser("build", help="compute a bank of Gram matrices from features")
     src = b.add_mutually_exclusive_group(required=True)
     src.add_argument("--dataset", help="an offline dataset name (see mklscale.datasets.available())")
-    src.add_argument("--features", type=Path, help="a .npy file with an (n, d) feature matrix")
+    src.add_argument("--features", type=Path, help="a .csv (header row) or .parquet table, or a .npy (n, d) array")
+    b.add_argument("--target", metavar="COLUMN", help="a column of the --features table to leave out (the target)")
     _family_arguments(b)
     b.add_argument("--rows", type=int, default=None, help="use only the first ROWS rows (default: all)")
     b.add_argument("--normalize", choices=("trace", "diag", "none"), default="trace")
@@ -290,7 +305,7 @@ def _cmd_run(args) -> int:
     from mklscale.pipeline import run_pipeline
 
     results = run_pipeline(args.pipeline, out=args.out, cluster=args.cluster, quiet=args.quiet, resume=args.resume,
-                           overwrite=args.overwrite)
+                           overwrite=args.overwrite, dataset=args.dataset)
     failed = [s["name"] for s in results["solvers"] if s["status"] != "ok"]
     if failed:
         print(f"mklscale: {len(failed)} solver(s) failed: {', '.join(failed)} (errors in results.json)", file=sys.stderr)
@@ -308,14 +323,14 @@ def _cmd_fit(args) -> int:
     if args.dataset:
         from mklscale.datasets import load
 
+        if args.target is not None or args.labels is not None:
+            raise InvalidInputError("--target and --labels go with --features (your own data); a --dataset has its "
+                                    "own targets: leave them out")
         ds = load(args.dataset, standardise=False)  # raw: the model's own standardisation maps them (issue 18)
         X, y, feature_names = ds.X, ds.y, ds.feature_names
         task = args.task or ("regression" if ds.task == "regression" else "classification")
     else:
-        if args.labels is None or args.task is None:
-            raise InvalidInputError("--features needs its labels and the task: pass --labels y.npy and "
-                                    "--task classification|regression")
-        X, y, task = _load_npy(args.features, "--features"), _load_npy(args.labels, "--labels"), args.task
+        X, y, task = _own_data(args)
     estimator = _fit_estimator(args, task, kernels)
     try:
         estimator.fit(X, y)
@@ -323,6 +338,8 @@ def _cmd_fit(args) -> int:
         raise exc.respelled("cli-fit") from None
     estimator.save(args.out)
     print(f"model: {args.out}  kept {len(estimator.selected_kernels_)} kernel(s)  {_fit_scores(estimator, X, y)}")
+    if feature_names is None:   # a table's column names, kept by the estimator
+        feature_names = getattr(estimator, "feature_names_in_", None)
     for line in share_lines(estimator.model_.kernel_entries(feature_names), top=10):
         print(f"  {line}")
     return 0
@@ -392,6 +409,31 @@ def _check_fit_out(out: Path, overwrite: bool) -> None:
                             "empty folder: mklscale replaces only a model it wrote, even with --overwrite)")
 
 
+def _own_data(args):
+    """``fit --features`` with ``--target`` or ``--labels``: (X, y, task) read by ``mklscale.tabular``;
+    a table's X is a DataFrame, so that the model keeps its column names (``feature_names_in_``)."""
+    from mklscale import tabular
+
+    if args.target is None and args.labels is None:
+        raise InvalidInputError(f"--features {args.features} needs its targets: pass --labels y.npy and --task "
+                                "classification|regression for .npy features (without --task the task is inferred "
+                                "from the labels), or --target COLUMN for a .csv or .parquet table")
+    table = tabular.read_table(args.features, target=args.target, labels=args.labels)
+    task, note = tabular.check_task(table.y, args.task, f"--features {args.features}")
+    if note:
+        print(f"mklscale: {note}", file=sys.stderr)
+    return _frame(table.X, table.feature_names), table.y, task
+
+
+def _frame(X: np.ndarray, names):
+    """X as a DataFrame with its column names (the estimators keep them), or as it is without names."""
+    if names is None:
+        return X
+    import pandas as pd
+
+    return pd.DataFrame(X, columns=list(names))
+
+
 def _params(pairs: list[str]) -> dict:
     """--param KEY=VALUE pairs; VALUE is JSON when it parses (numbers, true/false, lists), else a string."""
     out = {}
@@ -414,9 +456,11 @@ def _cmd_predict(args) -> int:
     if args.dataset:
         from mklscale.datasets import load
 
+        if args.target is not None:
+            raise InvalidInputError("--target names a column of a --features table; leave it out with --dataset")
         X = load(args.dataset, standardise=model.dataset_features == "standardised").X
     else:
-        X = _load_npy(args.features, "--features")
+        X = _predict_features(args, estimator)
     predict = estimator.predict
     if args.proba:
         try:
@@ -469,44 +513,30 @@ def _csv_text(header: list[str], values) -> str:
     return text.getvalue()
 
 
+def _predict_features(args, estimator):
+    """``predict --features``: a table's columns by the model's feature names when it has them (the
+    others, the target among them, are ignored), else all its columns but ``--target``."""
+    from mklscale import tabular
+
+    names = getattr(estimator, "feature_names_in_", None)
+    if tabular.kind(args.features) in ("csv", "parquet") and names is not None:
+        table = tabular.read_table(args.features, columns=list(names))
+        return _frame(table.X, table.feature_names)
+    table = tabular.read_table(args.features, drop=args.target)
+    expected = getattr(estimator, "n_features_in_", None)
+    if table.feature_names is not None and expected is not None and len(table.feature_names) != expected:
+        raise InvalidInputError(f"--features {args.features} has {len(table.feature_names)} feature column(s) "
+                                f"({', '.join(table.feature_names)}) but the model {args.model} was fitted on "
+                                f"{expected} (without column names); give those {expected} columns in the order of "
+                                "fit, leaving out the target with --target COLUMN")
+    return table.X
+
+
 def _cmd_report(args) -> int:
     from mklscale.report import write_report
 
     write_report(args.run_dir)  # prints where the report went
     return 0
-
-
-def _load_npy(path: Path, what: str, rows: int | None = None) -> np.ndarray:
-    """The array in a .npy file; with ``rows``, only its first rows are read (memory-mapped)."""
-    if not path.is_file():
-        raise InvalidInputError(f"{what} {path}: no such file; give the path of an existing .npy file "
-                                "(write one with numpy.save)")
-    if _holds_objects(path):
-        raise InvalidInputError(f"{what} {path}: holds Python objects (dtype object), which mklscale does not load "
-                                "(that would run pickle); save plain numbers or strings instead, e.g. "
-                                "numpy.save(path, np.asarray(values, dtype=str)) or .astype(float)")
-    try:
-        array = np.load(path, allow_pickle=False, mmap_mode=None if rows is None else "r")
-    except (ValueError, OSError, EOFError) as exc:
-        raise InvalidInputError(f"{what} {path}: not a plain .npy array ({exc}); save the array with "
-                                "numpy.save(path, array) (numbers only, no objects)") from None
-    if not isinstance(array, np.ndarray):  # an .npz archive
-        array.close()
-        raise InvalidInputError(f"{what} {path}: is an .npz archive, not one array; save the array alone with "
-                                "numpy.save(path, array)")
-    return array if rows is None else np.array(array[:rows])
-
-
-def _holds_objects(path: Path) -> bool:
-    """Whether a .npy file's header declares an object dtype (False when it has no readable header)."""
-    try:
-        with open(path, "rb") as fh:
-            major, _ = np.lib.format.read_magic(fh)
-            read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
-            _, _, dtype = read_header(fh)
-    except (ValueError, OSError, EOFError):
-        return False
-    return dtype.hasobject
 
 
 def _load_features(args) -> np.ndarray:
@@ -520,7 +550,11 @@ def _load_features(args) -> np.ndarray:
         raise InvalidInputError(f"--rows must be >= 2, got {args.rows}; give --rows 2 or more (or leave it out "
                                 "for all rows)")
     if X is None:  # only the rows asked for are read from the file
-        return _load_npy(args.features, "--features", rows=args.rows)
+        from mklscale.tabular import read_table
+
+        return read_table(args.features, drop=args.target, rows=args.rows).X
+    if args.target is not None:
+        raise InvalidInputError("--target names a column of a --features table; leave it out with --dataset")
     return X if args.rows is None else X[: args.rows]
 
 

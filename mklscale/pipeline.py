@@ -7,11 +7,20 @@ A pipeline is a TOML file (see ``pipelines/``)::
     seed = 0                            # train/test split seed
 
     [dataset]                           # mklscale.datasets: nothing is downloaded
-    name = "breast_cancer"
+    name = "breast_cancer"              # (`mklscale run ... --dataset NAME` replaces it for one run)
     test_fraction = 0.25                # held-out rows (stratified for classification)
     max_train = 200                     # optional: keep at most this many training rows
     options = { n_samples = 7400 }      # optional: passed to datasets.load (generated sets); the run
                                         # loads raw features: the bank standardises them, the models too
+
+    [dataset]                           # or your own data instead of name (mklscale.tabular)
+    path = "data.csv"                   # .csv (header row) | .parquet (needs pyarrow) | .npy; relative
+                                        # to this file's folder, or absolute
+    target = "label"                    # .csv / .parquet: the target column; the others are features
+    labels = "y.npy"                    # .npy: the targets, a second .npy file (instead of target)
+    task = "classification"             # or "regression"; left out: inferred from the target and
+                                        # printed (whole numbers, at most 20 values, or text: classes)
+    test_fraction = 0.25                # test_fraction and max_train as above
 
     [bank]                              # one family, or a list under families = [...] (names or tables)
     family = "simplemkl"                # + that family's parameters, e.g. widths = [1, 2], features = "all";
@@ -50,7 +59,10 @@ A pipeline is a TOML file (see ``pipelines/``)::
     [checkpoint]                        # iterative solvers save their state into checkpoints/
     every_s = 60.0
 
-Unknown keys and wrong types are :class:`~mklscale.errors.ConfigError` before any work starts.
+Unknown keys and wrong types are :class:`~mklscale.errors.ConfigError` before any work starts; so
+are, for [dataset] path, a missing file or target column, feature columns that are not numbers,
+NaN or infinite values, a target of one class, and a .parquet file without pyarrow installed.
+The report and results.json name kernels by the table's column names.
 
 The run directory holds ``pipeline.toml`` (a copy of the spec), ``bank.zarr`` (unless the bank
 path is absolute), ``models/<name>/`` (one model file per solver, see ``mklscale.model``),
@@ -151,7 +163,11 @@ _TOP = {
     "checkpoint": Field((dict,), {}),
 }
 _DATASET = {
-    "name": Field((str,)),
+    "name": Field((str,), None),
+    "path": Field((str,), None),
+    "target": Field((str,), None),
+    "labels": Field((str,), None),
+    "task": Field((str,), None, one_of("classification", "regression")),
     "test_fraction": Field((float,), 0.25, fraction),
     "max_train": Field((int,), 0, lambda v: None if v >= 0 else "must be >= 0 (0 = all rows)"),
     "options": Field((dict,), {}),
@@ -204,6 +220,7 @@ class Pipeline:
     checkpoint_every_s: float
     source: Path | None
     raw: dict
+    dataset_option: str | None = None   # the offline dataset `mklscale run --dataset` put in [dataset]
 
 
 def load_pipeline(spec: str | os.PathLike | dict) -> Pipeline:
@@ -212,7 +229,7 @@ def load_pipeline(spec: str | os.PathLike | dict) -> Pipeline:
     raw = spec if isinstance(spec, dict) else read_toml(source, "pipeline")
     where = f"pipeline {source}" if source else "pipeline"
     top = check_table(raw, _TOP, where)
-    dataset = check_table(top["dataset"], _DATASET, f"{where} [dataset]")
+    dataset = _check_dataset(top["dataset"], f"{where} [dataset]", source)
     bank = _check_bank(top["bank"], f"{where} [bank]")
     solvers = [_check_solver(entry, f"{where} [[solver]] #{i + 1}") for i, entry in enumerate(top["solver"])]
     paths = [check_table(entry, _PATH, f"{where} [[path]] #{i + 1}") for i, entry in enumerate(top["path"])]
@@ -231,6 +248,76 @@ def load_pipeline(spec: str | os.PathLike | dict) -> Pipeline:
     every_s = check_table(top["checkpoint"], _CHECKPOINT, f"{where} [checkpoint]")["every_s"]
     return Pipeline(top["name"], top["description"], top["seed"], dataset, bank, solvers, paths, report,
                     every_s, source, raw)
+
+
+def _check_dataset(table, where: str, source: Path | None) -> dict:
+    """[dataset]: exactly one of ``name`` (an offline dataset, with ``options``) or ``path`` (a file of
+    the user's, with ``target`` or ``labels`` and optionally ``task``); ``path`` and ``labels`` are
+    resolved against the pipeline file's folder (``file``, ``labels_file``)."""
+    from mklscale.datasets import available
+    from mklscale.tabular import kind
+
+    cfg = check_table(table, _DATASET, where)
+    if (cfg["name"] is None) == (cfg["path"] is None):
+        raise ConfigError(f"{where}: give exactly one of name = \"...\" (an offline dataset: "
+                          f"{', '.join(available())}) or path = \"data.csv\" (your own .csv, .parquet or .npy file)")
+    if cfg["name"] is not None:
+        extra = [k for k in ("target", "labels", "task") if cfg[k] is not None]
+        if extra:
+            raise ConfigError(f"{where}: {', '.join(extra)} apply to path = \"...\" (your own data) only; remove "
+                              f"them (the dataset {cfg['name']!r} has its own target and task)")
+        return cfg
+    if cfg["options"]:
+        raise ConfigError(f"{where}: options apply to an offline dataset (name = \"...\") only; remove them")
+
+    def resolve(text: str) -> Path:
+        file = Path(text).expanduser()
+        return file if file.is_absolute() or source is None else source.parent / file
+
+    cfg["file"] = resolve(cfg["path"])
+    file_kind = kind(cfg["file"])
+    if file_kind is None:
+        raise ConfigError(f"{where}.path: {cfg['path']!r} is not a .csv, .parquet or .npy file (by its name); give "
+                          "a .csv file with a header row, a .parquet file or a .npy array")
+    if file_kind == "npy":
+        if cfg["target"] is not None:
+            raise ConfigError(f"{where}: target names a column of a .csv or .parquet table, and {cfg['path']} is a "
+                              ".npy array; give its targets as a second .npy file with labels = \"y.npy\"")
+        if cfg["labels"] is None:
+            raise ConfigError(f"{where}: path = {cfg['path']!r} is a .npy array of features; add labels = \"y.npy\", "
+                              "a .npy file with one target per row")
+    else:
+        if cfg["labels"] is not None:
+            raise ConfigError(f"{where}: labels is for .npy feature files; for the table {cfg['path']} name its "
+                              "target column with target = \"COLUMN\"")
+        if cfg["target"] is None:
+            raise ConfigError(f"{where}: path = {cfg['path']!r} is a table; add target = \"COLUMN\", the column that "
+                              "holds the labels (or values) to predict; the other columns are the features")
+    cfg["labels_file"] = None if cfg["labels"] is None else resolve(cfg["labels"])
+    return cfg
+
+
+def with_dataset(pipe: Pipeline, name: str) -> Pipeline:
+    """``pipe`` with its [dataset] replaced by the offline dataset ``name`` (``mklscale run --dataset``).
+
+    ``test_fraction`` and ``max_train`` stay; a file's ``path``, ``target``, ``labels`` and ``task``
+    go; of ``options``, the keys ``name`` accepts stay (a generated set's n_samples for another
+    generated set) and the others go, listed in ``dropped_options`` (the run prints them). The
+    default run directory becomes ``runs/<pipeline name>-<name>`` and results.json records ``name``.
+    """
+    from mklscale.datasets import accepted_options, available
+
+    if name not in available():
+        raise ConfigError(f"--dataset {name!r}: unknown dataset; choose one of {', '.join(available())}")
+    old = pipe.dataset
+    accepted = accepted_options(name)
+    options = {k: v for k, v in old["options"].items() if k in accepted}
+    dataset = {**{k: None for k in ("path", "target", "labels", "task", "file", "labels_file")},
+               "name": name, "test_fraction": old["test_fraction"], "max_train": old["max_train"], "options": options,
+               "dropped_options": sorted(set(old["options"]) - set(options))}
+    raw_dataset = {k: v for k, v in pipe.raw["dataset"].items() if k in ("test_fraction", "max_train")}
+    raw = {**pipe.raw, "dataset": {"name": name, **raw_dataset, **({"options": options} if options else {})}}
+    return dataclasses.replace(pipe, dataset=dataset, raw=raw, dataset_option=name)
 
 
 def _check_bank(table, where: str) -> dict:
@@ -324,7 +411,7 @@ class _Data:
 
 
 def run_pipeline(spec, out: str | os.PathLike | None = None, cluster=None, quiet: bool = False,
-                 resume: bool = False, overwrite: bool = False) -> dict:
+                 resume: bool = False, overwrite: bool = False, dataset: str | None = None) -> dict:
     """Run every stage of a pipeline and return the results dict (also written to ``out/results.json``).
 
     ``spec``: a path, a dict or a :class:`Pipeline`. ``out``: the run directory (default
@@ -336,10 +423,15 @@ def run_pipeline(spec, out: str | os.PathLike | None = None, cluster=None, quiet
     is returned as it is (its report written if it is missing). ``overwrite``: replace an earlier
     run in ``out`` (its bank too, when the bank lives in the run directory). An earlier run in
     ``out`` without either is refused. SIGTERM/SIGINT raise ``Stopped``, whose message says what
-    was saved and how to resume.
+    was saved and how to resume. ``dataset``: an offline dataset that replaces the pipeline's
+    [dataset] for this run (:func:`with_dataset`; the default ``out`` is then
+    ``runs/<name>-<dataset>``).
     """
     pipe = spec if isinstance(spec, Pipeline) else load_pipeline(spec)
-    run_dir = Path(out) if out is not None else Path("runs") / pipe.name
+    if dataset is not None:
+        pipe = with_dataset(pipe, dataset)
+    label = pipe.name if pipe.dataset_option is None else f"{pipe.name}-{pipe.dataset_option}"
+    run_dir = Path(out) if out is not None else Path("runs") / label
     stage = _Stage()
     with stop_cleanly():
         try:
@@ -367,7 +459,7 @@ def _run(pipe: Pipeline, run_dir: Path, cluster, quiet: bool, resume: bool, over
     if resume and (run_dir / "results.json").is_file():
         return _finished_run(pipe, run_dir, stage)
     started, t0 = _now(), time.perf_counter()
-    data = _load_data(pipe)
+    data = _load_data(pipe, say)
     _check_solvers(pipe, data.task)
     say(f"[{pipe.name}] {data.name}: {len(data.y_train)} training rows, {len(data.y_test)} test rows, "
         f"{data.X_train.shape[1]} features ({data.task})")
@@ -391,11 +483,10 @@ def _run(pipe: Pipeline, run_dir: Path, cluster, quiet: bool, resume: bool, over
                 entries.append(_run_path(entry, bank, data, client, quiet, say))
             stage.solver = None
         except ClusterUnavailableError as exc:
-            source = pipe.source if pipe.source is not None else "PIPELINE.toml"
             raise ClusterUnavailableError(
                 f"{exc}. The run's state is kept in {run_dir} (the bank, finished solvers and checkpoints in "
-                f"{run_dir / 'checkpoints'}); when the cluster is back, resume with: mklscale run {source} "
-                f"--out {run_dir} --resume") from exc
+                f"{run_dir / 'checkpoints'}); when the cluster is back, resume with: "
+                f"{_resume_command(pipe, run_dir)}") from exc
         cluster_info = _cluster_info(cluster_config, client)
     results = {
         "schema_version": SCHEMA_VERSION, "mklscale_version": __version__,
@@ -476,7 +567,11 @@ def _prepare_run_dir(run_dir: Path, pipe: Pipeline, overwrite: bool = False) -> 
             shutil.rmtree(run_dir / name, ignore_errors=True)
     if pipe.source is not None:
         # the copy never holds credentials of a [bank.storage_options] table
-        (run_dir / "pipeline.toml").write_text(redact_toml(Path(pipe.source).read_text()))
+        text = redact_toml(Path(pipe.source).read_text())
+        if pipe.dataset_option is not None:
+            text = (f"# run with --dataset {pipe.dataset_option}: [dataset] name = \"{pipe.dataset_option}\" replaced "
+                    "the [dataset] below (results.json records it)\n") + text
+        (run_dir / "pipeline.toml").write_text(text)
 
 
 def _check_solvers(pipe: Pipeline, task: str) -> None:
@@ -511,10 +606,15 @@ def _stop_message(exc: Stopped | Preempted, pipe: Pipeline, run_dir: Path, stage
         saved.append("results.json")
     note = "" if stage.solver is None or isinstance(exc, Preempted) and exc.checkpoint else \
         f" ({stage.solver} keeps no checkpoint and starts over)"
-    source = pipe.source if pipe.source is not None else "PIPELINE.toml"
     return (f"stopped by {signals.Signals(exc.signum).name} while {stage.doing}: saved "
-            f"{'; '.join(saved) if saved else 'nothing yet'}{note}; resume with: mklscale run {source} "
-            f"--out {run_dir} --resume")
+            f"{'; '.join(saved) if saved else 'nothing yet'}{note}; resume with: {_resume_command(pipe, run_dir)}")
+
+
+def _resume_command(pipe: Pipeline, run_dir: Path) -> str:
+    """The command that continues this run (with the --dataset it was started with)."""
+    source = pipe.source if pipe.source is not None else "PIPELINE.toml"
+    option = "" if pipe.dataset_option is None else f" --dataset {pipe.dataset_option}"
+    return f"mklscale run {source}{option} --out {run_dir} --resume"
 
 
 def _bank_progress(path: Path) -> str:
@@ -528,28 +628,36 @@ def _bank_progress(path: Path) -> str:
     return f"{done} of {len(bank)} bank kernels ({path})"
 
 
-def _load_data(pipe: Pipeline) -> _Data:
-    """Load the dataset and split it (seeded; stratified for classification)."""
+def _load_data(pipe: Pipeline, say=lambda *a: None) -> _Data:
+    """Load the dataset (an offline one, or the user's file: ``mklscale.tabular``) and split it
+    (seeded; stratified for classification); ``say`` prints an inferred task or dropped options."""
     from sklearn.model_selection import train_test_split
 
     from mklscale.datasets import load
 
     cfg = pipe.dataset
-    if cfg["options"].get("standardise", False):
-        raise ConfigError("pipeline [dataset] options: standardise = true is not allowed: the run fits on the raw "
-                          "features (the bank standardises them and every saved model keeps that standardisation, "
-                          "so it predicts from raw features); remove standardise")
+    if cfg["path"] is not None:
+        X, y, task, name, feature_names = _read_own_data(cfg, pipe, say)
+    else:
+        if cfg["options"].get("standardise", False):
+            raise ConfigError("pipeline [dataset] options: standardise = true is not allowed: the run fits on the raw "
+                              "features (the bank standardises them and every saved model keeps that "
+                              "standardisation, so it predicts from raw features); remove standardise")
+        if cfg.get("dropped_options"):
+            say(f"[{pipe.name}] --dataset {cfg['name']}: the pipeline's [dataset] options "
+                f"{', '.join(cfg['dropped_options'])} do not apply to {cfg['name']} and are not used")
+        try:
+            ds = load(cfg["name"], **{**cfg["options"], "standardise": False})
+        except InvalidInputError as exc:
+            raise ConfigError(f"pipeline [dataset]: {exc}") from None
+        X, y, name, feature_names = ds.X, ds.y, ds.name, tuple(ds.feature_names)
+        task = "regression" if ds.task == "regression" else "classification"
+    stratify = y if task == "classification" else None
     try:
-        ds = load(cfg["name"], **{**cfg["options"], "standardise": False})
-    except InvalidInputError as exc:
-        raise ConfigError(f"pipeline [dataset]: {exc}") from None
-    task = "regression" if ds.task == "regression" else "classification"
-    stratify = ds.y if task == "classification" else None
-    try:
-        X_tr, X_te, y_tr, y_te = train_test_split(ds.X, ds.y, test_size=cfg["test_fraction"],
+        X_tr, X_te, y_tr, y_te = train_test_split(X, y, test_size=cfg["test_fraction"],
                                                   random_state=pipe.seed, stratify=stratify)
     except ValueError as exc:
-        raise ConfigError(f"pipeline [dataset] test_fraction = {cfg['test_fraction']}: {ds.name} ({len(ds.y)} rows) "
+        raise ConfigError(f"pipeline [dataset] test_fraction = {cfg['test_fraction']}: {name} ({len(y)} rows) "
                           f"cannot be split so ({exc}); give a smaller test_fraction") from None
     if cfg["max_train"] and cfg["max_train"] < len(y_tr):
         X_tr, y_tr = X_tr[: cfg["max_train"]], y_tr[: cfg["max_train"]]
@@ -557,11 +665,27 @@ def _load_data(pipe: Pipeline) -> _Data:
     if counts.size < (2 if task == "classification" else 1) or counts.min() < MIN_TRAIN_PER_CLASS:
         per = "of each class" if task == "classification" else ""
         raise ConfigError(f"pipeline [dataset]: test_fraction = {cfg['test_fraction']} (max_train = {cfg['max_train']}) "
-                          f"leaves {len(y_tr)} training rows of {ds.name}'s {len(ds.y)}, fewer than "
+                          f"leaves {len(y_tr)} training rows of {name}'s {len(y)}, fewer than "
                           f"{MIN_TRAIN_PER_CLASS} {per}; give a smaller test_fraction (0.25 is usual) or a larger "
                           "max_train")
     classes = sorted(np.unique(y_tr).tolist()) if task == "classification" else None
-    return _Data(ds.name, task, X_tr, y_tr, X_te, y_te, classes, tuple(ds.feature_names))
+    return _Data(name, task, X_tr, y_tr, X_te, y_te, classes, feature_names)
+
+
+def _read_own_data(cfg: dict, pipe: Pipeline, say):
+    """[dataset] path: (X, y, task, name, feature names) from the user's .csv / .parquet / .npy file."""
+    from mklscale import tabular
+
+    where = f"pipeline {pipe.source} [dataset]" if pipe.source else "pipeline [dataset]"
+    try:
+        table = tabular.read_table(cfg["file"], target=cfg["target"], labels=cfg["labels_file"],
+                                   spelling=tabular.PIPELINE)
+        task, note = tabular.check_task(table.y, cfg["task"], f"path {cfg['file']}", tabular.PIPELINE)
+    except InvalidInputError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    if note:
+        say(f"[{pipe.name}] {note}")
+    return table.X, table.y, task, cfg["path"], table.feature_names
 
 
 def _build_bank(pipe: Pipeline, data: _Data, run_dir: Path, client, quiet: bool, say, overwrite: bool = False,

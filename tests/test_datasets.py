@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +20,10 @@ EXPECTED = {
     "iris": ("multiclass", 150, 4, 3),
     "iris_binary": ("binary", 150, 4, 2),
     "diabetes": ("regression", 442, 10, None),
+    "liver": ("binary", 345, 6, 2),
+    "pima": ("binary", 768, 8, 2),
+    "ionosphere": ("binary", 351, 33, 2),
+    "sonar": ("binary", 208, 60, 2),
     "twonorm": ("binary", 1000, 20, 2),
     "ringnorm": ("binary", 1000, 20, 2),
     "waveform": ("binary", 1000, 21, 2),
@@ -267,3 +272,68 @@ def test_generator_functions_validate_directly():
         twonorm(n_samples=1)
     with pytest.raises(InvalidInputError, match="n_features"):
         ringnorm(n_features=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# the SimpleMKL / SpicyMKL UCI sets shipped in mklscale/data (copied from KEEL)
+
+#: name: (rows labelled +1, rows labelled -1) as the UCI descriptions give them
+UCI_CLASSES = {"liver": (145, 200), "pima": (268, 500), "ionosphere": (225, 126), "sonar": (111, 97)}
+
+
+@pytest.mark.parametrize("name", sorted(UCI_CLASSES))
+def test_uci_sets_have_the_uci_row_and_class_counts(name):
+    ds = load(name)
+    positive, negative = UCI_CLASSES[name]
+    assert ds.task == "binary" and ds.y.dtype == np.float64
+    assert set(np.unique(ds.y).tolist()) == {-1.0, 1.0}
+    assert (int((ds.y > 0).sum()), int((ds.y < 0).sum())) == (positive, negative)
+    assert ds.n_samples == positive + negative
+
+
+@pytest.mark.parametrize("name", sorted(UCI_CLASSES))
+def test_uci_sets_standardised_by_default_raw_on_request(name):
+    raw = load(name, standardise=False)
+    ds = load(name)
+    np.testing.assert_array_equal(ds.y, raw.y)
+    np.testing.assert_allclose(ds.X, _standardise(raw.X))
+    assert not np.allclose(raw.X.mean(axis=0), 0.0)
+    assert (raw.X.std(axis=0) > 0).all()      # no constant column (KEEL dropped ionosphere's)
+
+
+def test_uci_feature_names_and_raw_values_follow_the_sources():
+    liver = load("liver", standardise=False)
+    assert liver.feature_names == ("mcv", "alkphos", "sgpt", "sgot", "gammagt", "drinks")
+    np.testing.assert_array_equal(liver.X[0], [85, 92, 45, 27, 31, 0])   # UCI bupa.data's first row
+    assert liver.y[0] == 1.0                                             # its selector is 1
+    pima = load("pima", standardise=False)
+    assert pima.feature_names[:2] == ("pregnancies", "glucose") and pima.feature_names[-1] == "age"
+    # zeros stand for missing values, as in UCI's file (the counts of the UCI description)
+    zeros = dict(zip(pima.feature_names, (pima.X == 0).sum(axis=0).tolist()))
+    assert [zeros[k] for k in ("glucose", "blood_pressure", "skin_thickness", "insulin", "bmi")] == [5, 35, 227, 374, 11]
+    iono = load("ionosphere", standardise=False)
+    assert iono.feature_names[:3] == ("a1", "a3", "a4") and iono.feature_names[-1] == "a34"  # UCI's a2 dropped
+    assert set(np.unique(iono.X[:, 0]).tolist()) == {0.0, 1.0}
+    sonar = load("sonar", standardise=False)
+    assert sonar.feature_names == tuple(f"band{i}" for i in range(1, 61))
+    np.testing.assert_array_equal(sonar.X[0, :3], [0.02, 0.037, 0.043])  # UCI's 0.0200, 0.0371, 0.0428 rounded
+    assert sonar.y[0] == -1.0                                             # a rock
+    assert ((sonar.X >= 0) & (sonar.X <= 1)).all()
+
+
+def test_uci_files_are_package_data():
+    """The four files ship inside the package (pyproject's package-data pattern matches them)."""
+    import tomllib
+    from importlib.resources import files
+
+    root = Path(__file__).resolve().parents[1]
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["mklscale"]
+    shipped = {p.name for pattern in patterns for p in (root / "mklscale").glob(pattern)}
+    assert {f"{name}.csv.gz" for name in UCI_CLASSES} <= shipped
+    for name in UCI_CLASSES:
+        assert files("mklscale").joinpath("data", f"{name}.csv.gz").is_file()
+
+
+def test_uci_sets_refuse_size_keywords():
+    with pytest.raises(InvalidInputError, match="n_samples.*fixed size"):
+        load("sonar", n_samples=10)
