@@ -565,9 +565,9 @@ class MKLClassifier(ClassifierMixin, _MKLBase):
     _parameter_constraints = {**_MKLBase._parameter_constraints,
                               "class_weight": [StrOptions({"balanced"}), dict, None]}
 
-    def __init__(self, kernels="auto", solver="spicy", C="auto", solver_params=None, class_weight=None,
-                 normalize="trace", rank=None, cache_dir=None, client=None, progress=False, verbose=False,
-                 random_state=None, checkpoint_dir=None, checkpoint_every_s=60.0):
+    def __init__(self, kernels="auto", solver="spicy", C="auto", solver_params=None, normalize="trace", rank=None,
+                 cache_dir=None, client=None, progress=False, verbose=False, random_state=None, checkpoint_dir=None,
+                 checkpoint_every_s=60.0, class_weight=None):
         super().__init__(kernels=kernels, solver=solver, C=C, solver_params=solver_params, normalize=normalize,
                          rank=rank, cache_dir=cache_dir, client=client, progress=progress, verbose=verbose,
                          random_state=random_state, checkpoint_dir=checkpoint_dir,
@@ -843,8 +843,8 @@ class MKLClassifierCV(_CrossValidated, MKLClassifier):
     _parameter_constraints = {**_CV_CONSTRAINTS, "class_weight": [StrOptions({"balanced"}), dict, None]}
 
     def __init__(self, kernels="auto", solver="spicy", Cs=10, cv=3, scoring=None, solver_params=None,
-                 class_weight=None, normalize="trace", rank=None, cache_dir=None, client=None, progress=False,
-                 verbose=False, random_state=None, checkpoint_dir=None, checkpoint_every_s=60.0):
+                 normalize="trace", rank=None, cache_dir=None, client=None, progress=False, verbose=False,
+                 random_state=None, checkpoint_dir=None, checkpoint_every_s=60.0, class_weight=None):
         _cv_init(self, kernels, solver, Cs, cv, scoring, solver_params, normalize, rank, cache_dir, client, progress,
                  verbose, random_state, checkpoint_dir, checkpoint_every_s, class_weight=class_weight)
 

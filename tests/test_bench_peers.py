@@ -36,8 +36,8 @@ def runner():
 
 
 def test_choice_rule_is_model_selections(runner):
-    """run_mklpy.best_index (it cannot import mklscale) picks what model_selection._best picks, ties included."""
-    from mklscale.model_selection import _best
+    """run_mklpy.best_index (it cannot import mklscale) picks what cv.best_index picks, ties included."""
+    from mklscale.solvers.cv import best_index as _best
 
     rng = np.random.default_rng(0)
     grid = [0.1, 1.0, 10.0, 100.0]

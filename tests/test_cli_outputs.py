@@ -197,7 +197,7 @@ def test_fit_out_holding_a_model_is_refused_unless_overwrite(small, tmp_path, ca
     assert cli.main(["fit", *_fit_args(small), "--C", "2", "--out", str(model), "--overwrite"]) == 0
     after = _files(model)
     assert after["arrays.npz"] != before["arrays.npz"]   # the new fit (C = 2) replaced the old one
-    assert json.loads(after["model.json"])["estimator"]["params"]["C"] == 2.0
+    assert json.loads(after["model.json"])["fitted"]["fit_stats_"]["C"] == 2.0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]   # no temporary or moved-aside folder
 
     foreign = tmp_path / "notes"

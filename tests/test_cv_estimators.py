@@ -47,7 +47,8 @@ def test_the_choice_is_the_best_mean_fold_score_and_the_model_is_the_refit_at_it
     assert res["rank_test_score"][best] == 1
     plain = MKLClassifier(kernels=KERNELS, C=est.C_, random_state=1, cache_dir=cache).fit(X, y)
     np.testing.assert_allclose(est.decision_function(X), plain.decision_function(X), atol=1e-8)
-    assert est.fit_stats_["C"] == est.C_ and est.fit_stats_["kernels_built"] == 0    # the bank was built once
+    assert est.fit_stats_["C"] == est.C_ and plain.fit_stats_["kernels_built"] == 0    # one bank for CV and refit
+    assert plain.fit_stats_["bank"] == est.fit_stats_["bank"]
 
 
 def test_fold_scores_are_those_of_fits_on_the_fold_rows(cancer, cache):

@@ -169,7 +169,7 @@ def test_cli_family_options_are_the_family_parameters():
     assert cli.FAMILY_CHOICES == families.FAMILIES
     assert set(cli.FAMILY_OPTIONS) == {p for params in families.FAMILY_PARAMS.values() for p in params}
     args = cli._parser().parse_args(["fit", "--dataset", "iris", "--out", "m"])
-    assert cli._kernels(args) == {"family": "simplemkl"}  # nothing given: the family's own defaults
+    assert cli._kernels(args) == {"family": "auto"}  # nothing given: the estimators' default, with its own defaults
 
 
 def test_cli_bad_kernel_features_is_one_line(tmp_path, capsys):

@@ -47,7 +47,8 @@ MARKERS = {"spicy": [("(W)", "(W) = "), (" active ", "active a/w/M = ")],
            "citi": [(" O_low ", "O_up, O_low = "), (" selected ", "selected = ")],
            "gcd": [(" fw ", "fw = "), (" gap=", "gap = ")],
            "sgd": [(" C=", "C = ")]}
-VERBOSE = {"spicy": {"working_set": [0]}, "pfbs": {"working_set": [0]}, "gcd": {"max_iter": 15, "variant": "away"},
+VERBOSE = {"spicy": {"working_set": [0]}, "pfbs": {"working_set": [0], "accelerated": False},
+           "gcd": {"max_iter": 15, "variant": "away"},
            "sgd": {"T": 60, "record_every": 10}, "smo": {"max_working_set": 1}}
 
 

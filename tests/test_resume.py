@@ -274,7 +274,7 @@ def test_gcd_resumes_bit_identically(tmp_path, banks):
     reg_engine = Engine(banks["regression"][0])
     cls_engine = Engine(banks["classification"][0])
     cases = {
-        "one": (lambda ck: gcd.fit_one_stage(DenseEngine(grams), y, lam=0.1, max_iter=400, tol=1e-6,
+        "one": (lambda ck: gcd.fit_one_stage(DenseEngine(grams), y, lam=0.1, max_iter=400, tol=1e-6, variant="fw",
                                              checkpoint=ck), (1, 70)),
         "euclidean": (lambda ck: gcd.fit_two_stage(reg_engine, y, criterion="euclidean", lam=0.1, max_iter=300,
                                                    checkpoint=ck), (1, 20)),

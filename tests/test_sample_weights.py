@@ -70,7 +70,8 @@ def test_regressor_weights(tmp_path):
     plain = MKLRegressor(kernels=KERNELS, solver="uniform", cache_dir=tmp_path).fit(ds.X, ds.y)
     assert not np.allclose(est.predict(ds.X), plain.predict(ds.X))
     with pytest.raises(InvalidInputError, match="must be > 0 for regression"):
-        MKLRegressor(kernels=KERNELS, solver="uniform", cache_dir=tmp_path).fit(ds.X, ds.y, sample_weight=w * 0)
+        MKLRegressor(kernels=KERNELS, solver="uniform", cache_dir=tmp_path).fit(ds.X, ds.y,
+                                                                                sample_weight=np.r_[0.0, w[1:]])
 
 
 @pytest.mark.parametrize("solver,params", [("spicy", None), ("smo", None), ("gcd", None), ("easymkl", None)])

@@ -21,7 +21,7 @@ from mklscale.cli import main as cli
 from mklscale.errors import InvalidInputError, NotABankError
 from mklscale.pipeline import run_pipeline
 
-THREE = {"family": "gaussian", "widths": [1.0, 2.0, 3.0]}
+THREE = {"family": "gaussian", "widths": [1.0, 2.0, 3.0], "features": "all"}
 N, D = 300, 4  # three dense 300 x 300 float32 kernels: 1.1 MB on disk
 
 
@@ -204,7 +204,7 @@ name = "breast_cancer"
 test_fraction = 0.25
 
 [bank]
-families = [{{ family = "gaussian", widths = [1, 2, 5] }}]
+families = [{{ family = "gaussian", widths = [1, 2, 5], features = "all" }}]
 path = "{bank}"
 
 [[solver]]

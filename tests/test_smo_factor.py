@@ -71,7 +71,7 @@ def low_rank(bank):
 @pytest.fixture(scope="module")
 def low_rank_fits(low_rank):
     factors, tilde, y, _ = low_rank
-    return smo.fit(NoDenseFactorEngine(factors), y, C), smo.fit(DenseEngine(tilde), y, C)
+    return smo.fit(NoDenseFactorEngine(factors), y, C, tol=None), smo.fit(DenseEngine(tilde), y, C, tol=None)
 
 
 # ------------------------------------------------------------------------------------- pieces
@@ -134,8 +134,8 @@ def test_full_rank_factors_give_the_dense_solution(bank):
     grams, y = bank
     factors = eigen_factors(grams)
     tilde = grams_of(factors)
-    dense = smo.fit(DenseEngine(grams), y, C)
-    res = smo.fit(NoDenseFactorEngine(factors), y, C)
+    dense = smo.fit(DenseEngine(grams), y, C, tol=None)
+    res = smo.fit(NoDenseFactorEngine(factors), y, C, tol=None)
     oracle = lanckriet_oracle(tilde, y, C)
     assert res.converged and dense.converged
     assert res.objective == pytest.approx(dense.objective, rel=1e-4)
@@ -177,7 +177,7 @@ def test_column_cache_size_changes_no_bit(low_rank, low_rank_fits, monkeypatch):
     """Two cached indices (every step refills a column) give the same bits as the default cache."""
     factors, _, y, _ = low_rank
     monkeypatch.setattr(smo, "COLUMN_CACHE_BYTES", 0)
-    res = smo.fit(NoDenseFactorEngine(factors), y, C)
+    res = smo.fit(NoDenseFactorEngine(factors), y, C, tol=None)
     ref = low_rank_fits[0]
     np.testing.assert_array_equal(res.weights, ref.weights)
     np.testing.assert_array_equal(res.dual_coef, ref.dual_coef)
@@ -197,7 +197,7 @@ def test_factor_working_set_holds_factors_and_readds_violators(low_rank):
         return out
 
     engine.blocks = recording_blocks
-    res = smo.fit(engine, y, C, max_working_set=1)
+    res = smo.fit(engine, y, C, max_working_set=1, tol=None)
     assert res.converged and sum(h["n_violators"] for h in res.history) >= 1
     assert res.objective == pytest.approx(oracle, rel=1e-4)
     assert shapes and all(s[1:] == factors.shape[1:] for s in shapes)
@@ -206,7 +206,7 @@ def test_factor_working_set_holds_factors_and_readds_violators(low_rank):
 def test_per_kernel_d_on_factors(low_rank):
     factors, tilde, y, _ = low_rank
     d = np.linspace(0.8, 1.3, factors.shape[0])
-    res = smo.fit(NoDenseFactorEngine(factors), y, C, d=d)
+    res = smo.fit(NoDenseFactorEngine(factors), y, C, d=d, tol=None)
     assert res.converged
     assert res.objective == pytest.approx(lanckriet_oracle(tilde, y, C, d), rel=1e-4)
     assert np.sum(d * d * res.weights) == pytest.approx(1.0, abs=1e-9)
@@ -215,7 +215,7 @@ def test_per_kernel_d_on_factors(low_rank):
 def test_no_stage_returns_the_uniform_start(low_rank):
     """max_stages = 0 on factors: alpha = 0, uniform weights, f0 from combine_factors (no n x n)."""
     factors, tilde, y, _ = low_rank
-    res = smo.fit(NoDenseFactorEngine(factors), y, C, max_stages=1, kappa_min=0.9)
+    res = smo.fit(NoDenseFactorEngine(factors), y, C, max_stages=1, kappa_min=0.9, tol=None)
     assert res.params["status"] == "kappa_min" and not res.converged
     np.testing.assert_allclose(res.weights, 1.0 / factors.shape[0])
     assert np.all(res.dual_coef == 0.0) and res.params["dual"] == 0.0
@@ -233,8 +233,8 @@ def test_float32_factors_are_widened_exactly(low_rank):
     every entry is widened before any arithmetic."""
     factors, _, y, _ = low_rank
     rounded = factors.astype(np.float32).astype(np.float64)
-    res32 = smo.fit(Float32FactorEngine(rounded), y, C)
-    res64 = smo.fit(InMemoryFactorEngine(rounded), y, C)
+    res32 = smo.fit(Float32FactorEngine(rounded), y, C, tol=None)
+    res64 = smo.fit(InMemoryFactorEngine(rounded), y, C, tol=None)
     np.testing.assert_array_equal(res32.weights, res64.weights)
     np.testing.assert_array_equal(res32.dual_coef, res64.dual_coef)
     assert res32.objective == res64.objective and res32.converged

@@ -174,7 +174,7 @@ def stopping(model, args) -> dict:
 
 def best_index(mean, grid, larger_regularises: bool) -> int:
     """Index of the best mean CV score; ties go to the more regularised value. The rule of
-    ``mklscale.model_selection._best`` (this file cannot import mklscale; tests/test_bench_peers.py
+    ``mklscale.solvers.cv.best_index`` (this file cannot import mklscale; tests/test_bench_peers.py
     checks they agree)."""
     mean = np.asarray(mean, dtype=np.float64)
     top = np.flatnonzero(mean >= np.max(mean) - 1e-12)
