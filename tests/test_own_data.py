@@ -174,7 +174,7 @@ def test_cli_predict_csv_for_a_model_without_names_drops_the_target(tmp_path, ir
 
 def test_cli_bank_build_from_csv(tmp_path, iris_csv, capsys):
     code, out, err = _run_cli(["bank", "build", "--features", iris_csv, "--target", "species", "--family", "gaussian",
-                               "--widths", "1", "2", "--rows", "40", "--out", tmp_path / "bank.zarr", "--quiet"], capsys)
+                               "--widths", "1", "2", "--kernel-features", "all", "--rows", "40", "--out", tmp_path / "bank.zarr", "--quiet"], capsys)
     assert code == 0, err
     bank = KernelBank.open(tmp_path / "bank.zarr")
     assert bank.n == 40 and len(bank) == 2
