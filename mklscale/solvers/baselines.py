@@ -37,6 +37,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.optimize
 
+from mklscale.errors import InvalidInputError
 from mklscale.solvers._threads import single_blas_thread_for_small_n
 from mklscale.solvers import _final_fit
 from mklscale.solvers._validation import check_engine, check_positive, check_targets
@@ -142,6 +143,21 @@ def alignment(engine, y, task: str = "auto", lam: float = 1.0, C: float = 1.0, s
     return _finish(engine, weights, y, task, lam, C, "alignment",
                    {"n_candidates": int(candidates.size), "qp_alignment": qp_alignment}, log,
                    {"kkt_residual": kkt}, gap=kkt, sample_weight=sample_weight)
+
+
+def refit(engine, y, task: str, lam: float, C: float, init: MKLResult, sample_weight=None) -> MKLResult:
+    """The final fit at another ``C`` / ``lam`` on the kernel weights of ``init``, a result of the same weighting
+    rule (uniform, alignment, fheuristic) on this engine and targets: those weights do not depend on C or lam,
+    so a path over the final fit's constant computes them once (``registry.fit_path``)."""
+    n, M, task, y = _prepare(engine, y, task)
+    if np.shape(init.weights) != (M,):
+        raise InvalidInputError(f"init has {np.size(init.weights)} weights; it must be a result on this bank (M = {M})")
+    log = RunLog(engine, "baseline")
+    kept = {k: v for k, v in init.params.items() if k not in ("task", "lam", "C", "alignment")}
+    objective = None if init.solver in ("uniform", "alignment", "fheuristic") else init.objective
+    return _finish(engine, np.asarray(init.weights, dtype=np.float64), y, task, check_positive("lam", lam),
+                   check_positive("C", C), init.solver, kept, log, {"refit": True}, objective=objective,
+                   gap=init.gap, sample_weight=sample_weight)
 
 
 def _qp_alignment(b_all, weights, candidates, Mc, yc) -> float:

@@ -255,11 +255,15 @@ def _check_gcd(task: str, params: dict) -> None:
 
 def _run_baseline(fn_name, module="baselines"):
     """Adapter of a weights-then-final-fit solver ``mklscale.solvers.<module>.<fn_name>(engine, y, task, lam, C)``."""
-    def run(engine, y, task, C, params, sample_weight=None):
+    def run(engine, y, task, C, params, sample_weight=None, init=None):
         import importlib
+
+        from mklscale.solvers import baselines
 
         params = dict(params)
         params[_final_fit_param(task, params)] = C
+        if init is not None:   # the weights do not depend on C / lam: only the final fit is redone
+            return baselines.refit(engine, y, task, params.get("lam", 1.0), params.get("C", 1.0), init, sample_weight)
         return getattr(importlib.import_module(f"mklscale.solvers.{module}"), fn_name)(
             engine, y, task=task, sample_weight=sample_weight, **params)
 
@@ -353,15 +357,15 @@ _TABLE: dict[str, SolverInfo] = {
                       extra=("stage",), variants=({}, {"stage": "two"}), warm_starts=True, sample_weights=True),
     "uniform": SolverInfo("uniform", TASKS, ("baselines:uniform",), _final_fit_regularisation,
                           _run_baseline("uniform"), None, "UNIFORM weights 1/M, then SVM or kernel ridge",
-                          sample_weights=True),
+                          sample_weights=True, warm_starts=True),
     "alignment": SolverInfo("alignment", TASKS, ("baselines:alignment",), _final_fit_regularisation,
                             _run_baseline("alignment"), None,
                             "AMKL centred-alignment weights (Cortes et al.), then SVM or kernel ridge",
-                            sample_weights=True),
+                            sample_weights=True, warm_starts=True),
     "fheuristic": SolverInfo("fheuristic", TASKS, ("fheuristic:fit",), _final_fit_regularisation,
                              _run_baseline("fit", "fheuristic"), None,
                              "FHeuristic weights ~ uncentred alignment with y y^T (Qiu & Lane; MKLpy), "
-                             "then SVM or kernel ridge", sample_weights=True),
+                             "then SVM or kernel ridge", sample_weights=True, warm_starts=True),
     "easymkl": SolverInfo("easymkl", ("classification",), ("easymkl:fit",),
                           _fixed(Regularisation("lam", True, _unit_scale, "1", 0.1, (1.0, 1e-3))), _run_easymkl,
                           None, "EasyMKL margin-based weights (Aiolli & Donini; MKLpy), then KOMD (default) or "
