@@ -297,14 +297,14 @@ class _MKLBase(BaseEstimator):
         """Open one engine on ``bank``, choose C (:meth:`_choose_C`), solve every head at it, keep the model.
         ``sample_weight``: per-row weights of the final fit (sample_weight x class_weight), or None."""
         from mklscale.engine import Engine
-        from mklscale.engine.core import SMALL_BANK_BYTES
+        from mklscale.engine.core import small_bank_bytes
 
         seed = self._seed()
         seed_param = registry.info(self.solver).seed_param
         if seed_param and seed_param not in params and seed is not None:
             params[seed_param] = seed
         t_solve = time.perf_counter()
-        with Engine(bank, client=client, progress=bool(self.progress), local_bytes=SMALL_BANK_BYTES) as engine:
+        with Engine(bank, client=client, progress=bool(self.progress), local_bytes=small_bank_bytes()) as engine:
             self.C_ = self._choose_C(engine, bank, y_targets, params, y, sample_weight)
             fit_params = dict(params)
             fit_params.pop(registry.c_parameter(self.solver, self._task, params), None)   # C_ holds it now

@@ -154,7 +154,7 @@ def select(entry: dict, req: Request, bank, task: str, y, classes, client, seed:
     ``engine``: an open engine on ``bank`` to use (else one is opened for the CV).
     """
     from mklscale.engine import Engine
-    from mklscale.engine.core import SMALL_BANK_BYTES
+    from mklscale.engine.core import small_bank_bytes
     from mklscale.runtime.checkpoint import stop_on_signals, stop_requested
 
     t0 = time.perf_counter()
@@ -169,7 +169,7 @@ def select(entry: dict, req: Request, bank, task: str, y, classes, client, seed:
         raise ConfigError(f"[[solver]] {name}: cv_folds = {req.folds} needs at least that many training rows "
                           f"{'of every class' if classification else ''}; lower cv_folds")
     fold = cv.fold_assignment(y, req.folds, classification, seed)
-    opened = (Engine(bank, client=client, progress=False, local_bytes=SMALL_BANK_BYTES) if engine is None
+    opened = (Engine(bank, client=client, progress=False, local_bytes=small_bank_bytes()) if engine is None
               else contextlib.nullcontext(engine))
     with opened as engine:
         grid, rule = (req.values, "given") if req.values != AUTO else reg.grid(engine, heads, task, params)

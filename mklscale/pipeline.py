@@ -931,7 +931,7 @@ def _say_solver(say, record: dict, M: int) -> None:
 def _run_path(entry: dict, bank, data: _Data, client, quiet: bool, say) -> dict:
     """A PFBS regularisation path (square loss on the targets, ±1 labels for binary tasks)."""
     from mklscale.engine import Engine
-    from mklscale.engine.core import SMALL_BANK_BYTES
+    from mklscale.engine.core import small_bank_bytes
     from mklscale.solvers import paths
 
     name = entry["name"]
@@ -943,7 +943,7 @@ def _run_path(entry: dict, bank, data: _Data, client, quiet: bool, say) -> dict:
         return record
     y = np.asarray(data.y_train, dtype=np.float64)
     t0 = time.perf_counter()
-    with Engine(bank, client=client, progress=not quiet, local_bytes=SMALL_BANK_BYTES) as engine:
+    with Engine(bank, client=client, progress=not quiet, local_bytes=small_bank_bytes()) as engine:
         p = paths.path(engine, y, n_taus=entry["n_taus"], mu=entry["mu"], eps=entry["eps"], tol=entry["tol"])
         scores, score_name = None, None
         if entry["cv_folds"]:

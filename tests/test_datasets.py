@@ -28,6 +28,7 @@ EXPECTED = {
     "ringnorm": ("binary", 1000, 20, 2),
     "waveform": ("binary", 1000, 21, 2),
     "waveform_multiclass": ("multiclass", 1000, 21, 3),
+    "additive": ("binary", 600, 50, 2),
 }
 
 
@@ -337,3 +338,25 @@ def test_uci_files_are_package_data():
 def test_uci_sets_refuse_size_keywords():
     with pytest.raises(InvalidInputError, match="n_samples.*fixed size"):
         load("sonar", n_samples=10)
+
+
+def test_additive_labels_follow_the_informative_features_only():
+    """additive: the label is a function of the first n_informative columns plus label noise; balanced
+    classes; seeded; the noise columns carry no signal (a logistic fit on them alone is at chance)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import cross_val_score
+
+    from mklscale.datasets import _ADDITIVE_EFFECTS, additive
+
+    ds = additive(n_samples=4000, noise=0.0, seed=3, standardise=False)
+    f = sum(_ADDITIVE_EFFECTS[j](ds.X[:, j]) for j in range(5))
+    np.testing.assert_array_equal(ds.y, np.where(f - np.median(f) > 0, 1.0, -1.0))
+    assert abs(float(np.mean(ds.y > 0)) - 0.5) < 0.01
+    assert ds.feature_names[:6] == ("signal0", "signal1", "signal2", "signal3", "signal4", "noise0")
+    noise_only = cross_val_score(LogisticRegression(), ds.X[:, 5:], ds.y, cv=3).mean()
+    assert abs(noise_only - 0.5) < 0.05
+    np.testing.assert_array_equal(additive(seed=1).X, additive(seed=1).X)
+    with pytest.raises(InvalidInputError, match="n_informative = 9 exceeds n_features = 8"):
+        additive(n_features=8, n_informative=9)
+    with pytest.raises(InvalidInputError, match="noise must be a number >= 0"):
+        additive(noise=-1.0)

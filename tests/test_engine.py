@@ -550,6 +550,34 @@ def test_scheduler_address_gives_an_owned_client(banks, client):
 
 
 @pytest.mark.cluster
+def test_a_small_local_bank_is_reduced_in_the_driver_with_the_same_bits(banks, client, monkeypatch):
+    """local_bytes >= the bank's bytes: no pass reaches the cluster (no scheduler transitions), and every
+    operation gives the bits the cluster gives; small_bank_bytes() reads MKLSCALE_LOCAL_PASS_BYTES."""
+    from mklscale.engine.core import SMALL_BANK_BYTES, small_bank_bytes
+
+    bank, _ = banks["f32"]
+    u = np.linspace(-1, 1, bank.n)
+    with Engine(bank, client=client) as eng:
+        on_cluster = (eng.quad_forms(u), eng.matvecs(u, kernels=[1, 3]), eng.combine(np.linspace(0, 1, eng.M)))
+    with Engine(bank, client=client, local_bytes=bank.nbytes) as eng:
+        before = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.transition_counter)
+        local = (eng.quad_forms(u), eng.matvecs(u, kernels=[1, 3]), eng.combine(np.linspace(0, 1, eng.M)))
+        assert client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.transition_counter) == before
+    for a, b in zip(on_cluster, local):
+        assert np.array_equal(a, b)
+    with Engine(bank, client=client, local_bytes=bank.nbytes - 1) as eng:   # one byte too big: the cluster
+        before = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.transition_counter)
+        eng.quad_forms(u)
+        assert client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.transition_counter) > before
+    assert small_bank_bytes() == SMALL_BANK_BYTES
+    monkeypatch.setenv("MKLSCALE_LOCAL_PASS_BYTES", "0")
+    assert small_bank_bytes() == 0
+    monkeypatch.setenv("MKLSCALE_LOCAL_PASS_BYTES", "lots")
+    with pytest.raises(InvalidInputError, match="MKLSCALE_LOCAL_PASS_BYTES must be a number of bytes"):
+        small_bank_bytes()
+
+
+@pytest.mark.cluster
 def test_cached_kernels_do_not_touch_the_cluster(banks, client):
     bank, K = banks["f32"]
     with Engine(bank, client=client) as eng:

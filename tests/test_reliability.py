@@ -349,13 +349,16 @@ def test_scheduler_killed_mid_solve_raises_and_the_checkpoint_resumes(doomed_sch
     assert resumed.bias == ref.bias
 
 
-def test_pipeline_that_loses_its_scheduler_names_the_resume_command(doomed_scheduler, tmp_path):
+def test_pipeline_that_loses_its_scheduler_names_the_resume_command(doomed_scheduler, tmp_path, monkeypatch):
     """A pipeline on a scheduler address whose scheduler dies during a solve stops with
     ClusterUnavailableError (bounded) naming the run directory and the --resume command, keeping the
-    bank; `--resume` on another cluster then finishes the run."""
+    bank; `--resume` on another cluster then finishes the run. (Every pass goes to the cluster:
+    MKLSCALE_LOCAL_PASS_BYTES=0; by default a bank this small would be reduced in the driver.)"""
     from distributed import Client
 
     from mklscale.pipeline import run_pipeline
+
+    monkeypatch.setenv("MKLSCALE_LOCAL_PASS_BYTES", "0")
 
     address, scheduler = doomed_scheduler
     spec = {"name": "lost", "dataset": {"name": "breast_cancer", "max_train": 60},

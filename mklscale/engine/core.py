@@ -45,11 +45,24 @@ COMBINE_BLOCK = 16
 GRAM_BLOCK = 64
 #: Bytes of row panels a gram task holds at once.
 GRAM_PANEL_BYTES = 32 * 2**20
-#: ``local_bytes`` the estimators and pipelines pass: a local bank up to this size is reduced in the driver's
-#: threads even when a cluster is given. A pass over such a bank (page cache, mapped reader) takes a few ms,
-#: a round trip to a 2-worker LocalCluster 25-30 ms (measured: 273 passes of the quickstart's CV, 49 MB bank,
-#: 7.9 s on the cluster); bigger banks go to the cluster, where reading them in parallel pays.
+#: The default of ``small_bank_bytes()``: a local bank up to this size is reduced in the driver's threads even
+#: when a cluster is given. A pass over such a bank (page cache, mapped reader) takes a few ms, a round trip to a
+#: 2-worker LocalCluster 25-30 ms (measured: 273 passes of the quickstart's CV, 49 MB bank, 7.9 s on the
+#: cluster); bigger banks go to the cluster, where reading them in parallel pays.
 SMALL_BANK_BYTES = 256 * 2**20
+
+
+def small_bank_bytes() -> int:
+    """The ``local_bytes`` estimators and pipelines open their engines with: ``MKLSCALE_LOCAL_PASS_BYTES``
+    (bytes; 0 sends every pass to the cluster), else ``SMALL_BANK_BYTES``."""
+    env = os.environ.get("MKLSCALE_LOCAL_PASS_BYTES")
+    if env is None:
+        return SMALL_BANK_BYTES
+    try:
+        return max(0, int(float(env)))
+    except ValueError:
+        raise InvalidInputError(f"MKLSCALE_LOCAL_PASS_BYTES must be a number of bytes (0: every pass on the "
+                                f"cluster), got {env!r}") from None
 
 
 class Engine(KernelEngine):
@@ -71,7 +84,7 @@ class Engine(KernelEngine):
     task_bytes : kernel bytes per task.
     local_bytes : with a client, still run the passes in this process's threads when the bank is on a
         local or shared filesystem (not an object store) and its stored bytes are at most this
-        (``SMALL_BANK_BYTES`` is what estimators and pipelines pass; 0, the default, always uses the client).
+        (``small_bank_bytes()`` is what estimators and pipelines pass; 0, the default, always uses the client).
         The results are the same bits either way (the sums' order is fixed by the chunk kernels).
     """
 

@@ -1,0 +1,135 @@
+"""Cross-validation along a warm-started path against cold cross-validation, and against one fit.
+
+    python benchmarks/bench_cv_path.py                       # additive, breast_cancer, ringnorm (n = 1000)
+    python benchmarks/bench_cv_path.py --datasets additive --solvers spicy --repeats 1   # a smoke run
+
+For each dataset (its default "auto" bank, built once in /tmp) and each solver, on one threaded Engine:
+
+- **warm CV**: ``mklscale.solvers.cv.cross_validate``, what MKLClassifierCV / MKLRegressorCV and the pipelines
+  run: 3 stratified folds, each a path over the solver's 10-value "auto" grid (``registry.fit_path``), every
+  value starting from the previous solution;
+- **cold CV**: the same folds and grid, every (value, fold) solved from the solver's usual start;
+- **one fit**: a cold fit on all rows at the value the warm CV chose (what the CV estimators refit).
+
+Recorded per pair: the seconds of each (median over ``--repeats`` rounds, the three run in turn A B C A B C
+so that a change of load hits all three), warm CV / one fit (the issue's target: <= 3), cold / warm, the
+values each CV chose (equal unless two grid values tie within the folds' scores) and how many fold fits
+ended unconverged. Results: benchmarks/results/bench_cv_path.json; the table is in benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from machine import describe_machine  # noqa: E402
+
+from mklscale import MKLClassifier, MKLRegressor  # noqa: E402
+from mklscale.datasets import load  # noqa: E402
+from mklscale.engine import Engine, RowSubsetEngine  # noqa: E402
+from mklscale.solvers import cv, registry  # noqa: E402
+
+SOLVERS = ("spicy", "pfbs", "smo", "citi", "gcd", "alignment")
+FOLDS = 3
+
+
+def bank_of(name: str, cache: Path):
+    """(bank, y, task, classes) of the dataset's default "auto" bank, built by the estimators' cache."""
+    kw = {"n_samples": 1000} if name in ("ringnorm", "twonorm", "waveform") else {}
+    ds = load(name, standardise=False, **kw)
+    task = "regression" if ds.task == "regression" else "classification"
+    Estimator = MKLRegressor if task == "regression" else MKLClassifier
+    est = Estimator(solver="uniform", cache_dir=cache).fit(ds.X, ds.y)
+    from mklscale.bank import KernelBank
+
+    classes = None if task == "regression" else np.unique(ds.y)
+    return KernelBank.open(est.fit_stats_["bank"]), ds.y, task, classes
+
+
+def cold_cv(solver, engine, y, task, grid, classes, fold):
+    """Every (value, fold) fitted from the solver's own start; (scores (values, folds), unconverged)."""
+    heads = cv.head_targets(y, classes) if classes is not None else [np.asarray(y, float)]
+    scores = np.empty((len(grid), FOLDS))
+    unconverged = 0
+    for k in range(FOLDS):
+        train, test = np.flatnonzero(fold != k), np.flatnonzero(fold == k)
+        sub = RowSubsetEngine(engine, train)
+        for i, value in enumerate(grid):
+            f = np.empty((test.size, len(heads)))
+            for h, target in enumerate(heads):
+                result = registry.fit_solver(solver, sub, target[train], task, C=value)
+                unconverged += not result.converged
+                f[:, h] = cv.predict_rows(engine, result, train, test)
+            scores[i, k] = cv.score(y[test], f, classes, cv.check_scoring(None, task))
+    return scores, unconverged
+
+
+def one_case(solver, engine, y, task, classes, repeats: int) -> dict:
+    heads = cv.head_targets(y, classes) if classes is not None else [np.asarray(y, float)]
+    reg = registry.regularisation(solver, task)
+    grid, rule = reg.grid(engine, heads, task, {}, 10)
+    fold = cv.fold_assignment(y, FOLDS, task == "classification", 0)
+    times = {"warm_cv": [], "cold_cv": [], "one_fit": []}
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        warm = cv.cross_validate(solver, engine, y, task, grid, {}, classes, fold=fold)
+        times["warm_cv"].append(time.perf_counter() - t0)
+        chosen_warm = grid[cv.best_index(warm.mean, grid, reg.larger_regularises)]
+        t0 = time.perf_counter()
+        cold_scores, cold_unconverged = cold_cv(solver, engine, y, task, grid, classes, fold)
+        times["cold_cv"].append(time.perf_counter() - t0)
+        chosen_cold = grid[cv.best_index(cold_scores.mean(axis=1), grid, reg.larger_regularises)]
+        t0 = time.perf_counter()
+        for target in heads:
+            registry.fit_solver(solver, engine, target, task, C=chosen_warm)
+        times["one_fit"].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"solver": solver, "grid": grid, "rule": rule, "seconds": times, "median": med,
+            "warm_over_one_fit": med["warm_cv"] / med["one_fit"], "cold_over_warm": med["cold_cv"] / med["warm_cv"],
+            "chosen_warm": chosen_warm, "chosen_cold": chosen_cold, "warm_mean": warm.mean.tolist(),
+            "cold_mean": cold_scores.mean(axis=1).tolist(), "warm_unconverged": int(warm.unconverged.sum()),
+            "cold_unconverged": int(cold_unconverged)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--datasets", default="additive,breast_cancer,ringnorm")
+    ap.add_argument("--solvers", default=",".join(SOLVERS))
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "bench_cv_path.json")
+    args = ap.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="mklscale-bench-cv-"))
+    record = {"machine": describe_machine(workdir), "folds": FOLDS, "repeats": args.repeats, "datasets": []}
+    for name in args.datasets.split(","):
+        bank, y, task, classes = bank_of(name, workdir)
+        entry = {"dataset": name, "n": bank.n, "M": len(bank), "task": task, "cases": []}
+        with Engine(bank) as engine:
+            for solver in args.solvers.split(","):
+                if not registry.supports(solver, task):
+                    continue
+                case = one_case(solver, engine, y, task, classes, args.repeats)
+                entry["cases"].append(case)
+                m = case["median"]
+                print(f"{name:14s} {solver:10s} warm CV {m['warm_cv']:7.2f} s  cold CV {m['cold_cv']:7.2f} s  "
+                      f"one fit {m['one_fit']:6.2f} s  warm/one {case['warm_over_one_fit']:5.2f}  "
+                      f"cold/warm {case['cold_over_warm']:5.2f}  C {case['chosen_warm']:.3g} / {case['chosen_cold']:.3g}",
+                      flush=True)
+        record["datasets"].append(entry)
+    record["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
