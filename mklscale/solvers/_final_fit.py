@@ -130,29 +130,33 @@ def one_stage_objective(K_theta: np.ndarray, t: np.ndarray, lam: float) -> float
 
 
 def exact_segment_search(A: np.ndarray, B: np.ndarray, t: np.ndarray, lam: float) -> tuple[float, float]:
-    """argmin over eta in [0, 1] of J(eta) = (1/2) t^T ((1 - eta) A + eta B + lam I)^{-1} t, exactly.
+    """argmin over eta in [0, 1] of J(eta) = (1/2) t^T (C(eta))^{-1} t, C(eta) = (1 - eta) A + eta B + lam I,
+    exactly (to machine precision in eta).
 
-    With C = A + lam I = L L^T and L^{-1} (B - A) L^{-T} = V diag(mu) V^T, z = V^T L^{-1} t:
-    J(eta) = (1/2) sum_j z_j^2 / (1 + eta mu_j), convex in eta (1 + eta mu_j > 0 on [0, 1] because
-    the matrix stays positive definite). J'(eta) = -(1/2) sum z_j^2 mu_j / (1 + eta mu_j)^2 is
-    increasing; its root in [0, 1] (or the endpoint) is found by bisection to machine precision.
-    Returns (eta, J(eta)). Two LowRank ends: ``lowrank.segment_search`` (the same search on factors).
+    J is convex on [0, 1] (C stays positive definite): with E = B - A, alpha = C^{-1} t and C = L L^T,
+    J'(eta) = -(1/2) alpha^T E alpha and J''(eta) = alpha^T E C^{-1} E alpha = ||L^{-1} E alpha||^2 >= 0.
+    The minimiser is an endpoint where J' does not change sign, else the root of the increasing J', found
+    by Newton steps kept inside a shrinking bracket (a bisection step where Newton would leave it), each
+    evaluation one Cholesky factorisation of C(eta): about 6 of them, O(n^3 / 3) each. (The eigenvalues
+    of L^{-1} E L^{-T} would give J in closed form, but their eigendecomposition costs ~30 Cholesky
+    factorisations: 0.27 s of the 0.42 s of one GCD step at n = 1347.) Returns (eta, J(eta)). Two
+    LowRank ends: ``lowrank.segment_search`` (the same search on factors).
     """
     if isinstance(A, LowRank):
         return lowrank.segment_search(A.F, B.F, t, lam)
-    L = np.linalg.cholesky(A + lam * np.eye(t.size))
-    Linv_E = scipy.linalg.solve_triangular(L, B - A, lower=True)
-    Mmat = scipy.linalg.solve_triangular(L, Linv_E.T, lower=True)
-    mu, V = np.linalg.eigh(0.5 * (Mmat + Mmat.T))
-    z2 = (V.T @ scipy.linalg.solve_triangular(L, t, lower=True)) ** 2
+    E = B - A
 
-    def value(eta):
-        return 0.5 * float(np.sum(z2 / (1.0 + eta * mu)))
+    def at(eta: float):
+        """(J, J', J'') at eta."""
+        C = A + eta * E
+        C[np.diag_indices_from(C)] += lam
+        factor = scipy.linalg.cho_factor(C, lower=True, check_finite=False)
+        alpha = scipy.linalg.cho_solve(factor, t, check_finite=False)
+        E_alpha = E @ alpha
+        w = scipy.linalg.solve_triangular(factor[0], E_alpha, lower=True, check_finite=False)
+        return 0.5 * float(t @ alpha), -0.5 * float(alpha @ E_alpha), float(w @ w)
 
-    def slope(eta):
-        return -0.5 * float(np.sum(z2 * mu / (1.0 + eta * mu) ** 2))
-
-    return lowrank.root_of_increasing(slope, value)
+    return lowrank.newton_root_of_increasing(at)
 
 
 # ---- centred alignment ---------------------------------------------------------------------------

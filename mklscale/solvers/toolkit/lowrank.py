@@ -216,6 +216,39 @@ def segment_search(FA: np.ndarray, FB: np.ndarray, t: np.ndarray, lam: float) ->
     return root_of_increasing(slope, lambda eta: state(eta)[1])
 
 
+def newton_root_of_increasing(at, tol: float = 1e-15, max_steps: int = 100) -> tuple[float, float]:
+    """(eta, J(eta)) at the minimiser over [0, 1] of a convex J, from ``at(eta) = (J, J', J'')``: an endpoint
+    where J' does not change sign, else the root of J' by safeguarded Newton: the bracket [lo, hi] with
+    J'(lo) < 0 < J'(hi) shrinks at every evaluation, and a Newton step that would leave it (or J'' = 0)
+    is replaced by the bisection step. Stops when the bracket is narrower than ``tol``, the Newton step is
+    below ``tol``, or |J'| has fallen below 1e-13 of |J'(0)| (Newton converges quadratically: the next step
+    would move eta by ~1e-13 of the first step, below what the float64 J can resolve)."""
+    J1, d1, _ = at(1.0)
+    if d1 <= 0.0:
+        return 1.0, J1
+    J0, d0, h0 = at(0.0)
+    if d0 >= 0.0:
+        return 0.0, J0
+    lo, hi = 0.0, 1.0
+    eta, J, d, h = 0.0, J0, d0, h0
+    for _ in range(max_steps):
+        step = -d / h if h > 0.0 else np.inf
+        nxt = eta + step
+        if not lo < nxt < hi:
+            nxt = 0.5 * (lo + hi)
+        J, d, h = at(nxt)
+        if abs(nxt - eta) <= tol or abs(d) <= 1e-13 * abs(d0):
+            return nxt, J
+        eta = nxt
+        if d < 0.0:
+            lo = eta
+        else:
+            hi = eta
+        if hi - lo <= tol:
+            break
+    return eta, J
+
+
 def root_of_increasing(slope, value) -> tuple[float, float]:
     """(eta, value(eta)) at the minimiser over [0, 1] of a convex J with derivative ``slope``
     (increasing): an endpoint where the slope does not change sign, else its root by bisection to 1e-15.
