@@ -178,10 +178,12 @@ def select(entry: dict, req: Request, bank, task: str, y, classes, client, seed:
         done = _load_state(state, fingerprint, len(grid), req.folds) if resume else None
 
         def fold_finished(k: int, partial: cv.CVScores) -> None:
-            _save_state(state, fingerprint, grid, partial.scores, partial.unconverged)
+            _save_state(state, fingerprint, grid, partial)
             scores = partial.scores[:, k]
-            say(f"[{name}] cv fold {k + 1}/{req.folds}: best {req.key} = {grid[int(np.argmax(scores))]:.4g} "
-                f"({_METRIC[classification]} {np.max(scores):.4f}), {partial.seconds[k]:.1f} s")
+            reached = int(np.count_nonzero(np.isfinite(scores)))
+            say(f"[{name}] cv fold {k + 1}/{req.folds}: best {req.key} = {grid[int(np.nanargmax(scores))]:.4g} "
+                f"({_METRIC[classification]} {np.nanmax(scores):.4f}), {reached} of {len(grid)} values "
+                f"(the path stops {cv.DEFAULT_PATIENCE} values past the fold's best), {partial.seconds[k]:.1f} s")
             if stop_requested() is not None:
                 raise Preempted(stop_requested(), state)
 
@@ -189,8 +191,8 @@ def select(entry: dict, req: Request, bank, task: str, y, classes, client, seed:
             if stop_requested() is not None:
                 raise Preempted(stop_requested(), state)
             result = cv.cross_validate(solver, engine, y, task, grid, _c_params(req.key, params), classes,
-                                       fold=fold, done=None if done is None else done[0], on_fold=fold_finished)
-    unconverged = result.unconverged | (False if done is None else done[1])
+                                       fold=fold, done=done, on_fold=fold_finished)
+    unconverged = result.unconverged
     mean, std = result.mean, result.std
     best = cv.best_index(mean, grid, reg.larger_regularises)
     at_edge = len(grid) > 1 and best in (0, len(grid) - 1)
@@ -228,27 +230,27 @@ def _fingerprint(entry: dict, req: Request, grid: list, seed: int, bank, y: np.n
     return digest.hexdigest()
 
 
-def _load_state(path: Path, fingerprint: str, n_values: int, folds: int):
-    """(scores, unconverged) of the folds a stopped run finished (NaN elsewhere), or None."""
+def _load_state(path: Path, fingerprint: str, n_values: int, folds: int) -> cv.CVScores | None:
+    """The folds a stopped run finished (``cv.CVScores`` with their scores and ``finished``), or None."""
     try:
         state = json.loads(Path(path).read_text())
         scores = np.array([[np.nan if v is None else v for v in row] for row in state["scores"]], dtype=np.float64)
         unconverged = np.array(state["unconverged"], dtype=bool)
+        finished = np.array(state["finished"], dtype=bool)
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if state.get("fingerprint") != fingerprint or scores.shape != (n_values, folds) or unconverged.shape != scores.shape:
+    if (state.get("fingerprint") != fingerprint or scores.shape != (n_values, folds)
+            or unconverged.shape != scores.shape or finished.shape != (folds,)):
         return None
-    finished = np.all(np.isfinite(scores), axis=0)       # a fold counts only when its whole path is scored
-    scores[:, ~finished] = np.nan
-    unconverged[:, ~finished] = False
-    return scores, unconverged
+    return cv.CVScores(list(state["grid"]), scores, unconverged, np.zeros(0, np.int64), np.full(folds, np.nan),
+                       "", finished)
 
 
-def _save_state(path: Path, fingerprint: str, grid: list, scores: np.ndarray, unconverged: np.ndarray) -> None:
+def _save_state(path: Path, fingerprint: str, grid: list, partial: cv.CVScores) -> None:
     from mklscale.runtime.checkpoint import write_atomic
 
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps({"fingerprint": fingerprint, "grid": grid,
-                       "scores": [[None if not np.isfinite(s) else float(s) for s in row] for row in scores],
-                       "unconverged": unconverged.tolist()}).encode()
+                       "scores": [[None if not np.isfinite(s) else float(s) for s in row] for row in partial.scores],
+                       "unconverged": partial.unconverged.tolist(), "finished": partial.finished.tolist()}).encode()
     write_atomic(path, lambda fh: fh.write(text))

@@ -42,7 +42,7 @@ def test_the_choice_is_the_best_mean_fold_score_and_the_model_is_the_refit_at_it
     folds = np.column_stack([res[f"split{k}_test_score"] for k in range(3)])
     np.testing.assert_allclose(res["mean_test_score"], folds.mean(axis=1))
     np.testing.assert_allclose(res["std_test_score"], folds.std(axis=1))
-    best = int(np.flatnonzero(res["mean_test_score"] == res["mean_test_score"].max())[0])   # ties: larger C (sparser)
+    best = int(np.flatnonzero(res["mean_test_score"] == np.nanmax(res["mean_test_score"]))[0])   # ties: larger C
     assert est.C_ == est.Cs_[best] == res["param_C"][est.best_index_] and est.best_score_ == res["mean_test_score"][best]
     assert res["rank_test_score"][best] == 1
     plain = MKLClassifier(kernels=KERNELS, C=est.C_, random_state=1, cache_dir=cache).fit(X, y)
@@ -141,3 +141,32 @@ def test_the_registry_rows_say_what_C_means():
     assert tau.zero_ok and tau.check(0.0, "pfbs") is None and tau.order([0.1, 0.01, 1.0]) == [1.0, 0.1, 0.01]
     assert registry.regularisation("gcd", "classification", {"stage": "two"}).name == "C"
     assert registry.regularisation("gcd", "classification").name == "lam"
+
+
+def test_a_path_stops_past_its_peak_not_on_a_flat_start():
+    assert not cv.past_peak([0.5, 0.5, 0.5, 0.5, 0.5], 2)          # the constant models' plateau goes on
+    assert not cv.past_peak([0.5, 0.8, 0.9, 0.9, 0.9], 2)          # a plateau at the top goes on too
+    assert cv.past_peak([0.5, 0.8, 0.9, 0.88, 0.87], 2)            # two values below the best: stop
+    assert not cv.past_peak([0.5, 0.8, 0.9, 0.88, 0.91], 2)
+    assert not cv.past_peak([0.5, 0.8, 0.9, 0.88, 0.87], None)     # patience=None: every value
+
+
+def test_every_fold_scores_the_values_before_its_peak_and_the_choice_is_among_those_all_reached(cancer, cache):
+    X, y = cancer
+    est = MKLClassifierCV(kernels=KERNELS, Cs=10, cv=3, random_state=1, cache_dir=cache).fit(X, y)
+    folds = np.column_stack([est.cv_results_[f"split{k}_test_score"] for k in range(3)])
+    reached = np.isfinite(folds)
+    assert reached[0].all() and np.all(np.diff(reached.astype(int), axis=0) <= 0)   # a prefix of the grid per fold
+    assert np.isfinite(est.cv_results_["mean_test_score"][est.best_index_])
+    full = MKLClassifierCV(kernels=KERNELS, Cs=10, cv=3, random_state=1, cache_dir=cache)
+    full_scores = cv.cross_validate("spicy", *_engine_and_y(full, X, y), est.Cs_, {}, est.classes_, patience=None,
+                                    fold=cv.fold_assignment(y, 3, True, 1))
+    np.testing.assert_array_equal(folds[reached], full_scores.scores[reached])   # the same warm path, stopped
+
+
+def _engine_and_y(est, X, y):
+    from mklscale.engine import Engine
+
+    fitted = est.fit(X, y)
+    engine = Engine(fitted.fit_stats_["bank"])
+    return engine, y, "classification"

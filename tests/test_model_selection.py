@@ -170,7 +170,8 @@ def test_resume_reuses_the_finished_fold_scores(small_bank, tmp_path):
     state = tmp_path / "s.cv.json"
     first = _select(bank, y, [1.0, 1000.0], tmp_path)
     saved = json.loads(state.read_text())
-    saved["scores"][0] = [0.125, None, 0.125]      # a planted finished score and a missing one
+    saved["scores"][0] = [0.125, 0.25, 0.125]      # planted scores: folds 0 and 2 finished, fold 1 not
+    saved["finished"] = [True, False, True]
     state.write_text(json.dumps(saved))
     again = _select(bank, y, [1.0, 1000.0], tmp_path, resume=True)
     assert again["fold_scores"][0][0] == 0.125 and again["fold_scores"][0][2] == 0.125
@@ -221,8 +222,8 @@ def test_pipeline_records_the_cv_curve_and_refits_at_the_chosen_value(cv_run):
     assert uni["folds"] == 3 and np.shape(uni["fold_scores"]) == (10, 3)
     for name, cv in (("uni_cv", uni), ("spicy_cv", spicy)):
         assert len(cv["mean"]) == len(cv["std"]) == len(cv["unconverged"]) == len(cv["grid"])
-        assert cv["chosen"] == cv["grid"][int(np.argmax(cv["mean"]))] or \
-            cv["mean"][cv["grid"].index(cv["chosen"])] == max(cv["mean"])
+        mean = np.array([np.nan if m == "nan" else m for m in cv["mean"]], dtype=float)   # nan: a value not reached
+        assert mean[cv["grid"].index(cv["chosen"])] == np.nanmax(mean)
         assert cv["seed"] == 3 and cv["metric"] == "accuracy" and cv["key"] == "C"
         assert cv["at_edge"] == (cv["chosen"] in (cv["grid"][0], cv["grid"][-1]))
         assert entries[name]["params"]["C"] == cv["chosen"]

@@ -8,9 +8,14 @@ list grids (``mklscale.model_selection``) and by PFBS' own path CV (``paths.cros
   view is one pass of the bank) and is scored on its held-out rows. ``fold_assignment`` deals a seeded
   shuffle round-robin, per class for classification (stratified).
 - **A warm-started path per fold**: the grid is solved from the most to the least regularised value
-  (``registry.fit_path``), each solve starting from the previous solution where the solver warm-starts
-  (spicy, pfbs, smo, citi, gcd), as glmnet / scikit-learn's ``LassoCV`` do. One-vs-rest classification
-  runs one path per head.
+  (``registry.fit_path``), each value starting from the previous solution where the solver warm-starts
+  (spicy, pfbs, smo, citi, gcd, the baselines), as glmnet / scikit-learn's ``LassoCV`` do; one-vs-rest
+  heads move along the path in lockstep. A fold's path stops once ``patience`` (2) successive values
+  score below the best so far, that best having improved on the path's first value (``past_peak``):
+  past a fold's peak the solves get dearer (less regularised, more kernels, more iterations: on the
+  quickstart's data the last four values of a 10-value spicy path cost as much as the first six) and
+  can only matter if the score curve rises again. The choice is made among the values every fold
+  reached (the others are NaN in the scores); ``patience=None`` solves every value in every fold.
 - **Prediction** of held-out rows: f(x_i) = sum_m d_m (K_m pad(c))_i + b for i held out, one
   ``engine.matvecs`` of the zero-padded dual coefficients over the kept kernels (``predict_rows``).
 - **Scores**: accuracy of the labels the estimators would predict (sign f, or the argmax of the
@@ -32,6 +37,8 @@ from mklscale.solvers import registry
 from mklscale.solvers.result import MKLResult
 
 DEFAULT_FOLDS = 3
+#: values a fold's path goes on without a better held-out score before it stops (None: never)
+DEFAULT_PATIENCE = 2
 
 
 def head_targets(y, classes) -> list[np.ndarray]:
@@ -135,8 +142,19 @@ def score(y, f, classes, scoring: str) -> float:
     return SCORINGS[scoring][0](np.asarray(y), f, None if classes is None else np.asarray(classes))
 
 
+def past_peak(path: list[float], patience: int | None) -> bool:
+    """Whether a fold's path of held-out scores (most regularised first) may stop: the best score so far
+    beats the path's first one (so a flat start, e.g. SVM constants too small to leave the constant
+    model, never stops it) and each of the last ``patience`` values scores strictly below that best."""
+    if patience is None or len(path) <= patience:
+        return False
+    best = max(path[:-patience])
+    return best > path[0] + 1e-12 and all(s < best - 1e-12 for s in path[-patience:])
+
+
 def best_index(mean: np.ndarray, grid, larger_regularises: bool) -> int:
-    """Index of the best mean score; ties (within 1e-12) go to the more regularised value."""
+    """Index of the best mean score (NaN: a value some fold did not reach, never chosen); ties (within
+    1e-12) go to the more regularised value."""
     mean = np.asarray(mean, dtype=np.float64)
     top = np.flatnonzero(mean >= np.nanmax(mean) - 1e-12)
     values = np.asarray(grid, dtype=np.float64)[top]
@@ -147,7 +165,8 @@ def best_index(mean: np.ndarray, grid, larger_regularises: bool) -> int:
 @dataclasses.dataclass
 class CVScores:
     """Fold scores of a grid: ``scores`` and ``unconverged`` (n_values, folds), the values in the order
-    given; ``fold`` the fold of every row; ``seconds`` per fold (NaN for folds taken from ``done``)."""
+    given (NaN: a value the fold's path did not reach); ``fold`` the fold of every row; ``finished``
+    (folds,) whether each fold's path has run; ``seconds`` per fold (NaN for folds taken from ``done``)."""
 
     grid: list
     scores: np.ndarray
@@ -155,6 +174,7 @@ class CVScores:
     fold: np.ndarray
     seconds: np.ndarray
     scoring: str
+    finished: np.ndarray
 
     @property
     def mean(self) -> np.ndarray:
@@ -167,16 +187,17 @@ class CVScores:
 
 def cross_validate(name: str, engine, y, task: str, grid, params: dict | None = None, classes=None,
                    folds: int = DEFAULT_FOLDS, seed: int = 0, scoring: str | None = None,
-                   fold: np.ndarray | None = None, done: np.ndarray | None = None,
-                   on_fold: Callable[[int, CVScores], None] | None = None, sample_weight=None) -> CVScores:
+                   fold: np.ndarray | None = None, done: CVScores | None = None,
+                   on_fold: Callable[[int, CVScores], None] | None = None, sample_weight=None,
+                   patience: int | None = DEFAULT_PATIENCE) -> CVScores:
     """k-fold CV of solver ``name``'s regularisation over ``grid`` on ``engine`` (module docstring).
 
     ``y``: labels (classification, with ``classes`` the sorted labels) or real targets of the engine's
     rows. ``fold``: a fold index per row (default ``fold_assignment(y, folds, ..., seed)``). ``done``:
-    (n_values, folds) scores of folds finished before (NaN where not; a resumed run skips those
-    folds). ``on_fold(k, partial)`` runs after each fold (saving state, progress, stopping).
+    the CVScores of a stopped run of the same problem: its ``finished`` folds are kept, not rerun.
+    ``on_fold(k, partial)`` runs after each fold (saving state, progress, stopping).
     ``sample_weight`` (n,): each fold fits with its training rows' weights (the scores are unweighted, as
-    scikit-learn's GridSearchCV scores them by default).
+    scikit-learn's GridSearchCV scores them by default). ``patience``: see the module docstring.
     """
     classification = task == "classification"
     scoring = check_scoring(scoring, task)
@@ -185,26 +206,38 @@ def cross_validate(name: str, engine, y, task: str, grid, params: dict | None = 
     fold = fold_assignment(y, folds, classification, seed) if fold is None else np.asarray(fold)
     folds = int(fold.max()) + 1
     grid = [float(v) for v in grid]
-    scores = np.full((len(grid), folds), np.nan) if done is None else np.array(done, dtype=np.float64)
-    unconverged = np.zeros((len(grid), folds), dtype=bool)
-    seconds = np.full(folds, np.nan)
-    partial = CVScores(grid, scores, unconverged, fold, seconds, scoring)
-    for k in range(folds):
-        if np.all(np.isfinite(scores[:, k])):
-            continue
+    partial = CVScores(grid, np.full((len(grid), folds), np.nan), np.zeros((len(grid), folds), dtype=bool), fold,
+                       np.full(folds, np.nan), scoring, np.zeros(folds, dtype=bool))
+    if done is not None:
+        keep = np.asarray(done.finished, dtype=bool)
+        partial.scores[:, keep] = done.scores[:, keep]
+        partial.unconverged[:, keep] = done.unconverged[:, keep]
+        partial.finished[:] = keep
+    scores, unconverged, seconds = partial.scores, partial.unconverged, partial.seconds
+
+    def run_fold(k):
         t0 = time.perf_counter()
         train, test = np.flatnonzero(fold != k), np.flatnonzero(fold == k)
-        sub = RowSubsetEngine(engine, train)
-        f = np.empty((len(grid), test.size, len(heads)))
-        for h, target in enumerate(heads):
-            results = registry.fit_path(name, sub, target[train], task, grid, params,
-                                        sample_weight=None if sample_weight is None else sample_weight[train])
-            for i, result in enumerate(results):
-                unconverged[i, k] |= not result.converged
-                f[i, :, h] = predict_rows(engine, result, train, test)
-        for i in range(len(grid)):
-            scores[i, k] = score(y[test], f[i], classes, scoring)
+        position = {v: i for i, v in enumerate(grid)}
+        path: list[float] = []
+
+        def scored(value, results):
+            """Score the fold at ``value``; True ends its path (``past_peak``)."""
+            i = position[float(value)]
+            f = np.column_stack([predict_rows(engine, r, train, test) for r in results])
+            scores[i, k] = score(y[test], f, classes, scoring)
+            unconverged[i, k] = not all(r.converged for r in results)
+            path.append(scores[i, k])
+            return past_peak(path, patience)
+
+        registry.fit_path(name, RowSubsetEngine(engine, train), [t[train] for t in heads], task, grid, params,
+                          stop=scored, sample_weight=None if sample_weight is None else sample_weight[train])
         seconds[k] = time.perf_counter() - t0
-        if on_fold is not None:
-            on_fold(k, partial)
+        partial.finished[k] = True
+
+    for k in range(folds):
+        if not partial.finished[k]:
+            run_fold(k)
+            if on_fold is not None:
+                on_fold(k, partial)
     return partial

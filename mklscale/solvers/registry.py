@@ -575,23 +575,30 @@ def check_sample_weight(name: str, params: dict | None = None) -> None:
                                 "of these, or fit without weights")
 
 
-def fit_path(name: str, engine, y, task: str, values, params: dict | None = None, on_result=None,
-             sample_weight=None) -> list[MKLResult]:
+def fit_path(name: str, engine, y, task: str, values, params: dict | None = None, stop=None,
+             sample_weight=None) -> list:
     """Solve at every value of ``values`` (taken from the most to the least regularised, the order of
     :meth:`Regularisation.order`), each solve starting from the previous solution where the solver
-    warm-starts (``warm_starts``), else from its usual start. Returns the results in the order of
-    ``values`` as given. ``on_result(value, result)`` is called after each solve (progress, scoring)."""
+    warm-starts (``warm_starts``), else from its usual start.
+
+    ``y``: one target vector, or a list of them (the heads of a one-vs-rest fit, solved value by value
+    in lockstep). Returns, in the order of ``values`` as given, the result at each value (a list of one
+    per head when ``y`` is a list), or None for values the path did not reach: ``stop(value, results)``,
+    called after each value, ends the path when it returns True (e.g. the CV's held-out score stopped
+    improving)."""
     params = check_params(name, params, task)
     reg = regularisation(name, task, params)
     params.pop(reg.name, None)
-    results: dict[float, MKLResult] = {}
-    previous = None
+    heads = y if isinstance(y, list) else [y]
+    results: dict[float, list] = {}
+    previous = [None] * len(heads)
     for value in reg.order(values):
-        previous = fit_solver(name, engine, y, task, C=value, params=params, init=previous, sample_weight=sample_weight)
-        results[value] = previous
-        if on_result is not None:
-            on_result(value, previous)
-    return [results[float(v)] for v in values]
+        previous = [fit_solver(name, engine, target, task, C=value, params=params, init=init,
+                               sample_weight=sample_weight) for target, init in zip(heads, previous)]
+        results[value] = previous if isinstance(y, list) else previous[0]
+        if stop is not None and stop(value, results[value]):
+            break
+    return [results.get(float(v)) for v in values]
 
 
 def _check_task(task: str) -> None:
