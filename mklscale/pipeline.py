@@ -22,6 +22,18 @@ A pipeline is a TOML file (see ``pipelines/``)::
                                         # printed (whole numbers, at most 20 values, or text: classes)
     test_fraction = 0.25                # test_fraction and max_train as above
 
+    [dataset]                           # or, with [bank] grams below, the targets alone
+    labels = "y.npy"                    # one target per row of the Gram matrices (task as above)
+
+    [bank]                              # your own Gram matrices instead of families (string, graph kernels...)
+    grams = "K.npy"                     # an (M, n, n) .npy (memory-mapped) or a dense bank folder, over the
+                                        # dataset's n rows in its order; each split's training Gram
+                                        # matrices are imported (KernelBank.from_arrays: checked symmetric and
+                                        # PSD), the test rows' cross kernels predicted from; the models
+                                        # take kernels (kernels="precomputed")
+    names = ["string", "graph"]         # optional: one name per matrix (the report's kernel names)
+    normalize = "trace"                 # "trace" | "none"
+
     [bank]                              # one family, or a list under families = [...] (names or tables)
     family = "simplemkl"                # + that family's parameters, e.g. widths = [1, 2], features = "all";
                                         # every parameter is optional and a name means the same bank as
@@ -175,6 +187,9 @@ _DATASET = {
 _BANK = {
     "family": Field((str,), None),
     "families": Field((list,), None),
+    # your own Gram matrices instead of families: an (M, n, n) .npy or a dense bank folder over the dataset's rows
+    "grams": Field((str,), None),
+    "names": Field((list,), None),
     "normalize": Field((str,), "trace", one_of("trace", "diag", "none")),
     "dtype": Field((str,), "float32", one_of("float32", "float64")),
     "path": Field((str,), "bank.zarr"),
@@ -230,7 +245,11 @@ def load_pipeline(spec: str | os.PathLike | dict) -> Pipeline:
     where = f"pipeline {source}" if source else "pipeline"
     top = check_table(raw, _TOP, where)
     dataset = _check_dataset(top["dataset"], f"{where} [dataset]", source)
-    bank = _check_bank(top["bank"], f"{where} [bank]")
+    bank = _check_bank(top["bank"], f"{where} [bank]", source)
+    if dataset["name"] is None and dataset["path"] is None and bank["grams"] is None:
+        raise ConfigError(f"{where} [dataset]: labels alone (no name or path) give only targets; they go with "
+                          "[bank] grams = \"K.npy\" (your own Gram matrices over the same rows). Add grams, or give "
+                          "the features with path = \"X.npy\"")
     solvers = [_check_solver(entry, f"{where} [[solver]] #{i + 1}") for i, entry in enumerate(top["solver"])]
     paths = [check_table(entry, _PATH, f"{where} [[path]] #{i + 1}") for i, entry in enumerate(top["path"])]
     if not solvers and not paths:
@@ -258,9 +277,20 @@ def _check_dataset(table, where: str, source: Path | None) -> dict:
     from mklscale.tabular import kind
 
     cfg = check_table(table, _DATASET, where)
+
+    def resolve(text: str) -> Path:
+        file = Path(text).expanduser()
+        return file if file.is_absolute() or source is None else source.parent / file
+
+    if cfg["name"] is None and cfg["path"] is None and cfg["labels"] is not None:
+        if cfg["target"] is not None or cfg["options"]:
+            raise ConfigError(f"{where}: labels alone (with [bank] grams) take no target or options; remove them")
+        cfg.update(file=None, labels_file=resolve(cfg["labels"]))     # targets only: the kernels are the data
+        return cfg
     if (cfg["name"] is None) == (cfg["path"] is None):
         raise ConfigError(f"{where}: give exactly one of name = \"...\" (an offline dataset: "
-                          f"{', '.join(available())}) or path = \"data.csv\" (your own .csv, .parquet or .npy file)")
+                          f"{', '.join(available())}) or path = \"data.csv\" (your own .csv, .parquet or .npy file), "
+                          "or labels = \"y.npy\" alone with [bank] grams (your own Gram matrices)")
     if cfg["name"] is not None:
         extra = [k for k in ("target", "labels", "task") if cfg[k] is not None]
         if extra:
@@ -269,11 +299,6 @@ def _check_dataset(table, where: str, source: Path | None) -> dict:
         return cfg
     if cfg["options"]:
         raise ConfigError(f"{where}: options apply to an offline dataset (name = \"...\") only; remove them")
-
-    def resolve(text: str) -> Path:
-        file = Path(text).expanduser()
-        return file if file.is_absolute() or source is None else source.parent / file
-
     cfg["file"] = resolve(cfg["path"])
     file_kind = kind(cfg["file"])
     if file_kind is None:
@@ -320,7 +345,7 @@ def with_dataset(pipe: Pipeline, name: str) -> Pipeline:
     return dataclasses.replace(pipe, dataset=dataset, raw=raw, dataset_option=name)
 
 
-def _check_bank(table, where: str) -> dict:
+def _check_bank(table, where: str, source: Path | None = None) -> dict:
     """Bank table: exactly one of ``family`` (+ its parameters) or ``families`` (a list of family names
     or tables). Each family description is checked by ``bank.families.parameters`` and turned into
     specs by ``bank.families.resolve``, as the estimators' ``kernels=`` and the CLI's ``--family``
@@ -331,6 +356,10 @@ def _check_bank(table, where: str) -> dict:
 
     if not isinstance(table, dict):
         raise ConfigError(f"{where} must be a table")
+    if "grams" in table:
+        return _check_grams_bank(table, where, source)
+    if "names" in table:
+        raise ConfigError(f"{where}: names labels the Gram matrices of grams = \"K.npy\"; remove it, or add grams")
     family = table.get("family")
     param_keys = set(FAMILY_PARAMS.get(family, ())) if isinstance(family, str) else set()
     unknown = sorted(set(table) - set(_BANK) - param_keys)
@@ -369,7 +398,30 @@ def _check_bank(table, where: str) -> dict:
     except InvalidInputError as exc:
         raise ConfigError(f"{where}.path: {exc}") from None
     return {"kernels": kernels, "normalize": fixed["normalize"], "dtype": fixed["dtype"], "path": fixed["path"],
-            "factor": factor, "storage_options": fixed["storage_options"]}
+            "factor": factor, "storage_options": fixed["storage_options"], "grams": None, "names": None}
+
+
+def _check_grams_bank(table: dict, where: str, source: Path | None) -> dict:
+    """[bank] grams = "K.npy" (or a dense bank folder): the user's own Gram matrices over the dataset's rows,
+    imported per split (``_load_data``, ``_build_bank``); no families, no factor settings."""
+    fixed = check_table(table, _BANK, where)
+    clash = [k for k in ("family", "families", "rank", *_FACTOR_KEYS, "storage_options") if k in table]
+    if clash:
+        raise ConfigError(f"{where}: grams gives the kernels themselves; remove {', '.join(clash)} (families and factor "
+                          "settings compute kernels from features)")
+    if fixed["normalize"] == "diag":
+        raise ConfigError(f"{where}.normalize: \"diag\" needs k(x, x) of the test rows' own kernels, which imported "
+                          "Gram matrices are scaled without; use \"trace\" (the default) or \"none\"")
+    names = fixed["names"]
+    if names is not None and (not all(isinstance(x, str) for x in names) or len(set(names)) != len(names)):
+        raise ConfigError(f"{where}.names must be distinct strings, one per Gram matrix; got {names!r}")
+    file = Path(fixed["grams"]).expanduser()
+    file = file if file.is_absolute() or source is None else source.parent / file
+    if is_url(fixed["path"]):
+        raise ConfigError(f"{where}.path: with grams the run imports the training Gram matrices into a local folder; "
+                          "give a folder path")
+    return {"kernels": None, "normalize": fixed["normalize"], "dtype": fixed["dtype"], "path": fixed["path"],
+            "factor": {}, "storage_options": None, "grams": file, "names": names}
 
 
 def _check_solver(table, where: str) -> dict:
@@ -462,7 +514,8 @@ def _run(pipe: Pipeline, run_dir: Path, cluster, quiet: bool, resume: bool, over
     data = _load_data(pipe, say)
     _check_solvers(pipe, data.task)
     say(f"[{pipe.name}] {data.name}: {len(data.y_train)} training rows, {len(data.y_test)} test rows, "
-        f"{data.X_train.shape[1]} features ({data.task})")
+        + (f"{data.X_train.shape[0]} Gram matrices" if data.X_train.ndim == 3 else f"{data.X_train.shape[1]} features")
+        + f" ({data.task})")
     null = null_model.null_model(data.task, data.y_train, data.y_test)
     say(f"[{pipe.name}] null model: {_null_text(null)}")
     stage.doing = "starting the cluster"
@@ -495,7 +548,8 @@ def _run(pipe: Pipeline, run_dir: Path, cluster, quiet: bool, resume: bool, over
         "started": started, "finished": _now(), "seconds": time.perf_counter() - t0,
         "machine": _machine(), "cluster": cluster_info,
         "dataset": {"name": data.name, "task": data.task, "n_train": int(len(data.y_train)),
-                    "n_test": int(len(data.y_test)), "n_features": int(data.X_train.shape[1]),
+                    "n_test": int(len(data.y_test)),
+                    "n_features": None if data.X_train.ndim == 3 else int(data.X_train.shape[1]),
                     "classes": data.classes, "null_model": null,
                     "feature_names": None if data.feature_names is None else list(data.feature_names)},
         "bank": bank_info, "solvers": entries,
@@ -636,7 +690,9 @@ def _load_data(pipe: Pipeline, say=lambda *a: None) -> _Data:
     from mklscale.datasets import load
 
     cfg = pipe.dataset
-    if cfg["path"] is not None:
+    if cfg["name"] is None and cfg["path"] is None:     # labels alone: the data are [bank] grams
+        X, y, task, name, feature_names = _read_labels(cfg, pipe, say)
+    elif cfg["path"] is not None:
         X, y, task, name, feature_names = _read_own_data(cfg, pipe, say)
     else:
         if cfg["options"].get("standardise", False):
@@ -653,6 +709,10 @@ def _load_data(pipe: Pipeline, say=lambda *a: None) -> _Data:
         X, y, name, feature_names = ds.X, ds.y, ds.name, tuple(ds.feature_names)
         task = "regression" if ds.task == "regression" else "classification"
     stratify = y if task == "classification" else None
+    grams = None
+    if pipe.bank["grams"] is not None:   # the rows of the user's Gram matrices take the features' place
+        grams, X, feature_names = _read_grams(pipe, len(y)), np.arange(len(y)), None
+        name = f"{name} with {pipe.bank['grams'].name}"
     try:
         X_tr, X_te, y_tr, y_te = train_test_split(X, y, test_size=cfg["test_fraction"],
                                                   random_state=pipe.seed, stratify=stratify)
@@ -669,7 +729,56 @@ def _load_data(pipe: Pipeline, say=lambda *a: None) -> _Data:
                           f"{MIN_TRAIN_PER_CLASS} {per}; give a smaller test_fraction (0.25 is usual) or a larger "
                           "max_train")
     classes = sorted(np.unique(y_tr).tolist()) if task == "classification" else None
+    if grams is not None:   # X becomes the raw kernels: (M, n_train, n_train) and the test rows' (M, n_test, n_train)
+        X_tr, X_te = np.asarray(grams[:, X_tr][:, :, X_tr]), np.asarray(grams[:, X_te][:, :, X_tr])
     return _Data(name, task, X_tr, y_tr, X_te, y_te, classes, feature_names)
+
+
+def _read_labels(cfg: dict, pipe: Pipeline, say):
+    """[dataset] labels alone (with [bank] grams): (row placeholder, y, task, name, None)."""
+    from mklscale import tabular
+
+    where = f"pipeline {pipe.source} [dataset]" if pipe.source else "pipeline [dataset]"
+    try:
+        y = tabular.load_npy(cfg["labels_file"], "labels")
+        if y.ndim != 1:
+            raise InvalidInputError(f"labels {cfg['labels_file']} must hold one target per row (1-D); got shape {y.shape}")
+        task, note = tabular.check_task(y, cfg["task"], f"labels {cfg['labels_file']}", tabular.PIPELINE)
+    except InvalidInputError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    if note:
+        say(f"[{pipe.name}] {note}")
+    return None, y, task, Path(cfg["labels_file"]).name, None
+
+
+def _read_grams(pipe: Pipeline, n: int):
+    """The user's Gram matrices ([bank] grams): an (M, n, n) .npy (memory-mapped) or a dense bank folder over
+    the dataset's n rows, in the dataset's row order."""
+    from mklscale.bank import KernelBank
+
+    where = f"pipeline {pipe.source} [bank].grams" if pipe.source else "pipeline [bank].grams"
+    path = pipe.bank["grams"]
+    if KernelBank.is_bank(path):
+        bank = KernelBank.open(path)
+        if bank.representation != "dense":
+            raise ConfigError(f"{where}: {path} is a factor bank; grams takes dense Gram matrices (an .npy, or a dense "
+                              "bank)")
+        grams = np.asarray(bank.kernels(range(len(bank))))
+    elif path.suffix == ".npy" and path.is_file():
+        try:
+            grams = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError) as exc:
+            raise ConfigError(f"{where}: {path} is not a plain .npy array ({exc}); save it with numpy.save") from None
+    else:
+        raise ConfigError(f"{where}: {path} is neither a .npy file nor a kernel bank folder; give an (M, n, n) array "
+                          "saved with numpy.save, or a bank built by `mklscale bank build`")
+    if grams.ndim != 3 or grams.shape[1:] != (n, n) or not np.issubdtype(grams.dtype, np.floating):
+        raise ConfigError(f"{where}: {path} holds an array of shape {grams.shape} ({grams.dtype}); give M Gram "
+                          f"matrices over the dataset's {n} rows, an (M, {n}, {n}) float array")
+    names = pipe.bank["names"]
+    if names is not None and len(names) != grams.shape[0]:
+        raise ConfigError(f"{where}: {len(names)} names for {grams.shape[0]} Gram matrices; give one name per matrix")
+    return grams
 
 
 def _read_own_data(cfg: dict, pipe: Pipeline, say):
@@ -701,6 +810,9 @@ def _build_bank(pipe: Pipeline, data: _Data, run_dir: Path, client, quiet: bool,
 
     cfg = pipe.bank
     shared = is_url(cfg["path"]) or Path(cfg["path"]).is_absolute()
+    if cfg["grams"] is not None:
+        return _import_grams(pipe, data, Path(cfg["path"]) if shared else run_dir / cfg["path"], say,
+                             overwrite and not shared, stage)
     if is_url(cfg["path"]):  # a bank on an object store (its options never reach results or logs)
         path = bank_location(cfg["path"], cfg.get("storage_options"))
     else:
@@ -733,6 +845,33 @@ def _build_bank(pipe: Pipeline, data: _Data, run_dir: Path, client, quiet: bool,
                                       "approx_error_max": float(np.nanmax(bank.approx_error))}),
             "build_seconds": time.perf_counter() - t0, "kernels_computed": getattr(bank, "last_build_computed", None),
             "families": dict(collections.Counter(s.family for s in specs))}
+    return bank, info
+
+
+def _import_grams(pipe: Pipeline, data: _Data, path: Path, say, overwrite: bool, stage: _Stage | None):
+    """[bank] grams: the training rows' Gram matrices imported into the run's bank (``KernelBank.from_arrays``:
+    checked symmetric and PSD, sized against the disk first); a resumed run reuses the bank it imported."""
+    from mklscale.bank import KernelBank
+
+    cfg = pipe.bank
+    if stage is not None:
+        stage.doing, stage.bank = "importing the Gram matrices", path
+    normalize = None if cfg["normalize"] == "none" else cfg["normalize"]
+    say(f"[{pipe.name}] bank: {data.X_train.shape[0]} Gram matrices of {cfg['grams']}, n = {len(data.y_train)} -> {path}")
+    t0 = time.perf_counter()
+    if KernelBank.is_bank(path) and not overwrite:
+        bank = KernelBank.open(path)
+        if bank.M != data.X_train.shape[0] or bank.n != len(data.y_train):
+            raise ConfigError(f"the bank {path} holds {bank.M} kernels over {bank.n} rows, not this run's training "
+                              f"Gram matrices; pass --overwrite to replace it, or choose another --out")
+        computed = 0
+    else:
+        bank = KernelBank.from_arrays(data.X_train, path, names=cfg["names"], normalize=normalize, dtype=cfg["dtype"],
+                                      overwrite=overwrite)
+        computed = len(bank)
+    info = {"path": str(path), "M": len(bank), "n": bank.n, "dtype": cfg["dtype"], "normalize": cfg["normalize"],
+            "grams": str(cfg["grams"]), "build_seconds": time.perf_counter() - t0, "kernels_computed": computed,
+            "families": {"precomputed": len(bank)}}
     return bank, info
 
 
@@ -776,9 +915,11 @@ def _run_solver(entry: dict, bank, data: _Data, run_dir: Path, client, quiet: bo
         record["params"] = {"C": entry["C"], **entry["params"]}
     params = dict(entry["params"])
     Estimator = MKLClassifier if data.task == "classification" else MKLRegressor
+    # with [bank] grams the data are the raw Gram matrices (X_train, X_test): the model predicts from them
+    kernels = {"kernels": "precomputed"} if data.X_train.ndim == 3 else {}
     estimator = Estimator(solver=entry["solver"], C=entry["C"], solver_params=params, client=client,
                           verbose=not quiet, checkpoint_dir=str(run_dir / "checkpoints" / name),
-                          checkpoint_every_s=every_s)
+                          checkpoint_every_s=every_s, **kernels)
     t0 = time.perf_counter()
     try:
         with warnings.catch_warnings():  # the run prints and records it (convergence_warning) instead
