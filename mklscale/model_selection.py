@@ -12,8 +12,9 @@ tau / lam given under the solver's own name) may be a list of values or ``"auto"
 The value is then chosen by k-fold cross-validation on the training part, on the same bank, by the
 one CV core :mod:`mklscale.solvers.cv` (also behind ``MKLClassifierCV`` / ``MKLRegressorCV``): a fold
 trains a warm-started path over the grid on ``RowSubsetEngine(engine, train_rows)`` (principal
-submatrices of the stored Gram matrices, no rebuild) and predicts its held-out rows with
-``cv.predict_rows``. Folds come from ``cv.fold_assignment`` (seeded by the pipeline's ``seed``;
+submatrices of the stored Gram matrices, no rebuild), stopped two values past the fold's peak
+(``cv.past_peak``; the values some fold did not reach are "nan" in ``mean`` and never chosen), and
+predicts its held-out rows with ``cv.predict_rows``. Folds come from ``cv.fold_assignment`` (seeded by the pipeline's ``seed``;
 stratified by class for classification). The score is the accuracy of the predicted labels
 (classification; one-vs-rest heads for three or more classes, argmax as the estimators predict) or R^2
 (regression). The chosen value has the best mean score over the folds; ties go to the more
