@@ -145,7 +145,7 @@ def test_the_registry_rows_say_what_C_means():
 
 def test_a_path_stops_past_its_peak_not_on_a_flat_start():
     assert not cv.past_peak([0.5, 0.5, 0.5, 0.5, 0.5], 2)          # the constant models' plateau goes on
-    assert not cv.past_peak([0.5, 0.8, 0.9, 0.9, 0.9], 2)          # a plateau at the top goes on too
+    assert cv.past_peak([0.5, 0.8, 0.9, 0.9, 0.9], 2)              # a plateau at the top stops too
     assert cv.past_peak([0.5, 0.8, 0.9, 0.88, 0.87], 2)            # two values below the best: stop
     assert not cv.past_peak([0.5, 0.8, 0.9, 0.88, 0.91], 2)
     assert not cv.past_peak([0.5, 0.8, 0.9, 0.88, 0.87], None)     # patience=None: every value

@@ -145,11 +145,12 @@ def score(y, f, classes, scoring: str) -> float:
 def past_peak(path: list[float], patience: int | None) -> bool:
     """Whether a fold's path of held-out scores (most regularised first) may stop: the best score so far
     beats the path's first one (so a flat start, e.g. SVM constants too small to leave the constant
-    model, never stops it) and each of the last ``patience`` values scores strictly below that best."""
+    model, never stops it) and none of the last ``patience`` values beats that best (a plateau at the top
+    stops too: ties go to the more regularised value, so a tie further on is never chosen)."""
     if patience is None or len(path) <= patience:
         return False
     best = max(path[:-patience])
-    return best > path[0] + 1e-12 and all(s < best - 1e-12 for s in path[-patience:])
+    return best > path[0] + 1e-12 and all(s <= best + 1e-12 for s in path[-patience:])
 
 
 def best_index(mean: np.ndarray, grid, larger_regularises: bool) -> int:
