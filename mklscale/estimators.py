@@ -1021,11 +1021,21 @@ def estimator_from_model(model: MKLModel, doc: dict):
     est_doc = doc.get("estimator") or {}
     classes = {"MKLClassifier": MKLClassifier, "MKLRegressor": MKLRegressor, "MKLClassifierCV": MKLClassifierCV,
                "MKLRegressorCV": MKLRegressorCV}
-    cls = classes.get(est_doc.get("class"))
+    cls = classes.get(est_doc.get("class")) if isinstance(est_doc.get("class"), str) else None
     if cls is None:
         raise ModelFileError(f"model.json names estimator class {est_doc.get('class')!r}; expected one of "
                              f"{list(classes)}; re-save the model with this mklscale or refit it")
-    est = cls(**params_from_json(est_doc.get("params") or {}))
+    params = params_from_json(est_doc.get("params") or {})
+    unknown = sorted(set(params) - set(cls._get_param_names()))
+    if unknown:
+        raise ModelFileError(f"model.json gives {cls.__name__} unknown parameter(s) {unknown}; it was damaged or "
+                             "edited, or written by another mklscale: refit the model")
+    est = cls(**params)
+    try:
+        est._validate_params()
+    except (ValueError, TypeError) as exc:
+        raise ModelFileError(f"model.json's estimator parameters are invalid ({exc}); it was damaged or edited: "
+                             "refit the model") from None
     est.model_ = model
     if issubclass(cls, MKLClassifier):
         est.classes_ = model.classes

@@ -519,7 +519,7 @@ def is_model_dir(path) -> bool:
         return False
     try:
         return json.loads(f.read_text(encoding="utf-8")).get("format") == FORMAT
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return False
 
 
@@ -531,6 +531,9 @@ def read_document(path: Path) -> dict:
                              "est.save(path) or `mklscale fit --out`")
     try:
         doc = json.loads(f.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise ModelFileError(f"{f} is nested deeper than any model file; it was damaged or edited: refit the model, "
+                             "or restore the folder written by est.save / `mklscale fit --out`") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ModelFileError(f"{f} is unreadable or truncated ({exc}); re-save the model or refit it") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
@@ -538,13 +541,61 @@ def read_document(path: Path) -> dict:
                              f"{doc.get('format') if isinstance(doc, dict) else None!r}); give the folder written by "
                              "est.save(path) or `mklscale fit --out`")
     version = doc.get("schema_version")
-    if not isinstance(version, int):
-        raise ModelFileError(f"{f} has no valid schema_version; re-save the model or refit it")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ModelFileError(f"{f} has no valid schema_version (a whole number >= 1, got {version!r}); re-save the "
+                             "model or refit it")
     if version > SCHEMA_VERSION:
         raise ModelFileError(f"model {path} was written with model schema version {version} (mklscale "
                              f"{doc.get('mklscale_version')}), newer than this mklscale reads ({SCHEMA_VERSION}); "
                              "upgrade mklscale to load it")
+    problem = _document_problem(doc)
+    if problem:
+        raise ModelFileError(f"model {path} is invalid ({problem}); it was damaged or edited: refit the model, or "
+                             "restore the folder written by est.save / `mklscale fit --out`")
     return doc
+
+
+#: model.json's top-level fields and the JSON types each may hold (checked where present; a missing
+#: required one is reported when the model is assembled)
+_FIELD_TYPES = {
+    "mklscale_version": (str,), "representation": (str,), "task": (str,), "classes": (list, type(None)),
+    "classes_dtype": (str, type(None)), "normalize": (str,), "specs": (list,), "kernel_names": (list,),
+    "n_bank_kernels": (int,), "n_train": (int,), "n_features": (int, type(None)), "heads": (list,),
+    "info": (dict,), "arrays": (dict,), "estimator": (dict,), "fitted": (dict,),
+}
+#: deeper nesting than any model file has (info and fit_stats hold small tables)
+MAX_DEPTH = 24
+REPRESENTATIONS = ("dense", "factor")
+
+
+def _document_problem(doc: dict) -> str | None:
+    """What is wrong with a parsed model.json's structure (None: nothing): nesting deeper than
+    ``MAX_DEPTH``, a field of the wrong JSON type, an unknown representation, specs and heads that
+    are not tables, estimator parameters or fitted attributes that are not tables."""
+    stack = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return f"nested deeper than {MAX_DEPTH} levels"
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
+    for name, types in _FIELD_TYPES.items():
+        if name in doc and (not isinstance(doc[name], types) or (isinstance(doc[name], bool) and bool not in types)):
+            wanted = " or ".join("null" if t is type(None) else {str: "a string", list: "a list", dict: "a table",
+                                                                  int: "a whole number"}[t] for t in types)
+            return f"{name} must be {wanted}, got {type(doc[name]).__name__}"
+    if doc.get("representation", "dense") not in REPRESENTATIONS:
+        return f"representation {doc['representation']!r} is not one of {REPRESENTATIONS}"
+    for name in ("specs", "heads"):
+        if not all(isinstance(item, dict) for item in doc.get(name, [])):
+            return f"every entry of {name} must be a table"
+    if not isinstance((doc.get("estimator") or {}).get("params", {}), dict):
+        return "estimator.params must be a table"
+    if not isinstance((doc.get("fitted") or {}).get("fit_stats_", {}), dict):
+        return "fitted.fit_stats_ must be a table"
+    return None
 
 
 def _read_arrays(path: Path, doc: dict) -> dict[str, np.ndarray]:

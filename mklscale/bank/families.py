@@ -137,6 +137,7 @@ def random_subsets(
     top = d if max_subset is None else _positive_int(max_subset, "max_subset")
     if top > d:
         raise SpecError(f"max_subset={top} exceeds n_features={d}; give max_subset <= {d}")
+    _check_spec_memory(m, top)
     rng = np.random.default_rng(seed)
     specs = []
     for _ in range(m):
@@ -145,6 +146,19 @@ def random_subsets(
         width = 5.0 * float(rng.chisquare(1)) + 0.1
         specs.append(KernelSpec.gaussian(width, None if size == d else feats))
     return specs
+
+
+def _check_spec_memory(n_kernels: int, max_subset: int) -> None:
+    """Refuse, before generating any, more kernel descriptions than half the available memory holds
+    (about 300 bytes + 16 per feature each, measured; their JSON in the bank about as much again)."""
+    import psutil
+
+    need = n_kernels * (300 + 16 * max_subset)
+    available = psutil.virtual_memory().available
+    if need > available / 2:
+        raise SpecError(f"random_subsets with n_kernels={n_kernels:,} needs about {need / 1e9:,.1f} GB of memory for "
+                        f"the kernel descriptions alone, over half of the {available / 1e9:.1f} GB available here; "
+                        "ask for fewer kernels (n_kernels / --n-kernels)")
 
 
 def feature_sets(features, n_features: int) -> list[tuple[int, ...] | None]:

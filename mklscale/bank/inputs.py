@@ -31,7 +31,18 @@ def validate_features(X, what: str = "X") -> np.ndarray:
         r, c = np.argwhere(bad)[0]
         raise InvalidInputError(f"{what} contains {int(bad.sum())} NaN/inf value(s) (first at row {r}, column {c}); "
                                 "impute or drop them before building kernels")
+    big = np.abs(X) > MAX_FEATURE_MAGNITUDE
+    if big.any():
+        r, c = np.argwhere(big)[0]
+        raise InvalidInputError(f"{what} holds {int(big.sum())} value(s) of magnitude above {MAX_FEATURE_MAGNITUDE:g} "
+                                f"(first {X[r, c]:g} at row {r}, column {c}); squared distances and inner products "
+                                "of such values overflow float64: rescale those columns (e.g. log or divide by a "
+                                "constant) before building kernels")
     return X
+
+
+#: |x| above this overflows x^2 summed over features in float64 (1e150^2 = 1e300 < 1.8e308)
+MAX_FEATURE_MAGNITUDE = 1e150
 
 
 def validate_dtype(dtype) -> np.dtype:
