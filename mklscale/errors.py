@@ -47,6 +47,11 @@ class BankLockedError(BankError, RuntimeError):
     """Another process writes the bank (build, repair, verify's marking) and the caller did not wait."""
 
 
+class BankLockLostError(BankLockedError):
+    """A writer found that the bank's writer lock is no longer its own (it paused past the lock's expiry
+    and another writer took the bank over): it stopped before writing anything more."""
+
+
 class SchemaVersionError(BankError, ValueError):
     """A store or file was written by a newer mklscale schema than this one reads."""
 

@@ -41,7 +41,7 @@ import zarr
 
 from mklscale.bank.fs_errors import raise_store_error
 from mklscale.bank.spec import KernelSpec
-from mklscale.errors import SchemaVersionError
+from mklscale.errors import InvalidInputError, SchemaVersionError
 from mklscale.runtime.atomic import swap_into_place
 
 SCHEMA_VERSION = 1
@@ -130,6 +130,7 @@ def create_bank_group(
         for name in PER_KERNEL_FLOATS:
             group.create_array(name, data=np.full(M, np.nan), chunks=(M,))
         group.create_array("checksum", data=np.zeros(M, dtype=np.uint32), chunks=(M,))
+        group.create_array("meta_checksum", data=np.zeros(M, dtype=np.uint32), chunks=(M,))
         spec_array = group.create_array("spec", shape=(M,), dtype="str", chunks=(M,))
         spec_array[:] = np.array([s.to_json() for s in specs], dtype=object)
         if X is not None:
@@ -173,3 +174,31 @@ def creation_info() -> dict:
 def json_attr(obj) -> dict | list:
     """Round-trip through JSON so attributes hold plain types only."""
     return json.loads(json.dumps(obj))
+
+
+def refuse_foreign(path, keys: list[str], members) -> None:
+    """Refuse to overwrite the bank at ``path`` when its folder or prefix holds ``keys`` that are not
+    the bank's (``foreign_keys``; ``members``: its group's arrays): replacing the bank would delete them."""
+    foreign = foreign_keys(keys, members)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise InvalidInputError(f"{path} holds {len(foreign)} file(s) or object(s) that are not part of the bank "
+                                f"({shown}); overwriting the bank would delete them: move them out first, or "
+                                "choose another path")
+
+
+def foreign_keys(keys, members) -> list[str]:
+    """The keys (paths relative to the bank, '/'-separated) that are not part of the bank whose group
+    has arrays ``members``: anything but the root ``zarr.json``, an array's ``A/zarr.json`` and its
+    chunks ``A/c/...`` (and the creation marker of an object-store bank), e.g. a bank nested in the
+    folder or a file a user put there. Overwriting a bank must not delete them silently."""
+    members = set(members)
+    out = []
+    for key in keys:
+        parts = key.split("/")
+        if key in ("zarr.json", ".mklscale-creating"):
+            continue
+        if parts[0] in members and (parts[1:] == ["zarr.json"] or (len(parts) > 2 and parts[1] == "c")):
+            continue
+        out.append(key)
+    return sorted(out)

@@ -36,7 +36,6 @@ STORAGE_OPTION_KEYS = {
 
 #: Storage options that are secrets: never written into banks, results, logs or reports.
 SECRET_OPTION_KEYS = ("access_key_id", "secret_access_key", "session_token")
-_SECRET_TOML = re.compile(r"""\b(%s)(\s*=\s*)("[^"\n]*"|'[^'\n]*')""" % "|".join(SECRET_OPTION_KEYS))
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
@@ -48,11 +47,14 @@ class ObjectURL:
     has a key under ``prefix/`` (``prefix/zarr.json``, ``prefix/gram/c/0/0/0``, ...).
 
     ``options`` holds storage-option overrides as sorted (key, value) pairs; it is hidden from
-    ``str``/``repr`` and ignored by ``==`` and ``hash`` (it may hold secrets)."""
+    ``str``/``repr`` and ignored by ``==`` and ``hash`` (it may hold secrets). ``fence``: the token
+    of the writer lock a writer holds (``objlock``), set on the URL its writes go through, so every
+    write made through it, in any process, first checks that the lock is still its own."""
 
     bucket: str
     prefix: str
     options: tuple[tuple[str, object], ...] = field(default=(), repr=False, compare=False)
+    fence: str | None = field(default=None, repr=False, compare=False)
 
     scheme = "s3"
 
@@ -78,7 +80,11 @@ class ObjectURL:
         """This URL carrying storage-option overrides (checked: unknown keys are an error)."""
         if not options:
             return self
-        return ObjectURL(self.bucket, self.prefix, _check_options(options))
+        return ObjectURL(self.bucket, self.prefix, _check_options(options), self.fence)
+
+    def with_fence(self, token: str | None) -> ObjectURL:
+        """This URL with its writes fenced by the writer lock whose token is ``token``."""
+        return ObjectURL(self.bucket, self.prefix, self.options, token)
 
     @property
     def option_dict(self) -> dict:
@@ -114,6 +120,8 @@ def bank_location(path, storage_options: dict | None = None) -> Path | ObjectURL
             raise InvalidInputError(f"a bank path must be a string, a path or an s3:// URL, got {type(path).__name__}")
         text = os.fspath(path)
         match = _URL.match(text) if isinstance(text, str) else None
+        if match is None and isinstance(text, str):
+            _refuse_misspelt_url(text)
         location = Path(text) if match is None else _parse_url(text, match.group(1).lower())
     if isinstance(location, Path):
         if storage_options:
@@ -121,6 +129,19 @@ def bank_location(path, storage_options: dict | None = None) -> Path | ObjectURL
                                     "object-store URLs (s3://bucket/prefix)")
         return location
     return location.with_options(storage_options)
+
+
+#: Schemes whose spelling without "//" (``s3:/bucket/x``, ``s3:bucket/x``) is a mistyped URL, not a folder.
+_URL_LIKE = re.compile(r"^(s3|s3a|gs|gcs|az|abfs|abfss|http|https|file):", re.IGNORECASE)
+
+
+def _refuse_misspelt_url(text: str) -> None:
+    match = _URL_LIKE.match(text)
+    if match:
+        rest = text[match.end():].lstrip("/")
+        raise InvalidInputError(
+            f"{text!r} looks like an object-store URL without its '//': write s3://{rest} (for a local folder whose "
+            f"name starts with {match.group(0)!r}, write ./{text})")
 
 
 def _parse_url(text: str, scheme: str) -> Path | ObjectURL:
@@ -170,6 +191,25 @@ def redact_options(options: dict | None) -> dict | None:
 
 
 def redact_toml(text: str) -> str:
-    """TOML text with the values of secret storage options replaced by "<redacted>" (for the copy of
-    a pipeline spec kept in a run directory)."""
-    return _SECRET_TOML.sub(lambda m: f'{m.group(1)}{m.group(2)}"<redacted>"', text)
+    """The copy of a pipeline spec kept in a run directory: the text itself when, parsed, it holds no
+    secret storage option anywhere; else the parsed document written back (``tomli_w``) with every
+    secret's value "<redacted>". Secrets are found by parsing, so no spelling keeps one (quoted keys,
+    multi-line or literal strings, inline or dotted tables); the rewritten copy loses the comments."""
+    import tomllib
+
+    import tomli_w
+
+    doc = tomllib.loads(text)
+    redacted = _redact_secrets(doc)
+    if redacted == doc:
+        return text
+    return ("# this copy of the pipeline was written back from the parsed file with its storage secrets "
+            "redacted (comments are not kept)\n" + tomli_w.dumps(redacted))
+
+
+def _redact_secrets(value):
+    if isinstance(value, dict):
+        return {k: ("<redacted>" if k in SECRET_OPTION_KEYS else _redact_secrets(v)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redact_secrets(v) for v in value]
+    return value

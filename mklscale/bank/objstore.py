@@ -22,18 +22,22 @@ raises ObjectStoreError naming the URL.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 import os
 import re
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import numpy as np
 
 from mklscale.bank.location import ObjectURL
-from mklscale.errors import InvalidInputError, ObjectStoreError
+from mklscale.errors import BankLockLostError, InvalidInputError, ObjectStoreError
 
 #: Seconds a request keeps being retried (5xx, slow-down, refused connections) before it fails.
 RETRY_TIMEOUT_S = 60.0
@@ -58,7 +62,13 @@ def _pool() -> ThreadPoolExecutor:
 
 
 def _endpoint(options: dict) -> str | None:
-    return options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    """The endpoint URL in use; one holding credentials (``user:secret@``) is refused without showing it."""
+    endpoint = options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint and (urlsplit(str(endpoint)).username is not None or urlsplit(str(endpoint)).password is not None):
+        raise InvalidInputError("the S3 endpoint URL holds credentials (user:secret@...); they would end up in "
+                                "logs and error messages: give the endpoint as scheme://host:port and the "
+                                "credentials as AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or [storage_options])")
+    return endpoint
 
 
 def s3_store(url: ObjectURL):
@@ -145,10 +155,13 @@ class ObjectBank:
         self._call("cannot use", obstore.list_with_delimiter, self.store)
 
     def zarr_store(self, read_only: bool = True):
-        """zarr's ObjectStore over this bank (its metadata arrays and attributes)."""
+        """zarr's ObjectStore over this bank (its metadata arrays and attributes); a writable one over a
+        fenced URL checks the writer lock before every write (``check_fence``)."""
         from zarr.storage import ObjectStore
 
-        return ObjectStore(self.store, read_only=read_only)
+        if read_only or self.url.fence is None:
+            return ObjectStore(self.store, read_only=read_only)
+        return _fenced_zarr_store()(self.store, self.url)
 
     # ---- objects ---------------------------------------------------------------------------------
     def head(self, key: str) -> dict | None:
@@ -200,6 +213,7 @@ class ObjectBank:
         import obstore
         from obstore.exceptions import AlreadyExistsError, PreconditionError
 
+        _check_fence(self.url)
         try:
             return self._call(f"cannot write {key} to", obstore.put, self.store, key, data, use_multipart=False,
                               mode="create" if create else "overwrite")
@@ -220,6 +234,7 @@ class ObjectBank:
     def delete(self, key: str) -> None:
         import obstore
 
+        _check_fence(self.url)
         try:
             self._call(f"cannot delete {key} of", obstore.delete, self.store, key)
         except FileNotFoundError:
@@ -252,3 +267,99 @@ class ObjectBank:
             target = folder / key
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(self.get(key))
+
+
+# ---- the writer lock's record and the fence (the lock protocol itself: ``objlock``) ------------------
+#: Seconds a lock stays valid without renewal (a crashed writer blocks others at most this long);
+#: MKLSCALE_S3_LOCK_TTL_S sets it (every writer of a bank must use the same value).
+TTL_S = float(os.environ.get("MKLSCALE_S3_LOCK_TTL_S", 60.0))
+#: A fenced write needs at least this much of the lease left (renewals keep 2/3 to all of it).
+MARGIN_S = TTL_S / 3
+#: How often a fenced writer re-reads the lock record at most (it trusts the lease in between).
+FENCE_RECHECK_S = TTL_S / 12
+
+_leases: dict[tuple, float] = {}  # (lock, token) -> monotonic time until which writes need no re-read
+
+
+def lock_url(url: ObjectURL) -> tuple[ObjectURL, str]:
+    """(the store the bank's writer lock lives in: the bank's parent prefix, the lock's key in it)."""
+    parent, _, name = url.prefix.rpartition("/")
+    return ObjectURL(url.bucket, parent, url.options), f".{name}.lock"
+
+
+def read_lock(ob: ObjectBank, key: str) -> dict | None:
+    """The lock record ``key`` of ``ob`` (a dict), or None when there is none or it is not JSON."""
+    try:
+        info = json.loads(bytes(ob.get(key)))
+    except (FileNotFoundError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def describe_lock(info: dict) -> str:
+    return (f"pid {info.get('pid')} on host {info.get('host')} ({info.get('what', 'writing')} since "
+            f"{info.get('since', '?')}; the lock expires {max(0, info.get('expires', 0) - time.time()):.0f} s from now "
+            "unless renewed)")
+
+
+def check_fence(url: ObjectURL) -> None:
+    """Before a write through ``url``: when it carries a writer's token (``ObjectURL.fence``), raise
+    BankLockLostError unless that writer still holds the lock with ``MARGIN_S`` of its lease left
+    (``objlock``, "Fencing"). Reads the lock record at most every ``FENCE_RECHECK_S``."""
+    if url.fence is None:
+        return
+    where, key = lock_url(url)
+    ident = (where.bucket, where.prefix, key, url.fence)
+    now = time.monotonic()
+    if now < _leases.get(ident, -1.0):
+        return
+    info = read_lock(ObjectBank(where), key)
+    left = float(info.get("expires", 0)) - time.time() if info else -1.0
+    if not info or info.get("token") != url.fence or info.get("released") or left < MARGIN_S:
+        who = "nobody" if not info or info.get("released") else describe_lock(info)
+        raise BankLockLostError(
+            f"this writer no longer holds the writer lock of bank {url} (it is held by {who}; this process "
+            f"paused or lost the server for longer than the lock's {TTL_S:.0f} s lease), so it stopped before "
+            "writing: nothing more was written. Check the bank (`mklscale bank verify`) and run the same "
+            "command again")
+    _leases[ident] = now + min(FENCE_RECHECK_S, left - MARGIN_S)
+
+
+def forget_lease(url: ObjectURL) -> None:
+    """Drop what this process trusted of the lease of ``url``'s writer (its lock was released)."""
+    where, key = lock_url(url)
+    _leases.pop((where.bucket, where.prefix, key, url.fence), None)
+
+
+def _check_fence(url: ObjectURL) -> None:
+    if url.fence is not None:
+        check_fence(url)
+
+
+@functools.cache
+def _fenced_zarr_store():
+    """zarr's ObjectStore whose writes first check the writer lock of the URL it was made for."""
+    from zarr.storage import ObjectStore
+
+    class FencedObjectStore(ObjectStore):
+        def __init__(self, store, url: ObjectURL):
+            super().__init__(store, read_only=False)
+            self.url = url
+
+        async def set(self, key, value):
+            _check_fence(self.url)
+            await super().set(key, value)
+
+        async def set_if_not_exists(self, key, value):
+            _check_fence(self.url)
+            await super().set_if_not_exists(key, value)
+
+        async def delete(self, key):
+            _check_fence(self.url)
+            await super().delete(key)
+
+        async def delete_dir(self, prefix):
+            _check_fence(self.url)
+            await super().delete_dir(prefix)
+
+    return FencedObjectStore

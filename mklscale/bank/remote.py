@@ -23,7 +23,7 @@ import numpy as np
 
 from mklscale.bank import shard_format
 from mklscale.bank.direct_io import thread_buffer
-from mklscale.bank.group import create_bank_group, data_array_name, open_bank_group
+from mklscale.bank.group import create_bank_group, data_array_name, open_bank_group, refuse_foreign
 from mklscale.bank.location import ObjectURL
 from mklscale.bank.objstore import ObjectBank
 from mklscale.errors import BankCorruptError, BankMismatchError, NotABankError
@@ -67,6 +67,7 @@ def prepare(url: ObjectURL, overwrite: bool, fingerprint: str | None, is_same) -
     if open_group(url, "r") is None:
         raise NotABankError(f"{url} holds a zarr.json that is not an mklscale kernel bank; choose another prefix")
     if overwrite:
+        refuse_foreign(url, keys, [name for name, _ in open_group(url, "r").members()])
         _delete_all(ob, keys)
         return False
     if fingerprint is not None and is_same(fingerprint):

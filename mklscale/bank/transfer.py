@@ -4,7 +4,9 @@ store to store), then verify every kernel's crc32c at the destination.
 Objects and files have the same names (``remote``), so a copy is the bank's files, byte for byte:
 to an object store the root ``zarr.json`` goes last (after a ``.mklscale-creating`` marker, removed
 at the end), so the destination is a bank only once all of it is there; to a folder the copy is
-staged beside the destination and renamed into place (``runtime.atomic.swap_into_place``).
+staged beside the destination and renamed into place (``runtime.atomic.swap_into_place``). The copy
+holds the destination's writer lock (``store.writing``) and never waits for another writer: a bank
+being built or repaired there is refused (BankLockedError).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 from mklscale.bank import remote
 from mklscale.bank.location import ObjectURL, bank_location
 from mklscale.bank.objstore import ObjectBank
-from mklscale.bank.store import KernelBank, VerifyReport
+from mklscale.bank.store import KernelBank, VerifyReport, writing
 from mklscale.errors import InvalidInputError
 from mklscale.runtime.atomic import swap_into_place
 
@@ -29,6 +31,12 @@ def copy_bank(src, dst, *, overwrite: bool = False, progress: bool = False) -> V
     if str(src) == str(dst):
         raise InvalidInputError(f"bank copy: the source and the destination are the same ({src})")
     KernelBank.open(src)  # NotABankError, ObjectStoreError... before anything is written
+    with writing(dst, "copy (bank copy)", wait=False) as target:  # one writer per bank, the copy too
+        _copy_locked(src, target, overwrite)
+    return KernelBank.open(dst).verify(progress=progress, mark_bad=False)
+
+
+def _copy_locked(src, dst, overwrite: bool) -> None:
     if isinstance(dst, ObjectURL):
         ob = ObjectBank(dst)
         ob.check_access()
@@ -63,4 +71,3 @@ def copy_bank(src, dst, *, overwrite: bool = False, progress: bool = False) -> V
             swap_into_place(staged, dst)
         finally:
             shutil.rmtree(staged, ignore_errors=True)
-    return KernelBank.open(dst).verify(progress=progress, mark_bad=False)

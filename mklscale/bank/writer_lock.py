@@ -53,9 +53,10 @@ _guard = threading.Lock()
 
 def lock_path(bank_path: str | os.PathLike) -> Path:
     """The lock file of the bank at ``bank_path``: ``.<name>.lock`` in the same folder."""
-    path = Path(os.path.abspath(bank_path))
-    # the real folder: a bank reached through a symlinked parent has one lock, whatever the name used
-    return Path(os.path.realpath(path.parent)) / f".{path.name}.lock"
+    # the real path: a bank reached through a symlink (its name or a parent folder) has one lock,
+    # whatever the name used
+    path = Path(os.path.realpath(os.path.abspath(bank_path)))
+    return path.parent / f".{path.name}.lock"
 
 
 def holder(bank_path: str | os.PathLike) -> dict | None:
