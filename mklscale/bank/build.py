@@ -47,7 +47,7 @@ from mklscale.bank.location import ObjectURL, bank_location
 from mklscale.bank.inputs import NORMALIZATIONS, validate_dtype, validate_features
 from mklscale.bank.shard_format import write_shard_file
 from mklscale.bank.size import bank_bytes, check_fits, human
-from mklscale.bank.stats import checksum, kernel_stats
+from mklscale.bank.stats import checksum, kernel_stats, meta_checksum
 from mklscale.bank.store import KernelBank, VerifyReport, prepare_path, refuse_target, writing
 from mklscale.errors import (
     BankCorruptError,
@@ -139,7 +139,8 @@ def build_bank(
     # a bank that would not fit its disk is refused here, before the lock file or anything else is written
     check_fits(path, len(specs), X.shape[0], dt.name, None if factor is None else factor.rank, n_features=X.shape[1],
                chunk_mb=chunk_mb, shard_mb=shard_mb, action=action)
-    with writing(path, "build", wait):  # one writer per bank (``writer_lock``; ``objlock`` on an object store)
+    # one writer per bank (``writer_lock``; ``objlock`` on an object store, whose writes go through the fenced URL)
+    with writing(path, "build", wait) as path:
         action = prepare_path(path, overwrite=overwrite, fingerprint=fingerprint)
         if action != "resume":
             attrs = {
@@ -168,6 +169,9 @@ def build_bank(
             bank.last_build_computed = _compute_shards(bank, specs, Xs, _unfinished_shards(done, bank.kernels_per_shard),
                                                        keep=done, client=client, progress=progress,
                                                        flush_every_s=flush_every_s)
+    if isinstance(path, ObjectURL):  # the caller's bank is not fenced by a lock it no longer holds
+        computed, bank = bank.last_build_computed, KernelBank.open(path.with_fence(None))
+        bank.last_build_computed = computed
     if factor is not None:
         _warn_approximation(bank, max_error)
     return bank
@@ -299,8 +303,8 @@ def repair_bank(bank: KernelBank, kernels: Sequence[int] | None = None, client=N
     writer lock throughout (``wait`` as in ``build_bank``).
     """
     path = bank.path if isinstance(bank, KernelBank) else bank_location(bank)
-    with writing(path, "repair", wait):
-        return _repair_locked(KernelBank.open(path, mode="r+"), kernels, client, progress)
+    with writing(path, "repair", wait) as fenced:
+        return _repair_locked(KernelBank.open(fenced, mode="r+"), kernels, client, progress)
 
 
 def _repair_locked(bank: KernelBank, kernels, client, progress: bool) -> RepairReport:
@@ -614,6 +618,10 @@ class _MetadataWriter:
         whole = (*PER_KERNEL_FLOATS, "checksum")
         if bank.representation == "factor":
             whole += tuple(k for k in FACTOR_META if k not in self._BY_SHARD)
+        # a bank created before meta_checksum existed is resumed without it
+        self._specs = self._group["spec"][:] if "meta_checksum" in self._group else None
+        if self._specs is not None:
+            whole += ("meta_checksum",)
         self._whole = (*whole, "complete")  # complete last
         self._arrays = {k: self._group[k][:] for k in self._whole}
         self._owned = np.zeros(bank.M, dtype=bool)  # kernels recorded by this writer
@@ -628,6 +636,11 @@ class _MetadataWriter:
                 self._rows.setdefault(first, {})[name] = values
             else:
                 self._arrays[name][first:first + k] = values
+        if self._specs is not None:
+            a = self._arrays
+            self._arrays["meta_checksum"][first:first + k] = [
+                meta_checksum(a["norm_factor"][m], a["trace"][m], a["fro"][m], a["lambda_max"][m], int(a["checksum"][m]),
+                              str(self._specs[m])) for m in range(first, first + k)]
         self._arrays["complete"][first:first + k] = True
         self._owned[first:first + k] = True
         if time.monotonic() - self._last >= self._every:

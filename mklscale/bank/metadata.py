@@ -59,6 +59,12 @@ def read_metadata(path: Path, group: zarr.Group) -> BankMetadata:
         raise fail(f"attribute layout is {attrs.get('layout')!r}: kernels_per_chunk and kernels_per_shard must be "
                    "positive integers, the second a multiple of the first")
 
+    def values(arr: zarr.Array) -> np.ndarray:
+        try:
+            return arr[:]
+        except Exception as exc:  # a damaged (undecodable, truncated) chunk
+            raise fail(f"the array {arr.basename!r} cannot be decoded ({type(exc).__name__}: {exc})") from None
+
     def array(name: str, shape: tuple, dtype=None) -> zarr.Array:
         try:
             arr = group[name]
@@ -79,15 +85,21 @@ def read_metadata(path: Path, group: zarr.Group) -> BankMetadata:
     if shards[0] != per_shard or data.chunks[0] != per_chunk:
         raise fail(f"the array {data.basename!r} is stored {shards[0]} kernels per "
                    f"shard in chunks of {data.chunks[0]}, but attribute layout says {per_shard} and {per_chunk}")
-    array("complete", (M,), bool)
-    array("checksum", (M,), np.uint32)
+    complete = values(array("complete", (M,), bool))
+    values(array("checksum", (M,), np.uint32))
+    if "meta_checksum" in group:  # banks written before it existed have none
+        values(array("meta_checksum", (M,), np.uint32))
     for name in PER_KERNEL_FLOATS:
-        array(name, (M,), np.float64)
+        kept = values(array(name, (M,), np.float64))[complete]
+        if not np.isfinite(kept).all() or (name == "norm_factor" and (kept <= 0).any()):
+            bad = int(np.flatnonzero(complete)[~np.isfinite(kept) | ((kept <= 0) if name == "norm_factor" else False)][0])
+            raise fail(f"the array {name!r} holds {kept[np.flatnonzero(complete) == bad][0]!r} for the complete kernel "
+                       f"{bad}, not a finite{' positive' if name == 'norm_factor' else ''} number")
     if representation == "factor":
         for name in FACTOR_META:
             array(name, {"landmarks": (M, width), "transform": (M, width, width)}.get(name, (M,)))
     specs = []
-    for m, entry in enumerate(array("spec", (M,))[:]):
+    for m, entry in enumerate(values(array("spec", (M,)))):
         try:
             specs.append(KernelSpec.from_json(entry))
         except Exception as exc:

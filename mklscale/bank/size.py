@@ -62,7 +62,8 @@ def bank_bytes(M: int, n: int, dtype: str = "float32", rank: int | None = None, 
       bank, ``rank`` r), the last inner chunk zero-padded to ``kernels_per_chunk`` kernels, plus the
       shard index (``shard_format``); ``layout`` (kernels per chunk, per shard) as recorded in a bank's
       attributes, else ``group.layout_for(chunk_mb, shard_mb)`` as a build makes it;
-    - per kernel: trace, fro, lambda_max, norm_factor (float64), checksum, complete, the spec's JSON;
+    - per kernel: trace, fro, lambda_max, norm_factor (float64), checksum, meta_checksum, complete, the
+      spec's JSON;
       a factor bank adds its rank, landmarks (r int64), transform (r x r float64), approx_error and
       exact_trace (``group.FACTOR_META``);
     - the standardised features X (n x ``n_features`` float64; 0 for imported Gram matrices) and the
@@ -83,7 +84,8 @@ def bank_bytes(M: int, n: int, dtype: str = "float32", rank: int | None = None, 
 
     tail = index_nbytes(per_chunk, per_shard)
     total = BLOCK + per_shard_file(lambda k: -(-k // per_chunk) * per_chunk * n * width * item + tail)
-    per_kernel = {name: 8 for name in PER_KERNEL_FLOATS} | {"checksum": 4, "complete": 1, "spec": SPEC_BYTES}
+    per_kernel = {name: 8 for name in PER_KERNEL_FLOATS} | {"checksum": 4, "meta_checksum": 4, "complete": 1,
+                                                            "spec": SPEC_BYTES}
     if rank is not None:
         per_kernel |= {"rank": 4, "approx_error": 8, "exact_trace": 8}
         for row_bytes in (width * 8, width * width * 8):  # landmarks, transform: one chunk per shard

@@ -36,21 +36,47 @@ def checksum(block: np.ndarray) -> int:
     return _crc32c_of(little)
 
 
+def meta_checksum(norm_factor: float, trace: float, fro: float, lambda_max: float, data_checksum: int,
+                  spec_json: str) -> int:
+    """crc32c of one kernel's metadata that changes results: its normalisation factor, statistics,
+    data checksum and spec (as stored); ``verify`` compares it (a norm_factor edited by 1.5x moves
+    every prediction yet leaves the kernel's bytes intact)."""
+    record = np.array([norm_factor, trace, fro, lambda_max], dtype="<f8").tobytes()
+    return int(google_crc32c.value(record + np.uint32(data_checksum).tobytes() + spec_json.encode()))
+
+
+def meta_checksums(group) -> np.ndarray:
+    """``meta_checksum`` of every kernel of a bank's zarr group, from its stored arrays."""
+    arrays = [group[name][:] for name in ("norm_factor", "trace", "fro", "lambda_max", "checksum")]
+    specs = group["spec"][:]
+    return np.array([meta_checksum(*(float(a[m]) for a in arrays[:4]), int(arrays[4][m]), str(specs[m]))
+                     for m in range(len(specs))], dtype=np.uint32)
+
+
+def checksum_extend(crc: int, block: np.ndarray) -> int:
+    """The crc32c of earlier bytes (``crc``) extended over ``block``'s stored bytes: a kernel read
+    in row pieces gets the ``checksum`` of the whole kernel piece by piece."""
+    return _crc32c_extend(crc, np.ascontiguousarray(block, dtype=block.dtype.newbyteorder("<")))
+
+
 def _crc32c_in_place():
-    """crc32c over a buffer without copying it to bytes, releasing the GIL: google_crc32c's C
-    library called through ctypes (its Python API takes only bytes, a copy of every kernel).
-    Falls back to that API where the C library is not there (the pure-Python build)."""
+    """(crc32c of a buffer, crc32c extended over a buffer), without copying it to bytes and releasing
+    the GIL: google_crc32c's C library called through ctypes (its Python API takes only bytes, a copy
+    of every kernel). Falls back to that API where the C library is not there (the pure-Python build)."""
     import ctypes
 
     try:
         from google_crc32c import _crc32c
 
-        fn = ctypes.CDLL(_crc32c.__file__).crc32c_value  # exported by the libcrc32c it links
+        lib = ctypes.CDLL(_crc32c.__file__)  # exports the libcrc32c it links
+        value, extend = lib.crc32c_value, lib.crc32c_extend
     except (ImportError, OSError, AttributeError):
-        return lambda a: int(google_crc32c.value(a.tobytes()))
-    fn.restype = ctypes.c_uint32
-    fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
-    return lambda a: int(fn(a.ctypes.data, a.nbytes))
+        return (lambda a: int(google_crc32c.value(a.tobytes())),
+                lambda crc, a: int(google_crc32c.extend(crc, a.tobytes())))
+    value.restype = extend.restype = ctypes.c_uint32
+    value.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+    extend.argtypes = (ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t)
+    return lambda a: int(value(a.ctypes.data, a.nbytes)), lambda crc, a: int(extend(crc, a.ctypes.data, a.nbytes))
 
 
-_crc32c_of = _crc32c_in_place()
+_crc32c_of, _crc32c_extend = _crc32c_in_place()

@@ -12,7 +12,10 @@ reason. Everything that refuses unfinished kernels (the Engine, ``require_comple
 refuses corrupt ones without re-reading the bank on every open, and ``allow_incomplete=True`` runs
 on the rest. A recorded reason counts only while the kernel's ``complete`` flag is clear, so a
 rebuild or ``repair`` (which set it again) retires it. ``repair`` recomputes bad kernels from their
-specs (banks built from features only).
+specs (banks built from features only). The metadata that changes results (normalisation factor,
+trace, fro, lambda_max, the data checksum, the spec) is covered per kernel by ``meta_checksum``
+(``stats.meta_checksum``), which verify compares too. Passes check every kernel's bytes as they
+read them (``engine.reader``, "Integrity on read"), so a damaged kernel is an error, never a result.
 
 Writers. Everything that writes a bank (``from_arrays``, ``build.build_bank``, ``repair``,
 ``verify``'s marking) holds its writer lock (``writer_lock``; ``writing`` also sweeps a killed
@@ -50,6 +53,7 @@ from mklscale.bank.group import (
     create_bank_group,
     data_array_name,
     creation_info,
+    refuse_foreign,
     json_attr,
     layout_for,
     open_bank_group,
@@ -61,7 +65,7 @@ from mklscale.bank.normalize import normalize_block
 from mklscale.bank.shard_format import write_shard_file
 from mklscale.bank.size import check_fits
 from mklscale.bank.spec import KernelSpec
-from mklscale.bank.stats import checksum, kernel_stats
+from mklscale.bank.stats import checksum, kernel_stats, meta_checksums
 from mklscale.bank.writer_lock import bank_writer
 from mklscale.errors import (
     BankCorruptError,
@@ -241,6 +245,7 @@ class KernelBank:
                 group[name][:] = stats[:, k]
             group["norm_factor"][:] = np.asarray(factors)
             group["checksum"][:] = sums
+            group["meta_checksum"][:] = meta_checksums(group)
             if crosses is not None:
                 scaled = (crosses * np.asarray(factors)[:, None, None]).astype(dt)
                 group.create_array("cross_gram", data=scaled, chunks=(1,) + scaled.shape[1:], compressors=None)
@@ -252,7 +257,7 @@ class KernelBank:
         # the whole new store is written beside any old one (swapped in at the end): all of it must fit
         check_fits(path, M, n, dt.name, n_cross=0 if crosses is None else crosses.shape[1], chunk_mb=chunk_mb,
                    shard_mb=shard_mb, action="create", spelling="import")
-        with writing(path, "import (from_arrays)", wait):
+        with writing(path, "import (from_arrays)", wait) as path:
             action = prepare_path(path, overwrite=overwrite, fingerprint=None)
             if isinstance(path, ObjectURL):
                 remote.create_group(path, specs=specs, n=n, dtype=dt, attrs=attrs, X=None, chunk_mb=chunk_mb,
@@ -260,7 +265,7 @@ class KernelBank:
             else:
                 create_bank_group(path, specs=specs, n=n, dtype=dt, attrs=attrs, X=None, chunk_mb=chunk_mb,
                                   shard_mb=shard_mb, fill=fill, replace=action == "replace")
-        return cls.open(path)
+        return cls.open(path.with_fence(None) if isinstance(path, ObjectURL) else path)
 
     # ---- opening ------------------------------------------------------------------------------
     @classmethod
@@ -341,6 +346,14 @@ class KernelBank:
     @property
     def checksums(self) -> np.ndarray:
         return self._meta("checksum")
+
+    def expected_checksum(self, m: int, fresh: bool = False) -> int:
+        """Kernel m's recorded crc32c, from a copy read once per bank object (the passes' integrity
+        check, ``engine.reader``); ``fresh`` reads it again (a build or repair recorded more since)."""
+        sums = getattr(self, "_expected_sums", None)
+        if sums is None or fresh:
+            sums = self._expected_sums = self.checksums
+        return int(sums[m])
 
     @property
     def X_train(self) -> np.ndarray | None:
@@ -626,11 +639,12 @@ class KernelBank:
         report.checked = int(todo.size)
         S = self.kernels_per_shard
         groups = [todo[(todo // S) == s] for s in np.unique(todo // S)]
-        found: list[tuple[int, str, str]] = []
+        found: list[tuple[int, str, str]] = self._check_metadata(todo)
         with ThreadPoolExecutor(max(1, threads)) as pool:
             for bad in tqdm(pool.map(self._check_shard, groups), total=len(groups), disable=not progress,
                             unit="shard", desc="verify"):
                 found += bad
+        found = sorted({m: (m, name, why) for m, name, why in found}.values())  # one reason per kernel
         if found and mark_bad:
             report.marked = self._mark_bad({m: why for m, _, why in found}, wait)
         report.bad = sorted(report.bad + found)
@@ -652,15 +666,22 @@ class KernelBank:
         return [(int(m), self.specs[m].name, "checksum mismatch")
                 for m in ms if checksum(block[m - s * S]) != int(expected[m])]
 
+    def _check_metadata(self, ms: np.ndarray) -> list[tuple[int, str, str]]:
+        """(kernel, name, reason) for the kernels ms whose recorded normalisation, statistics or spec
+        disagree with their ``meta_checksum`` (banks written before it existed: none)."""
+        if "meta_checksum" not in self._group:
+            return []
+        recorded, now = self._group["meta_checksum"][:], meta_checksums(self._group)
+        return [(int(m), self.specs[m].name, "its recorded normalisation factor, statistics or spec do not match "
+                 "their checksum (metadata edited or damaged)") for m in ms if recorded[m] != now[m]]
+
     def _mark_bad(self, bad: dict[int, str], wait: bool | float = True) -> bool:
         """Record kernels found bad, holding the writer lock: the reason in ``attrs["integrity"]``
         first, then clear their ``complete`` flags, reading the flags of the other kernels from disk
         under the lock (each write is atomic). Returns False when the store is read-only."""
         try:
-            # on an object store the lock (objlock) is not re-entrant and a repair verifies under it: no lock
-            lock = contextlib.nullcontext() if self.remote else bank_writer(self.path, "verify (marking bad kernels)", wait)
-            with lock:
-                group = self._open_group("r+")
+            with _writer_lock(self.path, "verify (marking bad kernels)", wait) as fenced:
+                group = self._open_group("r+", fenced if self.remote else None)
                 record = dict((group.attrs.get("integrity") or {}).get("bad") or {})
                 record.update({str(m): why for m, why in bad.items()})
                 group.attrs["integrity"] = {"bad": record, "verified": creation_info()["time"]}
@@ -691,9 +712,9 @@ class KernelBank:
         self._attrs = self._group.attrs.asdict()
         self._data = self._group[data_array_name(self.representation)]
 
-    def _open_group(self, mode: str) -> zarr.Group:
+    def _open_group(self, mode: str, fenced: ObjectURL | None = None) -> zarr.Group:
         if self.remote:
-            return remote.open_group(self.path, mode)
+            return remote.open_group(fenced or self.path, mode)
         return zarr.open_group(self.path, mode=mode)
 
     # ---- cross kernels ------------------------------------------------------------------------
@@ -785,6 +806,9 @@ def refuse_target(path: Path, overwrite: bool, fingerprint: str | None) -> str:
         raise NotABankError(f"{path} exists and is not an mklscale kernel bank; choose another path "
                             "(mklscale never deletes a folder it did not create)")
     if overwrite:
+        refuse_foreign(path, sorted(os.path.relpath(os.path.join(folder, f), path).replace(os.sep, "/")
+                                    for folder, _, files in os.walk(path) for f in files),
+                       [name for name, _ in KernelBank.open(path)._group.members()])
         return "replace"
     existing = KernelBank.open(path).attrs.get("fingerprint")  # damaged metadata: BankCorruptError
     if fingerprint is not None and existing == fingerprint:
@@ -794,25 +818,27 @@ def refuse_target(path: Path, overwrite: bool, fingerprint: str | None) -> str:
 
 
 @contextmanager
-def writing(path: str | os.PathLike, what: str, wait: bool | float = True) -> Iterator[None]:
+def writing(path: str | os.PathLike, what: str, wait: bool | float = True) -> Iterator[Path | ObjectURL]:
     """Hold the writer lock of the bank at ``path`` (``writer_lock.bank_writer``: one writer per
     bank; ``wait`` as there) and make the store safe to write: temporary files a killed writer left
     (``.partial`` shard files, half-created or half-replaced stores beside it) are removed, and a
     store holding a symbolic link that leads out of it is refused (BankCorruptError): writers never
-    write outside the store. A bank on an object store: its lock object (``objlock``), no sweep."""
+    write outside the store. A bank on an object store: its lock object (``objlock``), no sweep.
+    Yields the location to write through: ``path``, or on an object store ``path`` fenced by the
+    lock (``objlock``, "Fencing": every write checks the lock is still this writer's)."""
     if isinstance(path, ObjectURL):
-        with _writer_lock(path, what, wait):
-            yield
+        with _writer_lock(path, what, wait) as fenced:
+            yield fenced
         return
     path = Path(path)
     with bank_writer(path, what, wait):
         _sweep_leftovers(path)
-        yield
+        yield path
 
 
 def _writer_lock(path, what: str, wait: bool | float = True):
     """The writer lock of the bank at ``path``: flock beside a folder (``writer_lock``), the lock
-    object beside a bank on an object store (``objlock``)."""
+    object beside a bank on an object store (``objlock``, yielding the fenced URL)."""
     if isinstance(path, ObjectURL):
         from mklscale.bank.objlock import object_writer
 

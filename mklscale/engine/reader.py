@@ -48,6 +48,7 @@ import numpy as np
 
 from mklscale.bank.direct_io import pread_direct, thread_buffer
 from mklscale.bank.remote import ObjectShard, prefetch_runs
+from mklscale.bank.stats import checksum, checksum_extend
 from mklscale.errors import BankCorruptError
 
 #: Bytes copied per read call: big enough that a read costs far more than the call, small enough
@@ -60,6 +61,8 @@ DIRECT_PIECE_BYTES = 8 * 2**20
 
 _MAPS: OrderedDict[tuple, tuple[str, np.ndarray]] = OrderedDict()  # key -> (path, whole-file array)
 _MAPS_LOCK = threading.Lock()
+#: mapped file version -> the kernels in it whose bytes this process has checked (checked once per version)
+_CHECKED: dict[tuple, set[int]] = {}
 
 
 def physical_memory() -> int:
@@ -125,6 +128,7 @@ def mapped_file(file) -> np.ndarray:
     with _MAPS_LOCK:
         for old in [k for k, (path, _) in _MAPS.items() if _replaced(path, k)]:
             del _MAPS[old]
+            _CHECKED.pop(old, None)
         entry = _MAPS.setdefault(key, (file.name, data))
         _MAPS.move_to_end(key)
         limit, total = map_limit(), sum(d.size for _, d in _MAPS.values())
@@ -200,6 +204,12 @@ class _Shard:
             raise BankCorruptError(f"{self.path} ended early (wanted {nbytes} bytes at offset {offset}); "
                                    "the shard needs repair")
         return data
+
+    def checked(self) -> set[int]:
+        """The kernels of this file's current version whose mapped bytes were checked already."""
+        st = os.fstat(self.file.fileno())
+        with _MAPS_LOCK:
+            return _CHECKED.setdefault((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), set())
 
     def view(self, offset: int, nbytes: int) -> np.ndarray:
         """Bytes offset..offset+nbytes of the file, read-only, straight from its mapping."""
@@ -284,7 +294,9 @@ class KernelReader:
         kb = n * w * itemsize
         if not self.plain:
             for pos, m in enumerate(kernels):
-                yield pos, 1, 0, n, np.ascontiguousarray(self._fallback(int(m)))[None]
+                block = np.ascontiguousarray(self._fallback(int(m)))
+                self._compare(int(m), checksum(block))
+                yield pos, 1, 0, n, block[None]
             return
         S = self.bank.kernels_per_shard
         if self.bank.remote:
@@ -301,7 +313,9 @@ class KernelReader:
                 while (count < per and pos + count < len(kernels) and int(kernels[pos + count]) == m0 + count
                        and shard.same_chunk(m0, m0 + count)):
                     count += 1
-                yield pos, count, 0, n, self._fetch(shard, shard.offset(m0), count * kb).reshape(count, n, w)
+                block = self._fetch(shard, shard.offset(m0), count * kb).reshape(count, n, w)
+                self._check_whole(shard, m0, block)
+                yield pos, count, 0, n, block
                 pos += count
         else:
             rows = max(1, limit // (w * itemsize))
@@ -309,10 +323,35 @@ class KernelReader:
                 m = int(m)
                 shard = self._shard(m // S)
                 base = shard.offset(m)
+                crc = 0
                 for r0 in range(0, n, rows):
                     r1 = min(n, r0 + rows)
                     block = self._fetch(shard, base + r0 * w * itemsize, (r1 - r0) * w * itemsize)
+                    crc = checksum_extend(crc, block)
+                    if r1 == n:
+                        self._compare(m, crc)
                     yield pos, 1, r0, r1, block.reshape(1, r1 - r0, w)
+
+    def _check_whole(self, shard, m0: int, block: np.ndarray) -> None:
+        """Check the crc32c of the whole kernels m0.. in ``block`` (mapped: those not checked yet)."""
+        if self.source == "mapped":
+            seen = shard.checked()
+            for c in range(block.shape[0]):
+                if m0 + c not in seen:
+                    self._compare(m0 + c, checksum(block[c]))
+                    seen.add(m0 + c)
+            return
+        for c in range(block.shape[0]):
+            self._compare(m0 + c, checksum(block[c]))
+
+    def _compare(self, m: int, crc: int) -> None:
+        if crc != self.bank.expected_checksum(m) and crc != self.bank.expected_checksum(m, fresh=True):
+            name = self.bank.specs[m].name
+            raise BankCorruptError(
+                f"kernel {m} ({name}) of bank {self.bank.path}: its stored bytes do not match their recorded crc32c "
+                "(damaged on disk or in transit), so no result was computed from them; run `mklscale bank verify "
+                f"{self.bank.path}` to find every damaged kernel and `mklscale bank repair {self.bank.path}` to "
+                "recompute them")
 
     def _fetch(self, shard, offset: int, nbytes: int) -> np.ndarray:
         """Bytes offset..offset+nbytes of a shard file as a flat array of the stored dtype, from
