@@ -1166,8 +1166,9 @@ def render_mutation() -> str:
 
 
 from readme_first_hour import render_cv_path, render_defaults, render_quickstart  # noqa: E402
+from readme_reliability import render_read_integrity  # noqa: E402
 
-RENDERERS: list[Callable[[], str]] = [render_quickstart, render_defaults, render_cv_path, render_build, render_pass, render_pass_big, render_spicy, render_spicy_uci,
+RENDERERS: list[Callable[[], str]] = [render_quickstart, render_defaults, render_cv_path, render_read_integrity, render_build, render_pass, render_pass_big, render_spicy, render_spicy_uci,
                                       render_spicy_ooc, render_smo_citi, render_pfbs, render_sgd_gcd,
                                       render_peers, render_scaling, render_checkpoint, render_compare_versions,
                                       render_ab_fits, render_factor, render_spicy_newton, render_smo_factor,
