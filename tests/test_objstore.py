@@ -404,3 +404,44 @@ def test_pipeline_bank_on_s3_keeps_credentials_out_of_the_run(s3_server, s3_buck
     spec.write_text(bad)
     with pytest.raises(ConfigError, match="unsupported URL scheme"):
         load_pipeline(spec)
+
+
+def test_server_killed_mid_build_ends_the_cli_in_one_line_after_the_retry_deadline(own_server, s3_server, tmp_path):
+    """The CLI, its server killed mid-build: exit 2, one line naming the URL, after the documented
+    retry deadline (MKLSCALE_S3_RETRY_TIMEOUT_S=4 here), not obstore's dump and not a hang."""
+    bucket = own_server.new_bucket()
+    X = np.random.default_rng(0).normal(size=(60, 4))
+    np.save(tmp_path / "X.npy", X)
+    env = {**os.environ, **own_server.env(), "MKLSCALE_S3_RETRY_TIMEOUT_S": "4"}
+    url = f"s3://{bucket}/killed.zarr"
+    script = textwrap.dedent(f"""
+        import sys, time
+        from mklscale.bank import build, group
+        from mklscale.cli import main
+        layout = group.layout_for  # 3 kernels per shard, as LAYOUT
+        group.layout_for = lambda M, n, item, chunk_mb=16, shard_mb=64, width=None: layout(M, n, item, 0.02, 0.05, width)
+        slow = build._write_shard
+        def write(*a, **k):  # one shard every 0.3 s, so the server dies mid-build
+            time.sleep(0.3); slow(*a, **k)
+        build._write_shard = write
+        build.BUILD_THREADS = 1
+        sys.exit(main(["bank", "build", "--features", {str(tmp_path / "X.npy")!r}, "--out", {url!r}, "--family",
+                       "random_subsets", "--n-kernels", "60", "--quiet"]))
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:  # some kernels stored: kill the server
+        try:
+            if KernelBank.open(bank_location(url, {"endpoint_url": own_server.endpoint})).complete.sum() >= 3:
+                break
+        except (NotABankError, ObjectStoreError):
+            pass
+        time.sleep(0.05)
+    stopped = time.monotonic()
+    own_server.stop()
+    _, err = proc.communicate(timeout=120)
+    waited = time.monotonic() - stopped
+    assert proc.returncode == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and url in lines[0] and "cannot be reached" in lines[0], err
+    assert 3.0 < waited < 40.0, waited  # the deadline, once (not once per request left)

@@ -51,9 +51,11 @@ from mklscale.bank.stats import checksum, kernel_stats, meta_checksum
 from mklscale.bank.store import KernelBank, VerifyReport, prepare_path, refuse_target, writing
 from mklscale.errors import (
     BankCorruptError,
+    BankLockLostError,
     BankMismatchError,
     ClusterUnavailableError,
     InvalidInputError,
+    ObjectStoreError,
     SpecError,
 )
 from mklscale.runtime.cluster import require_shared_folder
@@ -237,9 +239,12 @@ def _compute_shards(bank: KernelBank, specs: Sequence[KernelSpec], Xs: np.ndarra
                     computed += len(stats["checksum"])
             writer.flush()
         except BaseException as exc:
-            with contextlib.suppress(OSError):
-                writer.flush()  # best effort: keep the flags of the shards that did finish
-            if isinstance(exc, OSError):
+            # best effort: keep the flags of the shards that did finish; not when the store is out of reach
+            # (each request would wait out the retry deadline again) or the writer lost its lock
+            if not isinstance(exc, (ObjectStoreError, BankLockLostError)):
+                with contextlib.suppress(OSError, ObjectStoreError, BankLockLostError):
+                    writer.flush()
+            if isinstance(exc, OSError) and not isinstance(exc, ObjectStoreError):
                 raise_store_error(bank.path, exc)
             raise
         finally:

@@ -48,7 +48,7 @@ from contextlib import contextmanager
 from mklscale.bank import objstore
 from mklscale.bank.location import ObjectURL
 from mklscale.bank.objstore import ObjectBank, describe_lock, lock_url, read_lock
-from mklscale.errors import BankLockedError, BankLockLostError
+from mklscale.errors import BankLockedError, BankLockLostError, ObjectStoreError
 
 POLL_S = 0.5
 
@@ -112,24 +112,26 @@ def object_writer(url: ObjectURL, what: str, wait: bool | float = True) -> Itera
     thread = threading.Thread(target=renew, name="mklscale-lock", daemon=True)
     thread.start()
     fenced = url.with_fence(token)
-    failed = False
+    failed = unreachable = False
     try:
         yield fenced
     except BaseException as exc:
         failed = True
+        unreachable = isinstance(exc, ObjectStoreError)
         # a writer that lost its lock meets the new holder's bank half-replaced (a missing array): say so
-        if not isinstance(exc, BankLockLostError) and not isinstance(exc, KeyboardInterrupt):
+        if not isinstance(exc, (BankLockLostError, KeyboardInterrupt, ObjectStoreError)):
             info = read_lock(ob, key)
             if state["lost"] or (info is not None and info.get("token") != token):
                 raise BankLockLostError(_lost_message(url, what, "another writer took the lock over")) from exc
         raise
     finally:
         stop.set()
-        thread.join()
+        # a server out of reach: no renewal or release waits out the retry deadline again (the lock expires)
+        thread.join(1.0 if unreachable else None)
         with _held_guard:
             del _held[ident]
         objstore.forget_lease(url.with_fence(token))
-        lost = state["lost"] or _release(ob, key, what, token, state["etag"])
+        lost = state["lost"] or (None if unreachable else _release(ob, key, what, token, state["etag"]))
         if lost and not failed:
             raise BankLockLostError(_lost_message(url, what, lost))
 

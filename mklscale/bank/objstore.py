@@ -15,9 +15,11 @@ writes or logs them; error messages name the URL only.
 
 A shard is one object, written with one PUT (atomic: readers see the old object or the new one)
 and checked afterwards (``put_verified``: its size, and its MD5 where the store's ETag is one) before
-the build may mark its kernels complete. Every request has a bounded wait: the retry deadline
-``retry_timeout_s`` (default ``RETRY_TIMEOUT_S``) after which an unreachable or failing server
-raises ObjectStoreError naming the URL.
+the build may mark its kernels complete. Every request has a bounded wait: it is retried with
+exponential backoff (0.1 s doubling to at most 5 s) until the retry deadline ``retry_timeout_s``
+(default ``RETRY_TIMEOUT_S``, 60 s, or ``MKLSCALE_S3_RETRY_TIMEOUT_S``; the number of retries is not what ends it, ``max_retries`` defaults
+to ``MAX_RETRIES``, more than that deadline holds), after which an unreachable or failing server
+raises ObjectStoreError naming the URL (CLI: one line, exit 2).
 """
 
 from __future__ import annotations
@@ -35,12 +37,15 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import numpy as np
+from zarr.storage import ObjectStore as ZarrObjectStore
 
 from mklscale.bank.location import ObjectURL
 from mklscale.errors import BankLockLostError, InvalidInputError, ObjectStoreError
 
 #: Seconds a request keeps being retried (5xx, slow-down, refused connections) before it fails.
-RETRY_TIMEOUT_S = 60.0
+RETRY_TIMEOUT_S = float(os.environ.get("MKLSCALE_S3_RETRY_TIMEOUT_S", 60.0))  # a storage option overrides it
+#: More retries than fit in the deadline (about 12 per minute at the longest backoff): the deadline ends them.
+MAX_RETRIES = 1000
 #: Bytes per ranged GET when one read is split into concurrent requests.
 PART_BYTES = 8 * 2**20
 #: Concurrent ranged GETs of one process.
@@ -98,7 +103,7 @@ def s3_store(url: ObjectURL):
         client_options={"allow_http": bool(endpoint and endpoint.startswith("http://")),
                         "connect_timeout": timedelta(seconds=min(10.0, timeout)),
                         "timeout": timedelta(seconds=max(timeout, 30.0))},
-        retry_config={"max_retries": int(options.get("max_retries", 10)),
+        retry_config={"max_retries": int(options.get("max_retries", MAX_RETRIES)),
                       "retry_timeout": timedelta(seconds=timeout),
                       "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=5),
                                   "base": 2}},
@@ -155,13 +160,8 @@ class ObjectBank:
         self._call("cannot use", obstore.list_with_delimiter, self.store)
 
     def zarr_store(self, read_only: bool = True):
-        """zarr's ObjectStore over this bank (its metadata arrays and attributes); a writable one over a
-        fenced URL checks the writer lock before every write (``check_fence``)."""
-        from zarr.storage import ObjectStore
-
-        if read_only or self.url.fence is None:
-            return ObjectStore(self.store, read_only=read_only)
-        return _fenced_zarr_store()(self.store, self.url)
+        """zarr's ObjectStore over this bank (its metadata arrays and attributes): ``BankZarrStore``."""
+        return BankZarrStore(self.store, self.url, read_only)
 
     # ---- objects ---------------------------------------------------------------------------------
     def head(self, key: str) -> dict | None:
@@ -336,30 +336,41 @@ def _check_fence(url: ObjectURL) -> None:
         check_fence(url)
 
 
-@functools.cache
-def _fenced_zarr_store():
-    """zarr's ObjectStore whose writes first check the writer lock of the URL it was made for."""
-    from zarr.storage import ObjectStore
+def _translated(doing: str):
+    """Decorate a coroutine method of ``BankZarrStore``: obstore's errors become ObjectStoreError naming
+    the bank (a server out of reach: one line, exit 2, never obstore's dump); a write first checks the fence."""
+    def wrap(method):
+        @functools.wraps(method)
+        async def call(self, *args, **kwargs):
+            from obstore.exceptions import BaseError
 
-    class FencedObjectStore(ObjectStore):
-        def __init__(self, store, url: ObjectURL):
-            super().__init__(store, read_only=False)
-            self.url = url
+            if doing == "write" and self.url.fence is not None:
+                check_fence(self.url)
+            try:
+                return await method(self, *args, **kwargs)
+            except BaseError as exc:
+                raise describe_error(exc, self.url, f"cannot {doing} metadata of") from None
+        return call
+    return wrap
 
-        async def set(self, key, value):
-            _check_fence(self.url)
-            await super().set(key, value)
 
-        async def set_if_not_exists(self, key, value):
-            _check_fence(self.url)
-            await super().set_if_not_exists(key, value)
+class BankZarrStore(ZarrObjectStore):
+    """zarr's ObjectStore over a bank on an object store: its errors are ObjectStoreError naming the
+    bank, and over a fenced URL its writes check the writer lock first (``check_fence``)."""
 
-        async def delete(self, key):
-            _check_fence(self.url)
-            await super().delete(key)
+    def __init__(self, store, url: ObjectURL, read_only: bool = True):
+        super().__init__(store, read_only=read_only)
+        self.url = url
 
-        async def delete_dir(self, prefix):
-            _check_fence(self.url)
-            await super().delete_dir(prefix)
+    def with_read_only(self, read_only: bool = False):
+        return type(self)(self.store, self.url, read_only)
 
-    return FencedObjectStore
+    get = _translated("read")(ZarrObjectStore.get)
+    get_partial_values = _translated("read")(ZarrObjectStore.get_partial_values)
+    exists = _translated("read")(ZarrObjectStore.exists)
+    getsize = _translated("read")(ZarrObjectStore.getsize)
+    is_empty = _translated("read")(ZarrObjectStore.is_empty)
+    set = _translated("write")(ZarrObjectStore.set)
+    set_if_not_exists = _translated("write")(ZarrObjectStore.set_if_not_exists)
+    delete = _translated("write")(ZarrObjectStore.delete)
+    delete_dir = _translated("write")(ZarrObjectStore.delete_dir)
