@@ -596,9 +596,14 @@ def _cmd_build(args) -> int:
 
 
 def _saved_kernels(path: Path) -> str:
-    """'K of M kernels are saved in PATH' for a bank a stop interrupted (or 'nothing was saved')."""
+    """'K of M kernels are saved in PATH' for a bank a stop interrupted (or 'nothing was saved'); a
+    build stopped while it waited for another writer says that it wrote nothing."""
     from mklscale.bank import KernelBank
+    from mklscale.bank.store import other_writer
 
+    other = other_writer(bank_location(path))
+    if other:
+        return f"it was waiting for {other} to finish writing {path} and wrote nothing"
     try:
         bank = KernelBank.open(bank_location(path))
         return f"{int(bank.complete.sum())} of {len(bank)} kernels are saved in {path}"

@@ -262,3 +262,38 @@ def test_the_run_folders_copy_of_the_pipeline_never_holds_a_secret(spelling):
     assert "AKIA1" not in redact_toml(inline) and "TOK" not in redact_toml(inline)
     plain = "# kept as written\n[bank]\npath = \"b.zarr\"\n"
     assert redact_toml(plain) == plain
+
+
+def test_a_build_stopped_while_waiting_for_another_writer_says_it_wrote_nothing(X, tmp_path):
+    from mklscale.bank.writer_lock import is_held
+    from mklscale.cli import _saved_kernels
+
+    bank = build_bank(X, families.random_subsets(4, 5, seed=1), tmp_path / "busy.zarr", progress=False, **LAYOUT)
+    assert "5 of 5 kernels are saved" in _saved_kernels(bank.path)
+    other = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        from mklscale.bank.writer_lock import bank_writer
+        with bank_writer({str(bank.path)!r}, "build"):
+            print("held", flush=True)
+            time.sleep(60)
+    """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "held"
+        assert is_held(bank.path)
+        said = _saved_kernels(bank.path)  # what a build stopped in its wait for that writer reports
+        assert said.startswith(f"it was waiting for pid {other.pid} ") and "wrote nothing" in said
+    finally:
+        other.kill()
+        other.wait()
+    assert not is_held(bank.path) and "5 of 5 kernels are saved" in _saved_kernels(bank.path)
+
+
+def test_an_interrupted_copy_to_s3_resumes_by_running_it_again(s3_bucket, X, tmp_path):
+    src = build_bank(X, families.random_subsets(4, 5, seed=1), tmp_path / "src.zarr", progress=False, **LAYOUT)
+    url = bank_location(f"s3://{s3_bucket}/copied-again/bank.zarr")
+    ob = ObjectBank(url)
+    ob.put(".mklscale-creating", b"")  # what a copy stopped mid-way leaves: the marker and some objects
+    ob.put("checksum/zarr.json", b"{}")
+    copy_bank(src.path, url)  # no --overwrite needed
+    np.testing.assert_array_equal(KernelBank.open(url).checksums, src.checksums)
+    assert not ob.exists(".mklscale-creating")

@@ -60,7 +60,7 @@ def prepare(url: ObjectURL, overwrite: bool, fingerprint: str | None, is_same) -
         return False
     if "zarr.json" not in keys:
         if CREATING in keys:  # our own interrupted creation: nothing in it was ever a bank
-            _delete_all(ob, keys)
+            delete_all(ob, keys)
             return False
         raise NotABankError(f"{url} holds objects and is not an mklscale kernel bank; choose another prefix "
                             "(mklscale never deletes objects it did not create)")
@@ -68,7 +68,7 @@ def prepare(url: ObjectURL, overwrite: bool, fingerprint: str | None, is_same) -
         raise NotABankError(f"{url} holds a zarr.json that is not an mklscale kernel bank; choose another prefix")
     if overwrite:
         refuse_foreign(url, keys, [name for name, _ in open_group(url, "r").members()])
-        _delete_all(ob, keys)
+        delete_all(ob, keys)
         return False
     if fingerprint is not None and is_same(fingerprint):
         return True
@@ -76,7 +76,8 @@ def prepare(url: ObjectURL, overwrite: bool, fingerprint: str | None, is_same) -
                             "overwrite=True (CLI: --overwrite) to replace it, or choose another prefix")
 
 
-def _delete_all(ob: ObjectBank, keys: list[str]) -> None:
+def delete_all(ob: ObjectBank, keys: list[str]) -> None:
+    """Delete ``keys`` of a bank (an overwrite; what an interrupted creation or copy left)."""
     # zarr.json first: from then on the prefix is no bank, whatever else is left
     for key in sorted(keys, key=lambda k: (k != "zarr.json", k)):
         ob.delete(key)

@@ -33,7 +33,9 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import platform
 import shutil
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
@@ -834,6 +836,29 @@ def writing(path: str | os.PathLike, what: str, wait: bool | float = True) -> It
     with bank_writer(path, what, wait):
         _sweep_leftovers(path)
         yield path
+
+
+def other_writer(path) -> str | None:
+    """Who else holds the writer lock of the bank at ``path`` now ('pid 12 on host h (build since
+    ...)'), or None when nobody or this process does (a stopped build says which it was)."""
+    if isinstance(path, ObjectURL):
+        from mklscale.bank.objstore import ObjectBank, describe_lock, lock_url, read_lock
+
+        where, key = lock_url(path)
+        try:
+            info = read_lock(ObjectBank(where), key)
+        except ObjectStoreError:
+            return None
+        live = info is not None and not info.get("released") and float(info.get("expires", 0)) > time.time()
+    else:
+        from mklscale.bank.writer_lock import describe as describe_lock
+        from mklscale.bank.writer_lock import holder, is_held
+
+        info = holder(path)
+        live = info is not None and is_held(path)
+    if not live or (info.get("pid") == os.getpid() and info.get("host") == platform.node()):
+        return None
+    return describe_lock(info)
 
 
 def _writer_lock(path, what: str, wait: bool | float = True):

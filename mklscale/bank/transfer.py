@@ -40,7 +40,10 @@ def _copy_locked(src, dst, overwrite: bool) -> None:
     if isinstance(dst, ObjectURL):
         ob = ObjectBank(dst)
         ob.check_access()
-        if ob.list():
+        keys = [meta["path"] for meta in ob.list()]
+        if remote.CREATING in keys:  # an interrupted copy or creation of ours: start it again
+            remote.delete_all(ob, keys)
+        elif keys:
             if not overwrite:
                 raise InvalidInputError(f"{dst} is not empty; choose an empty prefix, or pass --overwrite to replace "
                                         "the bank there")

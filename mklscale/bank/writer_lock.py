@@ -70,6 +70,24 @@ def holder(bank_path: str | os.PathLike) -> dict | None:
     return info if isinstance(info, dict) else None
 
 
+def is_held(bank_path: str | os.PathLike) -> bool:
+    """True when some open file holds the writer lock of the bank at ``bank_path`` now (a probe: a
+    shared lock tried without waiting and let go at once)."""
+    if fcntl is None:  # pragma: no cover
+        return False
+    try:
+        fd = os.open(lock_path(bank_path), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing lets go of the probe's lock
+
+
 def describe(info: dict | None) -> str:
     """'pid 123 on host node7 (build since 2026-...)' from ``holder``'s record."""
     if not info:
