@@ -65,7 +65,7 @@ from sklearn.utils.validation import check_array, check_is_fitted, check_random_
 
 from mklscale.bank import _compute, families
 from mklscale.bank.spec import KernelSpec, specs_to_json
-from mklscale.errors import InvalidInputError
+from mklscale.errors import BankCorruptError, InvalidInputError
 from mklscale.model import MKLModel
 from mklscale.runtime.checkpoint import Checkpoint, stop_on_signals
 from mklscale.solvers import cv, registry
@@ -234,8 +234,19 @@ class _MKLBase(BaseEstimator):
 
         with _client(self.client) as client, \
                 self._cached_bank(key, len(specs), X.shape[0], build, client, X.shape[1], factor.get("rank")) as (bank, seconds):
-            self._solve(bank, y_targets, params, t0, client, build_seconds=seconds, resume=resume, y=y,
-                        sample_weight=sample_weight)
+            try:
+                self._solve(bank, y_targets, params, t0, client, build_seconds=seconds, resume=resume, y=y,
+                            sample_weight=sample_weight)
+            except BankCorruptError as exc:
+                # the cache's own bank, built from X, was damaged on disk (a pass found bytes that do not match
+                # their checksum): recompute what verify finds bad and fit again, once
+                from mklscale.bank.build import repair_bank
+
+                warnings.warn(f"the cached bank {bank.path} was damaged ({exc}); it was repaired and the fit redone",
+                              UserWarning, stacklevel=3)
+                repair_bank(bank, client=client, progress=False)
+                self._solve(bank, y_targets, params, t0, client, build_seconds=seconds, resume=resume, y=y,
+                            sample_weight=sample_weight)
         return self
 
     def _fit_precomputed(self, K, y, y_targets: list[np.ndarray], resume: bool = False, sample_weight=None):

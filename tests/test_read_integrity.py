@@ -147,3 +147,19 @@ def test_damage_to_any_metadata_chunk_is_an_error_or_found_never_used_silently(p
         assert report.bad or report.incomplete, f"{array}: damaged values passed verify"
         outcomes.add("found by verify")
     assert outcomes
+
+
+def test_the_estimators_cache_never_fits_on_a_damaged_bank(tmp_path):
+    from mklscale import MKLClassifier
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(80, 3))
+    y = (X[:, 0] + 0.3 * rng.normal(size=80) > 0).astype(int)
+    kw = dict(solver="spicy", C=0.1, kernels={"family": "gaussian", "widths": [0.5, 1, 2]}, cache_dir=tmp_path)
+    first = MKLClassifier(**kw).fit(X, y)
+    bank = KernelBank.open(first.fit_stats_["bank"])
+    _flip(bank, 1, 333, np.random.default_rng(4))
+    with pytest.warns(UserWarning, match="was damaged .*repaired and the fit redone"):
+        again = MKLClassifier(**kw).fit(X, y)
+    np.testing.assert_array_equal(again.decision_function(X), first.decision_function(X))
+    assert KernelBank.open(first.fit_stats_["bank"]).verify().ok
