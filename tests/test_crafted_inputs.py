@@ -1,6 +1,7 @@
-"""Crafted model files (issue 29, item 13): a seeded fuzzer of model.json mutations. Every mutated
-file loads and predicts, or is refused with ModelFileError (CLI: exit 2); nothing else escapes
-(no RecursionError, AttributeError, TypeError, KeyError: exit 70)."""
+"""Crafted inputs are clear errors (issue 29, items 13-15): a seeded fuzzer of model.json mutations
+(every mutated file loads and predicts, or is refused with ModelFileError, CLI exit 2; no
+RecursionError, AttributeError, TypeError, KeyError: exit 70), features that overflow, a billion
+random-subset kernels, an endpoint URL holding credentials."""
 
 from __future__ import annotations
 
@@ -132,3 +133,31 @@ def test_features_whose_squares_overflow_are_refused_before_any_work(tmp_path):
     with pytest.raises(InvalidInputError, match="row 3, column 1.*overflow"):
         MKLClassifier(solver="uniform", cache_dir=tmp_path).fit(X, np.arange(20) % 2)
     assert not [p for p in tmp_path.iterdir() if p.is_dir()]  # no bank was started
+
+
+def test_a_billion_random_subsets_are_refused_at_once_everywhere(tmp_path, capsys, monkeypatch):
+    import time
+
+    from mklscale.errors import SpecError
+
+    X = np.random.default_rng(0).normal(size=(30, 4))
+    t0 = time.monotonic()
+    with pytest.raises(SpecError, match="n_kernels=1,000,000,000 needs about .* GB of memory"):
+        MKLClassifier(kernels={"family": "random_subsets", "n_kernels": 10**9}, cache_dir=tmp_path).fit(X, np.arange(30) % 2)
+    np.save(tmp_path / "X.npy", X)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # never reached: refused before any request
+    assert main(["bank", "build", "--features", str(tmp_path / "X.npy"), "--family", "random_subsets",
+                 "--n-kernels", str(10**9), "--out", "s3://some-bucket/huge.zarr", "--quiet"]) == 2
+    assert "needs about" in capsys.readouterr().err
+    assert time.monotonic() - t0 < 20
+
+
+def test_an_endpoint_url_with_credentials_is_refused_without_showing_them(tmp_path, monkeypatch, capsys):
+    from mklscale.bank import KernelBank
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://keyid:S3CRETVALUE@127.0.0.1:9")
+    with pytest.raises(Exception) as info:
+        KernelBank.open("s3://some-bucket/bank.zarr")
+    assert "holds credentials" in str(info.value) and "S3CRETVALUE" not in str(info.value)
+    assert main(["bank", "info", "s3://some-bucket/bank.zarr"]) == 2
+    assert "S3CRETVALUE" not in capsys.readouterr().err
