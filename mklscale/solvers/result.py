@@ -79,6 +79,8 @@ class MKLResult:
     converged : whether the stopping rule was met.
     solver : name of the algorithm.
     params : the parameters of the run (JSON-safe values).
+    warm_state : what the solver hands the next value of a path besides the model (SpicyMKL: the
+        proximity parameters it reached); not part of the model, never saved.
     """
 
     weights: np.ndarray
@@ -91,6 +93,7 @@ class MKLResult:
     converged: bool = False
     solver: str = ""
     params: dict = dataclasses.field(default_factory=dict)
+    warm_state: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         self.weights = np.asarray(self.weights, dtype=np.float64).reshape(-1)
@@ -144,7 +147,7 @@ class MKLResult:
     @classmethod
     def from_dict(cls, data: dict) -> "MKLResult":
         """Inverse of :meth:`to_dict`; unknown or missing keys are errors."""
-        expected = {f.name for f in dataclasses.fields(cls)}
+        expected = {f.name for f in dataclasses.fields(cls)} - {"warm_state"}  # never saved
         if not isinstance(data, dict) or set(data) != expected:
             got = sorted(data) if isinstance(data, dict) else type(data).__name__
             raise InvalidInputError(f"an MKLResult dict needs exactly the keys {sorted(expected)}; got {got}")

@@ -360,6 +360,11 @@ class _Spicy:
             self.b = float(init.bias)
         if self.method != "proximal" or init.active.size == 0:
             return
+        gammas = init.warm_state.get("gammas")
+        if gammas:  # the proximity parameters and ck the previous value reached: its outer steps are not redone
+            known = gammas["kernels"]
+            self.kernels.gamma[:] = [known.get(int(m), g) for m, g in zip(self.index, self.kernels.gamma)]
+            self.gamma_b, self.ck = gammas["bias"], gammas["ck"]
         k = self.kernels
         position = {int(m): p for p, m in enumerate(self.index)}
         rows = np.array([position[int(m)] for m in init.active if int(m) in position], dtype=np.int64)
@@ -455,9 +460,12 @@ class _Spicy:
         d, b, rho, primal, gap, index = model
         weights = np.zeros(self.M)
         weights[index[: d.size]] = d
+        # the proximity parameters reached, for a warm start at the next value of a path (_warm_primal)
+        gammas = {"kernels": dict(zip(self.index.tolist(), self.kernels.gamma.tolist())), "bias": float(self.gamma_b),
+                  "ck": float(self.ck)}
         return MKLResult(weights=weights, dual_coef=rho / self.C, bias=b, active=np.flatnonzero(weights),
                          objective=primal, gap=gap, history=self.log.history, converged=converged,
-                         solver=f"spicy/{self.method}", params=dict(self.params))
+                         solver=f"spicy/{self.method}", params=dict(self.params), warm_state={"gammas": gammas})
 
 
 @single_blas_thread_for_small_n
@@ -491,8 +499,10 @@ def fit(engine, y, C, loss="logistic", penalty="l1", lam=0.5, q=1.5, eps=0.1, bi
         checkpoint file continues from it and returns the same result bit for bit.
     init : None or the MKLResult of this problem at another C (the previous point of a path): start from
         its dual point rho = C' c, its kernels in the working set and (proximal method) its primal blocks
-        alpha_m = d_m c and bias. Where the solve starts, not what it solves: the same stopping rule and
-        certificate apply. Ignored when a checkpoint holds a state.
+        alpha_m = d_m c, bias, and the proximity parameters gamma_m, gamma_b and ck it had reached
+        (``MKLResult.warm_state``; restarting them at GAMMA_INIT redid its outer steps: 3-fold CV over a
+        path cost 3.4-4.7x one fit, 2.4-4.1x with them). Where the solve starts, not what it solves: the
+        same stopping rule and certificate apply. Ignored when a checkpoint holds a state.
 
     Returns
     -------
