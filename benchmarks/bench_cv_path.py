@@ -20,8 +20,6 @@ ended unconverged. Results: benchmarks/results/bench_cv_path.json; the table is 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 import tempfile
@@ -32,7 +30,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from machine import describe_machine  # noqa: E402
+from machine import describe_machine, write_record  # noqa: E402
 
 from mklscale import MKLClassifier, MKLRegressor  # noqa: E402
 from mklscale.datasets import load  # noqa: E402
@@ -125,10 +123,7 @@ def main() -> None:
                       f"cold/warm {case['cold_over_warm']:5.2f}  C {case['chosen_warm']:.3g} / {case['chosen_cold']:.3g}",
                       flush=True)
         record["datasets"].append(entry)
-    record["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1))
-    print(f"wrote {args.out}")
+    write_record(record, args.out)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,6 @@ benchmarks/results/bench_defaults.json; the table is in benchmarks/README.md.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 import tempfile
@@ -31,7 +29,7 @@ from sklearn.model_selection import train_test_split
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from machine import describe_machine  # noqa: E402
+from machine import describe_machine, write_record  # noqa: E402
 
 from mklscale import MKLClassifier, MKLRegressor  # noqa: E402
 from mklscale.datasets import load  # noqa: E402
@@ -80,10 +78,7 @@ def main() -> None:
             print(f"{name:14s} {solver:10s} {row['median_seconds']:7.2f} s  converged {converged!s:5s}  "
                   f"C {row['C']:<10.4g} kept {row['kept']:3d}/{row['M']}  test {row['test_score']:.4f} "
                   f"(null {null:.4f})", flush=True)
-    record["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1))
-    print(f"wrote {args.out}")
+    write_record(record, args.out)
 
 
 if __name__ == "__main__":

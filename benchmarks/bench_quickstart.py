@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -31,7 +30,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from machine import describe_machine  # noqa: E402
+from machine import describe_machine, write_record  # noqa: E402
 
 import mklscale  # noqa: E402
 
@@ -90,12 +89,9 @@ def main() -> None:
     record["median_wall"] = {kind: statistics.median(r["wall"] for r in record["runs"] if r["kind"] == kind)
                              for kind in ("first", "warm")}
     record["seconds"] = time.perf_counter() - t0
-    record["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     shutil.rmtree(workdir, ignore_errors=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1))
-    print(f"median wall: first run {record['median_wall']['first']:.1f} s, warm {record['median_wall']['warm']:.1f} s; "
-          f"wrote {args.out}")
+    print(f"median wall: first run {record['median_wall']['first']:.1f} s, warm {record['median_wall']['warm']:.1f} s")
+    write_record(record, args.out)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ Results: benchmarks/results/bench_read_integrity.json; the table is in benchmark
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -31,7 +30,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from machine import describe_machine  # noqa: E402
+from machine import describe_machine, write_record  # noqa: E402
 
 from mklscale.bank import build_bank, families  # noqa: E402
 from mklscale.engine import Engine, reader  # noqa: E402
@@ -89,10 +88,7 @@ def main() -> None:
     for name, case in record["cases"].items():
         print(f"{name:20s} checked {case['median_checked_s'] * 1e3:7.1f} ms  unchecked "
               f"{case['median_unchecked_s'] * 1e3:7.1f} ms  ratio {case['median_ratio']:.3f}", flush=True)
-    record["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1))
-    print(f"wrote {args.out}")
+    write_record(record, args.out)
 
 
 if __name__ == "__main__":

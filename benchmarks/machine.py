@@ -37,3 +37,13 @@ def describe_machine(workdir: Path | None = None) -> dict:
         "python": platform.python_version(),
         "numpy": numpy.__version__, "numba": numba.__version__, "dask": dask.__version__, "zarr": zarr.__version__,
     }
+
+
+def write_record(record: dict, out: Path) -> None:
+    """Add the load average at the end to ``record["machine"]`` and write the record as JSON to ``out``."""
+    import json
+
+    record["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1))
+    print(f"wrote {out}")
