@@ -117,6 +117,10 @@ def _neg_mse(y, f, classes):
     return -float(np.mean((np.asarray(f).reshape(-1) - y) ** 2))
 
 
+def _neg_rmse(y, f, classes):
+    return -float(np.sqrt(np.mean((np.asarray(f).reshape(-1) - y) ** 2)))
+
+
 #: scoring name -> (score(y, f, classes), tasks): greater is better (scikit-learn's convention)
 SCORINGS: dict[str, tuple[Callable, tuple[str, ...]]] = {
     "accuracy": (_accuracy, ("classification",)),
@@ -124,6 +128,7 @@ SCORINGS: dict[str, tuple[Callable, tuple[str, ...]]] = {
     "roc_auc": (_roc_auc, ("classification",)),
     "r2": (_r2, ("regression",)),
     "neg_mean_squared_error": (_neg_mse, ("regression",)),
+    "neg_root_mean_squared_error": (_neg_rmse, ("regression",)),
 }
 
 

@@ -9,10 +9,10 @@ The default grid is geometric from tau_max down to eps * tau_max. Each tau start
 solution (warm start) with the same held blocks, working set and last full-pass norms, so a tau
 usually costs one certification pass.
 
-Cross-validation reuses the bank: a fold trains on ``RowSubsetEngine(engine, train_rows)`` (mklscale.engine.views), a
-view that restricts every engine operation to a principal submatrix of the same Gram matrices, and
-predicts the held-out rows with one engine.matvecs of the zero-padded dual coefficients over the
-active kernels: f(x_test) = sum_j d_j K_j[test, train] c + b = sum_j d_j (K_j pad(c))[test] + b.
+Cross-validation is the one CV core (``mklscale.solvers.cv``) run over the whole grid for each mu:
+folds are row subsets of the same Gram matrices, each fold's path keeps one ``PFBSSolver`` across the
+taus (the registry row's ``path``, as :func:`path` does), and held-out rows are predicted with one
+engine.matvecs of the zero-padded dual coefficients over the active kernels.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import time
 
 import numpy as np
 
-from mklscale.engine.views import RowSubsetEngine
 from mklscale.errors import InvalidInputError
 from mklscale.solvers import _validation as check
-from mklscale.solvers.cv import fold_assignment, predict_rows
+from mklscale.solvers import cv
+from mklscale.solvers.cv import fold_assignment
 from mklscale.solvers.pfbs import PFBSSolver
 from mklscale.solvers.result import MKLResult
 
@@ -162,10 +162,8 @@ class CrossValidation:
     seconds: float
 
 
-def _score(pred: np.ndarray, y: np.ndarray, classification: bool) -> float:
-    if classification:
-        return float(np.mean(np.where(pred >= 0.0, 1.0, -1.0) == y))
-    return float(np.sqrt(np.mean((pred - y) ** 2)))
+#: the labels of a +-1 classification problem, as the CV core takes them (the sign of f predicts)
+CLASSES = np.array([-1.0, 1.0])
 
 
 def cross_validate(engine, y, taus=None, mus=DEFAULT_MUS, folds: int = 5, task: str = "regression",
@@ -174,9 +172,10 @@ def cross_validate(engine, y, taus=None, mus=DEFAULT_MUS, folds: int = 5, task: 
                    step: str = "lipschitz", verbose: bool = False) -> CrossValidation:
     """K-fold CV of PFBS over the grid mus x taus, then a refit on all rows.
 
-    Folds are row subsets of the same Gram matrices (no rebuild): each trains a warm-started path
-    on ``RowSubsetEngine(engine, train_rows)`` and scores the held-out rows by RMSE ("regression") or
-    accuracy of sign(f) ("classification", targets in {-1, +1}; folds stratified by class). The
+    The one CV core (``cv.cross_validate``, every value of the grid): folds are row subsets of the same
+    Gram matrices (no rebuild), each trains a warm-started path and scores the held-out rows by RMSE
+    ("regression") or accuracy of the predicted labels, +1 where f > 0 ("classification", targets in
+    {-1, +1}; folds stratified by class). The
     default tau grid comes from tau_max of ALL rows and is shared by every fold (values above a
     fold's own tau_max give the zero model there). The best cell minimises mean RMSE / maximises
     mean accuracy; ties go to the larger tau (sparser), then to the earlier mu. The refit follows
@@ -201,20 +200,21 @@ def cross_validate(engine, y, taus=None, mus=DEFAULT_MUS, folds: int = 5, task: 
     else:
         taus = _check_taus(taus)
     fold_of_row = fold_assignment(y, int(folds), classification, int(seed))
-    options = dict(taus=taus, tol=tol, max_iter=max_iter, accelerated=accelerated, center=center, step=step)
+    options = dict(tol=tol, max_iter=max_iter, accelerated=accelerated, center=center, step=step)
     fold_errors = np.empty((mus.size, taus.size, int(folds)))
-    for i, mu in enumerate(mus):
-        for k in range(int(folds)):
-            train, test = np.flatnonzero(fold_of_row != k), np.flatnonzero(fold_of_row == k)
-            fold_path = path(RowSubsetEngine(engine, train), y[train], mu=float(mu), **options)
-            for j, result in enumerate(fold_path.results):
-                fold_errors[i, j, k] = _score(predict_rows(engine, result, train, test), y[test], classification)
-            if verbose:
+    for i, mu in enumerate(mus):  # the one CV core, over the whole grid (no early stop: the curve is shown)
+        scores = cv.cross_validate("pfbs", engine, y, task, taus, {**options, "mu": float(mu)},
+                                   classes=CLASSES if classification else None, fold=fold_of_row,
+                                   scoring="accuracy" if classification else "neg_root_mean_squared_error",
+                                   patience=None)
+        fold_errors[i] = scores.scores if classification else -scores.scores
+        if verbose:
+            for k in range(int(folds)):
                 print(f"cv mu={mu:g} fold {k}: {fold_errors[i, :, k].round(4).tolist()}")
     errors, errors_std = fold_errors.mean(axis=2), fold_errors.std(axis=2)
     ranking = -errors.T if classification else errors.T          # (n_taus, n_mus): larger tau first
     best_tau_idx, best_mu_idx = np.unravel_index(int(np.argmin(ranking)), ranking.shape)
-    refit = path(engine, y, mu=float(mus[best_mu_idx]), **{**options, "taus": taus[: best_tau_idx + 1]})
+    refit = path(engine, y, mu=float(mus[best_mu_idx]), taus=taus[: best_tau_idx + 1], **options)
     return CrossValidation(taus=taus, mus=mus, errors=errors, errors_std=errors_std, fold_errors=fold_errors,
                            metric="accuracy" if classification else "rmse",
                            best_tau=float(taus[best_tau_idx]), best_mu=float(mus[best_mu_idx]),
