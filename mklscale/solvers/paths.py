@@ -10,8 +10,10 @@ solution (warm start) with the same held blocks, working set and last full-pass 
 usually costs one certification pass.
 
 Cross-validation is the one CV core (``mklscale.solvers.cv``) run over the whole grid for each mu:
-folds are row subsets of the same Gram matrices, each fold's path keeps one ``PFBSSolver`` across the
-taus (the registry row's ``path``, as :func:`path` does), and held-out rows are predicted with one
+folds are row subsets of the same Gram matrices, each fold's path starts every tau from the previous
+solution (``registry.fit_path``: ``pfbs.fit(init=...)``, a fresh working set from the previous model's
+kernels; keeping one ``PFBSSolver`` across the taus, as :func:`path` does, made the CV estimators'
+PFBS paths twice as slow: its held blocks only grow), and held-out rows are predicted with one
 engine.matvecs of the zero-padded dual coefficients over the active kernels.
 """
 

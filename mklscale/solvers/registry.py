@@ -147,10 +147,7 @@ class SolverInfo:
     warm_starts : whether ``run`` takes ``init=`` (an MKLResult of the same problem at another C, to
     start from: :func:`fit_path`);
     sample_weights : whether ``run`` takes ``sample_weight=`` (per-sample weights of the final fit's loss:
-    libsvm's per-sample C, or the weighted kernel ridge);
-    path : None, or ``path(engine, y, task, params) -> solve(value) -> MKLResult``, a solver kept across
-    the values of a path (PFBS keeps its held blocks, working set and last full-pass norms, as
-    ``paths.path`` does); :func:`fit_path` then uses it instead of one ``run`` per value.
+    libsvm's per-sample C, or the weighted kernel ridge).
     """
 
     name: str
@@ -165,7 +162,6 @@ class SolverInfo:
     warm_starts: bool = False
     variants: tuple[dict, ...] = ({},)
     sample_weights: bool = False
-    path: Callable | None = None
 
     @property
     def params(self) -> tuple[str, ...]:
@@ -226,14 +222,6 @@ def _run_pfbs(engine, y, task, C, params, checkpoint=None, init=None):
     params.setdefault("mu", 0.0)
     params.setdefault("center", True)
     return pfbs.fit(engine, y, tau=C, checkpoint=checkpoint, init=init, **params)
-
-
-def _pfbs_path(engine, y, task, params):
-    from mklscale.solvers import pfbs
-
-    params = {"mu": 0.0, "center": True, "accelerated": True, **params}  # _run_pfbs's and pfbs.fit's defaults
-    solver = pfbs.PFBSSolver(engine, y, **params)
-    return lambda tau: solver.solve(float(tau))
 
 
 def _run_sgd(engine, y, task, C, params, checkpoint=None):
@@ -359,7 +347,7 @@ _TABLE: dict[str, SolverInfo] = {
                        _fixed(Regularisation("tau", True, _pfbs_scale, "tau_max", 0.1, (1.0, 1e-3), zero_ok=True)),
                        _run_pfbs, None,
                        "PFBS elastic-net MKL, square loss (mu default 0, center default True)", checkpoints=True,
-                       warm_starts=True, path=_pfbs_path),
+                       warm_starts=True),
     "sgd": SolverInfo("sgd", TASKS, ("sgd:fit",), _fixed(RIDGE), _run_sgd, "seed",
                       "SGD-1s one-stage MKL with importance-sampled kernels, square loss", checkpoints=True),
     "gcd": SolverInfo("gcd", TASKS, ("gcd:fit_one_stage", "gcd:fit_two_stage"),
@@ -604,15 +592,9 @@ def fit_path(name: str, engine, y, task: str, values, params: dict | None = None
     heads = y if isinstance(y, list) else [y]
     results: dict[float, list] = {}
     previous = [None] * len(heads)
-    entry = info(name)
-    kept = [entry.path(engine, target, task, params) for target in heads] \
-        if entry.path is not None and sample_weight is None else None
     for value in reg.order(values):
-        if kept is not None:
-            previous = [solve(value) for solve in kept]
-        else:
-            previous = [fit_solver(name, engine, target, task, C=value, params=params, init=init,
-                                   sample_weight=sample_weight) for target, init in zip(heads, previous)]
+        previous = [fit_solver(name, engine, target, task, C=value, params=params, init=init,
+                               sample_weight=sample_weight) for target, init in zip(heads, previous)]
         results[value] = previous if isinstance(y, list) else previous[0]
         if stop is not None and stop(value, results[value]):
             break
