@@ -314,7 +314,6 @@ def _cmd_run(args) -> int:
 
 def _cmd_fit(args) -> int:
     from mklscale.bank.size import BankTooLargeError
-    from mklscale.estimators import MKLClassifier, MKLRegressor
     from mklscale.plots import share_lines
 
     kernels = _kernels(args)

@@ -63,9 +63,6 @@ def _record(what: str, token: str, count: int) -> bytes:
                        "expires": now + objstore.TTL_S}).encode()
 
 
-_describe = describe_lock
-
-
 @contextmanager
 def object_writer(url: ObjectURL, what: str, wait: bool | float = True) -> Iterator[ObjectURL]:
     """Hold the writer lock of the bank at ``url`` for the ``with`` block; yields ``url`` fenced by it
@@ -163,10 +160,10 @@ def _take(ob: ObjectBank, key: str, url: ObjectURL, what: str, token: str, wait:
             except PreconditionError:
                 continue
         if deadline is not None and time.monotonic() >= deadline:
-            raise BankLockedError(f"bank {url} is being written by {_describe(info)}; wait for it to finish, or run "
+            raise BankLockedError(f"bank {url} is being written by {describe_lock(info)}; wait for it to finish, or run "
                                   "again later (a crashed writer's lock expires by itself)")
         if not said:
-            print(f"mklscale: waiting for bank {url}: it is being written by {_describe(info)}", file=sys.stderr)
+            print(f"mklscale: waiting for bank {url}: it is being written by {describe_lock(info)}", file=sys.stderr)
             said = True
         time.sleep(POLL_S)
 
