@@ -28,7 +28,7 @@ from mklscale.errors import InvalidInputError
 from mklscale.solvers import _validation as check
 from mklscale.solvers import cv
 from mklscale.solvers.cv import fold_assignment
-from mklscale.solvers.pfbs import PFBSSolver
+from mklscale.solvers.pfbs import PFBSSolver, tau_max
 from mklscale.solvers.result import MKLResult
 
 TASKS = ("regression", "classification")
@@ -196,9 +196,7 @@ def cross_validate(engine, y, taus=None, mus=DEFAULT_MUS, folds: int = 5, task: 
     if mus.size == 0 or not np.all(np.isfinite(mus)) or np.any(mus < 0.0):
         raise InvalidInputError(f"mus must be a non-empty list of finite values >= 0; got {mus.tolist()}")
     if taus is None:
-        y_fit = y - y.mean() if center else y
-        tmax = float(np.sqrt(max(float(np.max(engine.quad_forms(y_fit))), 0.0))) / n
-        taus = tau_grid(tmax, n_taus, eps)
+        taus = tau_grid(tau_max(engine, y, center), n_taus, eps)
     else:
         taus = _check_taus(taus)
     fold_of_row = fold_assignment(y, int(folds), classification, int(seed))
