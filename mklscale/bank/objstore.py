@@ -113,14 +113,18 @@ def s3_store(url: ObjectURL):
     return store
 
 
+_HTTP_STATUS = re.compile(r"(?<![\d.:])([1-5]\d\d)(?![\d.])")
+
+
 def describe_error(exc: BaseException, url: ObjectURL, doing: str) -> ObjectStoreError:
     """An ObjectStoreError saying what went wrong with ``url`` and what to do (never credentials)."""
     text = str(exc)
     first = text.split("\n", 1)[0]
-    if "NoSuchBucket" in text or ("404" in first and "list" in first):
+    status = {int(code) for code in _HTTP_STATUS.findall(first)}  # "403", not the digits of a port or a size
+    if "NoSuchBucket" in text or (404 in status and "list" in first):
         why = (f"the bucket {url.bucket!r} does not exist at the endpoint ({_endpoint(url.option_dict) or 'AWS'}); "
                "create it, or check the URL and AWS_ENDPOINT_URL")
-    elif any(code in first for code in ("403", "401")) or type(exc).__name__ in ("PermissionDeniedError",
+    elif status & {401, 403} or type(exc).__name__ in ("PermissionDeniedError",
                                                                                  "UnauthenticatedError"):
         why = ("access denied: the credentials are wrong or lack permission; check AWS_ACCESS_KEY_ID / "
                "AWS_SECRET_ACCESS_KEY (or the [storage_options] table)")
