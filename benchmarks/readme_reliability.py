@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from readme_first_hour import _load, _machine, _table
+from readme_common import _load
+from readme_common import machine_with_load as _machine
+from readme_common import plain_table as _table
 
 
 def render_read_integrity() -> str:

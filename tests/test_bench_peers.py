@@ -112,11 +112,11 @@ def test_mklpy_cv_then_fit(runner, tmp_path):
 
 
 def test_readme_states_the_footing_and_the_stops():
-    """make_readme's peers section states the CV, grids and stopping rules from a run's params, and
+    """The README's peers section (benchmarks/readme_peers.py) states the CV, grids and stopping rules from a run's params, and
     each fit's iterations and stopping reason; runs from before issue 21 keep their old sentence."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        mr = _load("make_readme", ROOT / "benchmarks" / "make_readme.py")
+        mr = _load("readme_peers", ROOT / "benchmarks" / "readme_peers.py")
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
     p = {"C": 1.0, "match": {"AverageMKL": "uniform"},
