@@ -12,7 +12,7 @@
     mklscale bank build --dataset breast_cancer --family simplemkl --out bank.zarr
     mklscale bank build --features X.npy --family gaussian --widths 0.5 1 2 --kernel-features all --out bank.zarr
     mklscale bank build --features X.npy --family random_subsets --rank 64 [--method nystrom|cholesky]
-                        [--landmarks kmeans++|uniform] [--tol 1e-6] [--max-error 0.05] --out bank.zarr
+                        [--landmarks kmeans++|uniform] [--tol T] [--max-error E] --out bank.zarr
     mklscale bank info PATH
     mklscale bank verify PATH
     mklscale bank repair PATH [--quiet]
@@ -199,10 +199,11 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     b.add_argument("--rank", type=int, default=None, help="a factor bank: every kernel stored as L (n x RANK), "
                    "K~ = L L^T (default: dense, n x n)")
-    b.add_argument("--method", default="nystrom", help="factor banks: nystrom (default) or cholesky (pivoted, to --tol)")
-    b.add_argument("--landmarks", default="kmeans++", help="factor banks, nystrom: kmeans++ (default) or uniform")
-    b.add_argument("--tol", type=float, default=1e-6, help="factor banks, cholesky: relative residual trace to stop at")
-    b.add_argument("--max-error", type=float, default=0.05, help="factor banks: warn when a kernel's relative trace "
+    # factor defaults: bank.factor.FactorSettings and MAX_ERROR (their one spelling), filled in by _cmd_build
+    b.add_argument("--method", default=None, help="factor banks: nystrom (the default) or cholesky (pivoted, to --tol)")
+    b.add_argument("--landmarks", default=None, help="factor banks, nystrom: kmeans++ (the default) or uniform")
+    b.add_argument("--tol", type=float, default=None, help="factor banks, cholesky: relative residual trace to stop at")
+    b.add_argument("--max-error", type=float, default=None, help="factor banks: warn when a kernel's relative trace "
                    "error (tr K - tr K~) / tr K exceeds this")
     b.add_argument("--cluster", type=Path, default=None, help="a cluster TOML file (see cluster/); default: Dask "
                    "threads in this process")
@@ -568,10 +569,13 @@ def _cmd_build(args) -> int:
     specs = families.resolve(kernels, X.shape[1])
     normalize = None if args.normalize == "none" else args.normalize
     kw = dict(normalize=normalize, dtype=args.dtype, overwrite=args.overwrite, progress=not args.quiet)
+    factor = {"method": args.method, "landmarks": args.landmarks, "tol": args.tol, "max_error": args.max_error}
+    given = {k: v for k, v in factor.items() if v is not None}
     if args.rank is not None:
-        kw.update(rank=args.rank, method=args.method, landmarks=args.landmarks, tol=args.tol, max_error=args.max_error)
-    elif (args.method, args.landmarks) != ("nystrom", "kmeans++"):
-        raise InvalidInputError("--method and --landmarks apply to factor banks only; add --rank R")
+        kw.update(rank=args.rank, **given)   # what is not given: build_bank's defaults (bank.factor.FactorSettings)
+    elif given:
+        raise InvalidInputError(f"{', '.join('--' + k.replace('_', '-') for k in given)} apply to factor banks only; "
+                                "add --rank R")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
         try:

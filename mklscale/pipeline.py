@@ -134,7 +134,7 @@ import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 
 from mklscale import __version__, model_selection, null_model
-from mklscale.bank.factor import LANDMARK_RULES, METHODS
+from mklscale.bank.factor import LANDMARK_RULES, MAX_ERROR, METHODS, FactorSettings
 from mklscale.bank.location import bank_location, is_url, redact_options, redact_toml
 from mklscale.config import Field, check_table, check_value, fraction, one_of, positive, read_toml
 from mklscale.errors import (
@@ -194,10 +194,10 @@ _BANK = {
     "dtype": Field((str,), "float32", one_of("float32", "float64")),
     "path": Field((str,), "bank.zarr"),
     "rank": Field((int,), None, positive),
-    "method": Field((str,), "nystrom", one_of(*METHODS)),
-    "landmarks": Field((str,), "kmeans++", one_of(*LANDMARK_RULES)),
-    "tol": Field((float,), 1e-6, positive),
-    "max_error": Field((float,), 0.05, positive),
+    "method": Field((str,), FactorSettings.method, one_of(*METHODS)),
+    "landmarks": Field((str,), FactorSettings.landmarks, one_of(*LANDMARK_RULES)),
+    "tol": Field((float,), FactorSettings.tol, positive),
+    "max_error": Field((float,), MAX_ERROR, positive),
     # overrides of AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ... for a path s3://bucket/prefix (issue 20)
     "storage_options": Field((dict,), None),
 }

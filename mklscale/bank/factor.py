@@ -48,7 +48,8 @@ EIG_CUTOFF = 1e-10
 
 @dataclass(frozen=True)
 class FactorSettings:
-    """How a factor bank is built (``attrs["factor"]``, with ``attrs["rank"]``)."""
+    """How a factor bank is built (``attrs["factor"]``, with ``attrs["rank"]``). Its field defaults are
+    the only spelling of the factor defaults: ``build_bank``, the CLI and the pipelines read them here."""
 
     rank: int
     method: str = "nystrom"
@@ -63,6 +64,10 @@ class FactorSettings:
     @classmethod
     def from_attrs(cls, rank: int, attrs: dict) -> FactorSettings:
         return cls(rank=int(rank), **attrs)
+
+
+#: warn when a factor bank's kernel has a relative trace error (tr K - tr K~) / tr K above this
+MAX_ERROR = 0.05
 
 
 def settings(rank, method, landmarks, tol, seed, n: int) -> FactorSettings:
