@@ -266,3 +266,15 @@ def test_a_resumed_bank_needs_only_its_missing_part(tmp_path):
             check_fits(mnt / "new", 12, 200, n_features=D, **layout)
         resumed = build_bank(X, specs, mnt / "b", progress=False, **layout)  # ... but takes what is missing
         assert resumed.last_build_computed == 6 and resumed.complete.all() and resumed.verify().ok
+
+
+def test_bank_copy_refuses_a_disk_too_small_before_writing(small_disk, tmp_path, capsys):
+    from mklscale.cli import main
+
+    X, _ = _data()
+    bank = build_bank(X, families.gaussian([0.5, 1, 2]), tmp_path / "src", progress=False)
+    assert disk_usage(bank.path) > 512 * 1024
+    assert main(["bank", "copy", str(bank.path), str(small_disk / "copy")]) == 2
+    err = capsys.readouterr().err
+    assert "more than the" in err and "free on the disk" in err and "Traceback" not in err
+    assert not any(small_disk.iterdir())

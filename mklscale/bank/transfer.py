@@ -11,6 +11,7 @@ being built or repaired there is refused (BankLockedError).
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 from mklscale.bank import remote
 from mklscale.bank.location import ObjectURL, bank_location
 from mklscale.bank.objstore import ObjectBank
+from mklscale.bank.size import human
 from mklscale.bank.store import KernelBank, VerifyReport, writing
 from mklscale.errors import InvalidInputError
 from mklscale.runtime.atomic import swap_into_place
@@ -31,9 +33,25 @@ def copy_bank(src, dst, *, overwrite: bool = False, progress: bool = False) -> V
     if str(src) == str(dst):
         raise InvalidInputError(f"bank copy: the source and the destination are the same ({src})")
     KernelBank.open(src)  # NotABankError, ObjectStoreError... before anything is written
+    if not isinstance(dst, ObjectURL):
+        _check_room(src, dst)
     with writing(dst, "copy (bank copy)", wait=False) as target:  # one writer per bank, the copy too
         _copy_locked(src, target, overwrite)
     return KernelBank.open(dst).verify(progress=progress, mark_bad=False)
+
+
+def _check_room(src, dst: Path) -> None:
+    """Refuse, before anything is written, a copy to a disk with less free space than the bank takes
+    (the copy is staged beside the destination, so an old bank there is not counted as room)."""
+    if isinstance(src, ObjectURL):
+        need = sum(int(meta["size"]) for meta in ObjectBank(src).list())
+    else:
+        need = sum(os.path.getsize(os.path.join(folder, f)) for folder, _, files in os.walk(src) for f in files)
+    existing = next(p for p in [dst, *dst.absolute().parents] if p.exists())
+    free = shutil.disk_usage(existing).free
+    if need > free:
+        raise InvalidInputError(f"bank copy: the bank takes {human(need)}, more than the {human(free)} free on the disk "
+                                f"holding {dst}; free some space there or copy it to another disk or to s3://")
 
 
 def _copy_locked(src, dst, overwrite: bool) -> None:
