@@ -163,3 +163,18 @@ def test_the_estimators_cache_never_fits_on_a_damaged_bank(tmp_path):
         again = MKLClassifier(**kw).fit(X, y)
     np.testing.assert_array_equal(again.decision_function(X), first.decision_function(X))
     assert KernelBank.open(first.fit_stats_["bank"]).verify().ok
+
+
+def test_a_factor_banks_edited_transform_is_found_by_verify(tmp_path):
+    import zarr
+
+    X = np.random.default_rng(5).normal(size=(80, 4))
+    bank = build_bank(X, families.random_subsets(4, 6, seed=2), tmp_path / "f.zarr", rank=8, progress=False,
+                      max_error=1.0)
+    assert bank.verify().ok
+    group = zarr.open_group(bank.path, mode="r+")
+    transform = group["transform"][:]
+    transform[3, 0, 0] *= 1.01  # predictions of new rows move; the stored factor bytes do not
+    group["transform"][:] = transform
+    report = KernelBank.open(bank.path).verify(mark_bad=False)
+    assert report.bad_indices == [3] and "checksum" in report.bad[0][2]

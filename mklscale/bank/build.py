@@ -642,10 +642,9 @@ class _MetadataWriter:
             else:
                 self._arrays[name][first:first + k] = values
         if self._specs is not None:
-            a = self._arrays
             self._arrays["meta_checksum"][first:first + k] = [
-                meta_checksum(a["norm_factor"][m], a["trace"][m], a["fro"][m], a["lambda_max"][m], int(a["checksum"][m]),
-                              str(self._specs[m])) for m in range(first, first + k)]
+                meta_checksum({name: values[q] for name, values in stats.items()}, str(self._specs[first + q]))
+                for q in range(k)]
         self._arrays["complete"][first:first + k] = True
         self._owned[first:first + k] = True
         if time.monotonic() - self._last >= self._every:

@@ -36,20 +36,30 @@ def checksum(block: np.ndarray) -> int:
     return _crc32c_of(little)
 
 
-def meta_checksum(norm_factor: float, trace: float, fro: float, lambda_max: float, data_checksum: int,
-                  spec_json: str) -> int:
-    """crc32c of one kernel's metadata that changes results: its normalisation factor, statistics,
-    data checksum and spec (as stored); ``verify`` compares it (a norm_factor edited by 1.5x moves
-    every prediction yet leaves the kernel's bytes intact)."""
-    record = np.array([norm_factor, trace, fro, lambda_max], dtype="<f8").tobytes()
-    return int(google_crc32c.value(record + np.uint32(data_checksum).tobytes() + spec_json.encode()))
+#: the per-kernel metadata that changes results, in the order ``meta_checksum`` reads it, with the
+#: byte layout it hashes; a factor bank adds ``FACTOR_META_FIELDS``
+META_FIELDS = (("norm_factor", "<f8"), ("trace", "<f8"), ("fro", "<f8"), ("lambda_max", "<f8"), ("checksum", "<u4"))
+FACTOR_META_FIELDS = (("rank", "<i4"), ("landmarks", "<i8"), ("transform", "<f8"), ("approx_error", "<f8"),
+                      ("exact_trace", "<f8"))
+
+
+def meta_checksum(values: dict, spec_json: str) -> int:
+    """crc32c of one kernel's metadata that changes results: its normalisation factor, statistics and
+    data checksum, a factor bank's rank, landmarks, transform and errors (``values``: name -> that
+    kernel's value, the names of ``META_FIELDS`` and, present in ``values``, ``FACTOR_META_FIELDS``)
+    and its spec as stored; ``verify`` compares it (a norm_factor edited by 1.5x moves every
+    prediction yet leaves the kernel's bytes intact)."""
+    fields = META_FIELDS + tuple(f for f in FACTOR_META_FIELDS if f[0] in values)
+    record = b"".join(np.ascontiguousarray(values[name], dtype=dt).tobytes() for name, dt in fields)
+    return int(google_crc32c.value(record + spec_json.encode()))
 
 
 def meta_checksums(group) -> np.ndarray:
     """``meta_checksum`` of every kernel of a bank's zarr group, from its stored arrays."""
-    arrays = [group[name][:] for name in ("norm_factor", "trace", "fro", "lambda_max", "checksum")]
+    names = [name for name, _ in META_FIELDS + FACTOR_META_FIELDS if name in group]
+    arrays = {name: group[name][:] for name in names}
     specs = group["spec"][:]
-    return np.array([meta_checksum(*(float(a[m]) for a in arrays[:4]), int(arrays[4][m]), str(specs[m]))
+    return np.array([meta_checksum({name: a[m] for name, a in arrays.items()}, str(specs[m]))
                      for m in range(len(specs))], dtype=np.uint32)
 
 

@@ -13,7 +13,8 @@ refuses corrupt ones without re-reading the bank on every open, and ``allow_inco
 on the rest. A recorded reason counts only while the kernel's ``complete`` flag is clear, so a
 rebuild or ``repair`` (which set it again) retires it. ``repair`` recomputes bad kernels from their
 specs (banks built from features only). The metadata that changes results (normalisation factor,
-trace, fro, lambda_max, the data checksum, the spec) is covered per kernel by ``meta_checksum``
+trace, fro, lambda_max, the data checksum, a factor bank's rank, landmarks, transform and errors,
+the spec) is covered per kernel by ``meta_checksum``
 (``stats.meta_checksum``), which verify compares too. Passes check every kernel's bytes as they
 read them (``engine.reader``, "Integrity on read"), so a damaged kernel is an error, never a result.
 
