@@ -178,3 +178,26 @@ def test_a_factor_banks_edited_transform_is_found_by_verify(tmp_path):
     group["transform"][:] = transform
     report = KernelBank.open(bank.path).verify(mark_bad=False)
     assert report.bad_indices == [3] and "checksum" in report.bad[0][2]
+
+
+def test_the_stored_features_are_checked_where_they_are_used(pristine, tmp_path, capsys):
+    import zarr
+
+    from mklscale.bank.build import repair_bank
+    from mklscale.cli import main
+
+    path = tmp_path / "bank.zarr"
+    shutil.copytree(pristine.path, path)
+    assert KernelBank.open(path).X_train is not None and KernelBank.open(path).verify().ok
+    group = zarr.open_group(path, mode="r+")
+    X = group["X"][:]
+    X[7, 1] += 0.5  # cross kernels of new rows and any recomputed kernel would change
+    group["X"][:] = X
+    with pytest.raises(BankCorruptError, match="stored features X do not match"):
+        KernelBank.open(path).X_train
+    report = KernelBank.open(path).verify(mark_bad=False)
+    assert not report.ok and "stored features X" in str(report)
+    with pytest.raises(BankCorruptError, match="stored features X"):
+        repair_bank(KernelBank.open(path), kernels=[0], progress=False)
+    assert main(["bank", "verify", str(path)]) != 0
+    assert "stored features X" in capsys.readouterr().out

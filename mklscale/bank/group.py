@@ -41,6 +41,7 @@ import zarr
 
 from mklscale.bank.fs_errors import raise_store_error
 from mklscale.bank.spec import KernelSpec
+from mklscale.bank.stats import checksum
 from mklscale.errors import InvalidInputError, SchemaVersionError
 from mklscale.runtime.atomic import swap_into_place
 
@@ -137,6 +138,7 @@ def create_bank_group(
             group.create_array("X", data=X, chunks=X.shape)
         group.update_attributes({  # one write of zarr.json (attrs.update writes it once per key)
             **attrs,
+            **({} if X is None else {"X_checksum": checksum(np.asarray(group["X"][:]))}),  # X_train checks it
             "mklscale": {"kind": "kernel_bank", "schema_version": SCHEMA_VERSION},
             "n": int(n), "M": int(M), "dtype": dtype.name,
             "representation": "dense" if rank is None else "factor", "rank": None if rank is None else int(rank),

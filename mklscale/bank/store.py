@@ -101,10 +101,12 @@ class VerifyReport:
     #: True: newly found bad kernels were marked unfinished on disk; False: the store is read-only
     #: and they could not be; None: nothing new to mark.
     marked: bool | None = None
+    #: damage of the bank as a whole (its stored features X), beside the kernels'
+    problems: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.bad and not self.incomplete
+        return not self.bad and not self.incomplete and not self.problems
 
     @property
     def bad_indices(self) -> list[int]:
@@ -113,6 +115,7 @@ class VerifyReport:
     def __str__(self) -> str:
         lines = [f"checked {self.checked} kernel(s): " + ("OK" if self.ok else "PROBLEMS")]
         lines += [f"  kernel {m} ({name}): {why}" for m, name, why in self.bad]
+        lines += [f"  {problem}" for problem in self.problems]
         if self.incomplete:
             shown = ", ".join(map(str, self.incomplete[:20]))
             more = "" if len(self.incomplete) <= 20 else f" ... (+{len(self.incomplete) - 20})"
@@ -360,8 +363,23 @@ class KernelBank:
 
     @property
     def X_train(self) -> np.ndarray | None:
-        """Standardised training features, or None for banks imported from Gram matrices."""
-        return self._group["X"][:] if "X" in self._group else None
+        """Standardised training features, or None for banks imported from Gram matrices; checked
+        against the crc32c recorded at creation (``X_checksum``; banks from before it: unchecked)."""
+        if "X" not in self._group:
+            return None
+        X = self._group["X"][:]
+        problem = self._X_problem(X)
+        if problem:
+            raise BankCorruptError(f"bank {self.path}: {problem}")
+        return X
+
+    def _X_problem(self, X: np.ndarray) -> str | None:
+        expected = self._attrs.get("X_checksum")
+        if expected is None or checksum(np.asarray(X)) == int(expected):
+            return None
+        return ("the stored features X do not match their checksum (damaged or edited): repair cannot recompute "
+                "kernels from them and cross kernels of new rows would be wrong; rebuild the bank "
+                "(build_bank(..., overwrite=True), `mklscale bank build ... --overwrite`)")
 
     @property
     def train_rows(self) -> np.ndarray:
@@ -642,6 +660,12 @@ class KernelBank:
         report.checked = int(todo.size)
         S = self.kernels_per_shard
         groups = [todo[(todo // S) == s] for s in np.unique(todo // S)]
+        if "X" in self._group:
+            try:
+                problem = self._X_problem(self._group["X"][:])
+            except Exception as exc:  # an undecodable chunk
+                problem = f"the stored features X cannot be read ({type(exc).__name__}: {exc})"
+            report.problems += [problem] if problem else []
         found: list[tuple[int, str, str]] = self._check_metadata(todo)
         with ThreadPoolExecutor(max(1, threads)) as pool:
             for bad in tqdm(pool.map(self._check_shard, groups), total=len(groups), disable=not progress,
