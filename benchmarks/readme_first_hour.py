@@ -5,28 +5,11 @@ Each renderer turns one JSON file of ``results/`` into a markdown section; ``mak
 
 from __future__ import annotations
 
-import json
 import statistics
-from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def _load(name: str) -> dict | None:
-    path = RESULTS / name
-    return json.loads(path.read_text()) if path.exists() else None
-
-
-def _machine(m: dict) -> str:
-    load = m.get("load_average_at_record"), m.get("load_average_at_end")
-    return (f"Machine: {m.get('cpu')}, {m.get('cores')} cores, {m.get('memory_GB')} GB; load average "
-            f"{load[0]} at the start, {load[1]} at the end; {m.get('date')}.")
-
-
-def _table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines)
+from readme_common import _load
+from readme_common import machine_with_load as _machine
+from readme_common import plain_table as _table
 
 
 def render_defaults() -> str:
