@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from _slow_build import slow_shard_writes, wait_for_kernels
 
 from mklscale.bank import KernelBank, build_bank, families
 from mklscale.bank.location import ObjectURL, bank_location
@@ -130,30 +131,16 @@ def test_build_killed_resumes_exactly_the_unfinished_shards(s3_bucket, data, loc
     X, specs = data
     url = f"s3://{s3_bucket}/killed.zarr"
     np.save(tmp_path / "X.npy", X)
-    script = textwrap.dedent(f"""
-        import time, numpy as np
-        from mklscale.bank import build, build_bank, families
-        slow = build._write_shard
-        def write(*a, **k):  # one shard every 0.3 s, so the kill lands mid-build
-            time.sleep(0.3); slow(*a, **k)
-        build._write_shard = write
-        build.BUILD_THREADS = 1
+    script = slow_shard_writes(0.3) + textwrap.dedent(f"""
+        import numpy as np
+        from mklscale.bank import build_bank, families
         X = np.load({str(tmp_path / 'X.npy')!r})
         build_bank(X, families.random_subsets(4, 11, seed=1), {url!r}, progress=False, flush_every_s=0,
                    chunk_mb=0.02, shard_mb=0.05)
-    """)
+    """)  # one shard every 0.3 s, so the kill lands mid-build
     proc = subprocess.Popen([sys.executable, "-c", script], env=os.environ.copy())
-    deadline = time.monotonic() + 120
-    done = 0
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            done = int(KernelBank.open(url).complete.sum())
-        except (NotABankError, ObjectStoreError):
-            done = 0
-        if done >= 3:
-            proc.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.05)
+    if wait_for_kernels(url, 3, proc) >= 3:
+        proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the build finished before it could be killed"
     before = KernelBank.open(url).complete
@@ -265,27 +252,15 @@ def test_server_stopped_mid_build_and_mid_pass(own_server, s3_server, data, loca
     options = {"endpoint_url": own_server.endpoint, "retry_timeout_s": 3}
     url = bank_location(f"s3://{bucket}/bank.zarr", options)
     np.save(tmp_path / "X.npy", X)
-    script = textwrap.dedent(f"""
-        import time, numpy as np
-        from mklscale.bank import build, build_bank, families
-        slow = build._write_shard
-        def write(*a, **k):
-            time.sleep(0.5); slow(*a, **k)
-        build._write_shard = write
-        build.BUILD_THREADS = 1
+    script = slow_shard_writes(0.5) + textwrap.dedent(f"""
+        import numpy as np
+        from mklscale.bank import build_bank, families
         X = np.load({str(tmp_path / 'X.npy')!r})
         build_bank(X, families.random_subsets(4, 11, seed=1), {str(url)!r}, progress=False, flush_every_s=0,
                    chunk_mb=0.02, shard_mb=0.05, storage_options={options!r})
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if KernelBank.open(url).complete.sum() >= 3:
-                break
-        except (NotABankError, ObjectStoreError):
-            pass
-        time.sleep(0.05)
+    wait_for_kernels(url, 3, proc)
     own_server.stop()
     _, err = proc.communicate(timeout=120)  # a bounded wait, then a clear error naming the URL
     assert proc.returncode == 1, err
@@ -414,29 +389,17 @@ def test_server_killed_mid_build_ends_the_cli_in_one_line_after_the_retry_deadli
     np.save(tmp_path / "X.npy", X)
     env = {**os.environ, **own_server.env(), "MKLSCALE_S3_RETRY_TIMEOUT_S": "4"}
     url = f"s3://{bucket}/killed.zarr"
-    script = textwrap.dedent(f"""
-        import sys, time
-        from mklscale.bank import build, group
+    script = slow_shard_writes(0.3) + textwrap.dedent(f"""
+        import sys
+        from mklscale.bank import group
         from mklscale.cli import main
         layout = group.layout_for  # 3 kernels per shard, as LAYOUT
         group.layout_for = lambda M, n, item, chunk_mb=16, shard_mb=64, width=None: layout(M, n, item, 0.02, 0.05, width)
-        slow = build._write_shard
-        def write(*a, **k):  # one shard every 0.3 s, so the server dies mid-build
-            time.sleep(0.3); slow(*a, **k)
-        build._write_shard = write
-        build.BUILD_THREADS = 1
         sys.exit(main(["bank", "build", "--features", {str(tmp_path / "X.npy")!r}, "--out", {url!r}, "--family",
                        "random_subsets", "--n-kernels", "60", "--quiet"]))
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], env=env, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:  # some kernels stored: kill the server
-        try:
-            if KernelBank.open(bank_location(url, {"endpoint_url": own_server.endpoint})).complete.sum() >= 3:
-                break
-        except (NotABankError, ObjectStoreError):
-            pass
-        time.sleep(0.05)
+    wait_for_kernels(bank_location(url, {"endpoint_url": own_server.endpoint}), 3, proc)  # then kill the server
     stopped = time.monotonic()
     own_server.stop()
     _, err = proc.communicate(timeout=120)

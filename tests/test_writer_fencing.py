@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 import pytest
+from _slow_build import slow_shard_writes, wait_for_kernels
 
 from mklscale.bank import KernelBank, build, build_bank, families, objlock, objstore
 from mklscale.bank.location import bank_location
@@ -70,15 +71,10 @@ def test_a_paused_writer_whose_lease_expired_stops_and_never_writes_into_the_new
     url = f"s3://{s3_bucket}/fenced/bank.zarr"
     specs_a, specs_b = families.random_subsets(4, 11, seed=1), families.random_subsets(4, 11, seed=2)
     np.save(tmp_path / "X.npy", X)
-    script = textwrap.dedent(f"""
-        import sys, time, numpy as np
-        from mklscale.bank import build, build_bank, families
+    script = slow_shard_writes(0.8) + textwrap.dedent(f"""
+        import sys, numpy as np
+        from mklscale.bank import build_bank, families
         from mklscale.errors import BankLockLostError
-        slow = build._write_shard
-        def write(*a, **k):
-            time.sleep(0.8); slow(*a, **k)
-        build._write_shard = write
-        build.BUILD_THREADS = 1
         try:
             build_bank(np.load({str(tmp_path / 'X.npy')!r}), families.random_subsets(4, 11, seed=1), {url!r},
                        progress=False, flush_every_s=0, chunk_mb=0.02, shard_mb=0.05)
@@ -87,14 +83,7 @@ def test_a_paused_writer_whose_lease_expired_stops_and_never_writes_into_the_new
     """)
     a = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "MKLSCALE_S3_LOCK_TTL_S": str(TTL)},
                          stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # A has stored a shard: stop it mid-build
-        try:
-            if KernelBank.open(url).complete.sum() >= 3:
-                break
-        except Exception:  # noqa: BLE001 - not created yet
-            pass
-        time.sleep(0.05)
+    wait_for_kernels(url, 3, a, timeout=60)  # A has stored a shard: stop it mid-build
     a.send_signal(signal.SIGSTOP)
     try:
         time.sleep(TTL + 0.5)  # A's lease runs out while it is stopped
@@ -148,7 +137,7 @@ def test_release_never_removes_another_writers_lock_and_a_lost_lock_ends_in_an_e
 
 def test_verify_marks_bad_kernels_on_s3_under_the_writer_lock(s3_server, s3_bucket, X, short_lease):
     url = f"s3://{s3_bucket}/marks/bank.zarr"
-    bank = build_bank(X, families.random_subsets(4, 11, seed=1), url, progress=False, **LAYOUT)
+    build_bank(X, families.random_subsets(4, 11, seed=1), url, progress=False, **LAYOUT)
     s3_server.client().delete_object(Bucket=s3_bucket, Key="marks/bank.zarr/gram/c/1/0/0")  # kernels 3..5
     reports, refused = [], []
     with objlock.object_writer(bank_location(url), "a build"):
