@@ -117,7 +117,7 @@ def object_writer(url: ObjectURL, what: str, wait: bool | float = True) -> Itera
         unreachable = isinstance(exc, ObjectStoreError)
         # a writer that lost its lock meets the new holder's bank half-replaced (a missing array): say so
         if not isinstance(exc, (BankLockLostError, KeyboardInterrupt, ObjectStoreError)):
-            info = read_lock(ob, key)
+            info = None if state["lost"] else read_lock(ob, key)  # a renewal may have seen it already
             if state["lost"] or (info is not None and info.get("token") != token):
                 raise BankLockLostError(_lost_message(url, what, "another writer took the lock over")) from exc
         raise

@@ -69,7 +69,8 @@ def _pool() -> ThreadPoolExecutor:
 def _endpoint(options: dict) -> str | None:
     """The endpoint URL in use; one holding credentials (``user:secret@``) is refused without showing it."""
     endpoint = options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    if endpoint and (urlsplit(str(endpoint)).username is not None or urlsplit(str(endpoint)).password is not None):
+    parts = urlsplit(str(endpoint or ""))
+    if parts.username is not None or parts.password is not None:
         raise InvalidInputError("the S3 endpoint URL holds credentials (user:secret@...); they would end up in "
                                 "logs and error messages: give the endpoint as scheme://host:port and the "
                                 "credentials as AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or [storage_options])")
@@ -217,7 +218,7 @@ class ObjectBank:
         import obstore
         from obstore.exceptions import AlreadyExistsError, PreconditionError
 
-        _check_fence(self.url)
+        check_fence(self.url)
         try:
             return self._call(f"cannot write {key} to", obstore.put, self.store, key, data, use_multipart=False,
                               mode="create" if create else "overwrite")
@@ -238,7 +239,7 @@ class ObjectBank:
     def delete(self, key: str) -> None:
         import obstore
 
-        _check_fence(self.url)
+        check_fence(self.url)
         try:
             self._call(f"cannot delete {key} of", obstore.delete, self.store, key)
         except FileNotFoundError:
@@ -335,11 +336,6 @@ def forget_lease(url: ObjectURL) -> None:
     _leases.pop((where.bucket, where.prefix, key, url.fence), None)
 
 
-def _check_fence(url: ObjectURL) -> None:
-    if url.fence is not None:
-        check_fence(url)
-
-
 def _translated(doing: str):
     """Decorate a coroutine method of ``BankZarrStore``: obstore's errors become ObjectStoreError naming
     the bank (a server out of reach: one line, exit 2, never obstore's dump); a write first checks the fence."""
@@ -348,7 +344,7 @@ def _translated(doing: str):
         async def call(self, *args, **kwargs):
             from obstore.exceptions import BaseError
 
-            if doing == "write" and self.url.fence is not None:
+            if doing == "write":
                 check_fence(self.url)
             try:
                 return await method(self, *args, **kwargs)
