@@ -11,12 +11,12 @@ being built or repaired there is refused (BankLockedError).
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
 from mklscale.bank import remote
+from mklscale.bank.cache import disk_usage
 from mklscale.bank.location import ObjectURL, bank_location
 from mklscale.bank.objstore import ObjectBank
 from mklscale.bank.size import human
@@ -46,7 +46,7 @@ def _check_room(src, dst: Path) -> None:
     if isinstance(src, ObjectURL):
         need = sum(int(meta["size"]) for meta in ObjectBank(src).list())
     else:
-        need = sum(os.path.getsize(os.path.join(folder, f)) for folder, _, files in os.walk(src) for f in files)
+        need = disk_usage(src)
     existing = next(p for p in [dst, *dst.absolute().parents] if p.exists())
     free = shutil.disk_usage(existing).free
     if need > free:
