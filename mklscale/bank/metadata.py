@@ -90,11 +90,12 @@ def read_metadata(path: Path, group: zarr.Group) -> BankMetadata:
     if "meta_checksum" in group:  # banks written before it existed have none
         values(array("meta_checksum", (M,), np.uint32))
     for name in PER_KERNEL_FLOATS:
-        kept = values(array(name, (M,), np.float64))[complete]
-        if not np.isfinite(kept).all() or (name == "norm_factor" and (kept <= 0).any()):
-            bad = int(np.flatnonzero(complete)[~np.isfinite(kept) | ((kept <= 0) if name == "norm_factor" else False)][0])
-            raise fail(f"the array {name!r} holds {kept[np.flatnonzero(complete) == bad][0]!r} for the complete kernel "
-                       f"{bad}, not a finite{' positive' if name == 'norm_factor' else ''} number")
+        stat = values(array(name, (M,), np.float64))
+        wrong = complete & (~np.isfinite(stat) | ((stat <= 0) if name == "norm_factor" else False))
+        if wrong.any():
+            bad = int(np.flatnonzero(wrong)[0])
+            raise fail(f"the array {name!r} holds {stat[bad]!r} for the complete kernel {bad}, not a "
+                       f"finite{' positive' if name == 'norm_factor' else ''} number")
     if representation == "factor":
         for name in FACTOR_META:
             array(name, {"landmarks": (M, width), "transform": (M, width, width)}.get(name, (M,)))

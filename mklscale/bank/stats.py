@@ -54,13 +54,15 @@ def meta_checksum(values: dict, spec_json: str) -> int:
     return int(google_crc32c.value(record + spec_json.encode()))
 
 
-def meta_checksums(group) -> np.ndarray:
-    """``meta_checksum`` of every kernel of a bank's zarr group, from its stored arrays."""
+def meta_checksums(group, kernels=None) -> np.ndarray:
+    """``meta_checksum`` of the kernels ``kernels`` (default: all) of a bank's zarr group, from its
+    stored arrays."""
     names = [name for name, _ in META_FIELDS + FACTOR_META_FIELDS if name in group]
     arrays = {name: group[name][:] for name in names}
     specs = group["spec"][:]
-    return np.array([meta_checksum({name: a[m] for name, a in arrays.items()}, str(specs[m]))
-                     for m in range(len(specs))], dtype=np.uint32)
+    kernels = range(len(specs)) if kernels is None else kernels
+    return np.array([meta_checksum({name: a[m] for name, a in arrays.items()}, str(specs[m])) for m in kernels],
+                    dtype=np.uint32)
 
 
 def checksum_extend(crc: int, block: np.ndarray) -> int:

@@ -69,7 +69,9 @@ from mklscale.bank.shard_format import write_shard_file
 from mklscale.bank.size import check_fits
 from mklscale.bank.spec import KernelSpec
 from mklscale.bank.stats import checksum, kernel_stats, meta_checksums
-from mklscale.bank.writer_lock import bank_writer
+from mklscale.bank.objstore import ObjectBank, describe_lock, lock_url, read_lock
+from mklscale.bank.writer_lock import bank_writer, holder, is_held
+from mklscale.bank.writer_lock import describe as describe_holder
 from mklscale.errors import (
     BankCorruptError,
     BankIncompleteError,
@@ -698,9 +700,9 @@ class KernelBank:
         disagree with their ``meta_checksum`` (banks written before it existed: none)."""
         if "meta_checksum" not in self._group:
             return []
-        recorded, now = self._group["meta_checksum"][:], meta_checksums(self._group)
+        recorded, now = self._group["meta_checksum"][:][ms], meta_checksums(self._group, ms)
         return [(int(m), self.specs[m].name, "its recorded normalisation factor, statistics or spec do not match "
-                 "their checksum (metadata edited or damaged)") for m in ms if recorded[m] != now[m]]
+                 "their checksum (metadata edited or damaged)") for m, r, c in zip(ms, recorded, now) if r != c]
 
     def _mark_bad(self, bad: dict[int, str], wait: bool | float = True) -> bool:
         """Record kernels found bad, holding the writer lock: the reason in ``attrs["integrity"]``
@@ -867,23 +869,20 @@ def other_writer(path) -> str | None:
     """Who else holds the writer lock of the bank at ``path`` now ('pid 12 on host h (build since
     ...)'), or None when nobody or this process does (a stopped build says which it was)."""
     if isinstance(path, ObjectURL):
-        from mklscale.bank.objstore import ObjectBank, describe_lock, lock_url, read_lock
-
         where, key = lock_url(path)
         try:
             info = read_lock(ObjectBank(where), key)
         except ObjectStoreError:
             return None
         live = info is not None and not info.get("released") and float(info.get("expires", 0)) > time.time()
+        describe = describe_lock
     else:
-        from mklscale.bank.writer_lock import describe as describe_lock
-        from mklscale.bank.writer_lock import holder, is_held
-
         info = holder(path)
         live = info is not None and is_held(path)
+        describe = describe_holder
     if not live or (info.get("pid") == os.getpid() and info.get("host") == platform.node()):
         return None
-    return describe_lock(info)
+    return describe(info)
 
 
 def _writer_lock(path, what: str, wait: bool | float = True):

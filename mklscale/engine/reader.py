@@ -334,15 +334,12 @@ class KernelReader:
 
     def _check_whole(self, shard, m0: int, block: np.ndarray) -> None:
         """Check the crc32c of the whole kernels m0.. in ``block`` (mapped: those not checked yet)."""
-        if self.source == "mapped":
-            seen = shard.checked()
-            for c in range(block.shape[0]):
-                if m0 + c not in seen:
-                    self._compare(m0 + c, checksum(block[c]))
-                    seen.add(m0 + c)
-            return
-        for c in range(block.shape[0]):
-            self._compare(m0 + c, checksum(block[c]))
+        seen = shard.checked() if self.source == "mapped" else None
+        for m in range(m0, m0 + block.shape[0]):
+            if seen is None or m not in seen:
+                self._compare(m, checksum(block[m - m0]))
+                if seen is not None:
+                    seen.add(m)
 
     def _compare(self, m: int, crc: int) -> None:
         if crc != self.bank.expected_checksum(m) and crc != self.bank.expected_checksum(m, fresh=True):
