@@ -485,8 +485,7 @@ class MKLModel:
                 raise ValueError("heads: the per-head biases in model.json differ from bias in arrays.npz")
         except (KeyError, TypeError, ValueError, MKLScaleError) as exc:
             what = f"{type(exc).__name__}: {exc}" if isinstance(exc, (KeyError, TypeError)) else str(exc)
-            raise ModelFileError(f"model {path} is invalid ({what}); it was damaged or edited: refit the model, or "
-                                 "restore the folder written by est.save / `mklscale fit --out`") from None
+            raise _invalid(path, what) from None
         return model
 
 
@@ -532,8 +531,7 @@ def read_document(path: Path) -> dict:
     try:
         doc = json.loads(f.read_text(encoding="utf-8"))
     except RecursionError:
-        raise ModelFileError(f"{f} is nested deeper than any model file; it was damaged or edited: refit the model, "
-                             "or restore the folder written by est.save / `mklscale fit --out`") from None
+        raise _invalid(path, "nested deeper than any model file") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ModelFileError(f"{f} is unreadable or truncated ({exc}); re-save the model or refit it") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
@@ -550,9 +548,14 @@ def read_document(path: Path) -> dict:
                              "upgrade mklscale to load it")
     problem = _document_problem(doc)
     if problem:
-        raise ModelFileError(f"model {path} is invalid ({problem}); it was damaged or edited: refit the model, or "
-                             "restore the folder written by est.save / `mklscale fit --out`")
+        raise _invalid(path, problem)
     return doc
+
+
+def _invalid(path: Path, what: str) -> ModelFileError:
+    """The error of a model folder whose files were damaged or edited (``what`` says how)."""
+    return ModelFileError(f"model {path} is invalid ({what}); it was damaged or edited: refit the model, or restore "
+                          "the folder written by est.save / `mklscale fit --out`")
 
 
 #: model.json's top-level fields and the JSON types each may hold (checked where present; a missing

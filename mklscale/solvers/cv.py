@@ -11,7 +11,7 @@ list grids (``mklscale.model_selection``) and by PFBS' own path CV (``paths.cros
   (``registry.fit_path``), each value starting from the previous solution where the solver warm-starts
   (spicy, pfbs, smo, citi, gcd, the baselines), as glmnet / scikit-learn's ``LassoCV`` do; one-vs-rest
   heads move along the path in lockstep. A fold's path stops once ``patience`` (2) successive values
-  score below the best so far, that best having improved on the path's first value (``past_peak``):
+  do not beat the best so far, that best having improved on the path's first value (``past_peak``):
   past a fold's peak the solves get dearer (less regularised, more kernels, more iterations: on the
   quickstart's data the last four values of a 10-value spicy path cost as much as the first six) and
   can only matter if the score curve rises again. The choice is made among the values every fold

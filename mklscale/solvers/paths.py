@@ -27,7 +27,6 @@ import numpy as np
 from mklscale.errors import InvalidInputError
 from mklscale.solvers import _validation as check
 from mklscale.solvers import cv
-from mklscale.solvers.cv import fold_assignment
 from mklscale.solvers.pfbs import PFBSSolver, tau_max
 from mklscale.solvers.result import MKLResult
 
@@ -199,7 +198,7 @@ def cross_validate(engine, y, taus=None, mus=DEFAULT_MUS, folds: int = 5, task: 
         taus = tau_grid(tau_max(engine, y, center), n_taus, eps)
     else:
         taus = _check_taus(taus)
-    fold_of_row = fold_assignment(y, int(folds), classification, int(seed))
+    fold_of_row = cv.fold_assignment(y, int(folds), classification, int(seed))
     options = dict(tol=tol, max_iter=max_iter, accelerated=accelerated, center=center, step=step)
     fold_errors = np.empty((mus.size, taus.size, int(folds)))
     for i, mu in enumerate(mus):  # the one CV core, over the whole grid (no early stop: the curve is shown)
