@@ -40,9 +40,9 @@ from _seaweed import SeaweedServer  # noqa: E402
 from machine import describe_machine  # noqa: E402
 
 from mklscale.bank import build_bank, families  # noqa: E402
-from mklscale.bank.location import bank_location  # noqa: E402
-from mklscale.bank.objstore import ObjectBank  # noqa: E402
-from mklscale.bank.remote import shard_key  # noqa: E402
+from mklscale.bank.storage.location import bank_location  # noqa: E402
+from mklscale.bank.storage.objstore import ObjectBank  # noqa: E402
+from mklscale.bank.shard_format import shard_key  # noqa: E402
 from mklscale.engine import Engine  # noqa: E402
 
 

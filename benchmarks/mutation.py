@@ -70,11 +70,11 @@ TARGETS = (
     Target("citi_primal", "mklscale/solvers/citi.py", "primal_objective", None,
            ("tests/test_certificates.py", "tests/test_citi.py", "-k", "gap or cvxpy or certificate")),
     # the engine's readers and the row-by-row quad-form sweep (session 9): wrong bytes or wrong sums
-    Target("reader_direct", "mklscale/engine/reader.py", "_Shard.read_direct", None,
+    Target("reader_direct", "mklscale/bank/storage/local.py", "LocalRange.read_direct", None,
            ("tests/test_engine.py", "-k", "reader or identical or direct or past_the_end")),
     Target("pread_direct", "mklscale/bank/direct_io.py", "pread_direct", None,
            ("tests/test_engine.py", "-k", "reader or identical or direct or past_the_end")),
-    Target("reader_view", "mklscale/engine/reader.py", "_Shard.view", None,
+    Target("reader_view", "mklscale/bank/storage/local.py", "LocalRange.view", None,
            ("tests/test_engine.py", "-k", "reader or identical or direct or past_the_end")),
     Target("quad_stream", "mklscale/engine/kernels.py", "quad_stream", None,
            ("tests/test_engine.py", "-k", "identical")),

@@ -616,21 +616,16 @@ def _saved_kernels(path: Path) -> str:
 
 def bank_location(text: str):
     """A bank argument: a folder (Path) or an s3:// URL (``bank.location``); other schemes are refused."""
-    from mklscale.bank.location import bank_location as parse
+    from mklscale.bank.storage.location import bank_location as parse
 
     return parse(text)
 
 
 def _open_bank(path: str):
-    """The bank at ``path``; a folder that is not a bank gets a message saying what to give instead."""
+    """The bank at ``path``; a path that is not a bank gets a message saying what to give instead."""
     from mklscale.bank import KernelBank
-    from mklscale.errors import NotABankError
 
-    path = bank_location(path)
-    if isinstance(path, Path) and path.exists() and not KernelBank.is_bank(path):
-        raise NotABankError(f"{path} exists but is not an mklscale kernel bank (no bank metadata found); give the "
-                            "folder written by `mklscale bank build --out FOLDER` (or by build_bank)")
-    return KernelBank.open(path)
+    return KernelBank.open(bank_location(path))
 
 
 def _cmd_info(args) -> int:

@@ -66,7 +66,7 @@ class DiskFullError(BankError, OSError):
 
 class ObjectStoreError(BankError, ConnectionError):
     """An object store (s3://) holding a bank cannot be reached, refuses the credentials, has no such
-    bucket, or kept failing past the retry deadline (issue 20, ``mklscale.bank.objstore``)."""
+    bucket, or kept failing past the retry deadline (issue 20, ``mklscale.bank.storage.objstore``)."""
 
 
 class ConfigError(InvalidInputError):

@@ -284,7 +284,7 @@ class _MKLBase(BaseEstimator):
         before anything is written."""
         from mklscale.bank import cache as bank_cache
         from mklscale.bank.size import check_fits
-        from mklscale.bank.writer_lock import bank_writer
+        from mklscale.bank.storage.writer_lock import bank_writer
 
         limit = bank_cache.max_bytes()  # a bad $MKLSCALE_CACHE_MAX fails before any work
         cache = Path(self.cache_dir) if self.cache_dir is not None else bank_cache.default_dir()

@@ -135,7 +135,7 @@ from sklearn.exceptions import ConvergenceWarning
 
 from mklscale import __version__, model_selection, null_model
 from mklscale.bank.factor import LANDMARK_RULES, MAX_ERROR, METHODS, FactorSettings
-from mklscale.bank.location import bank_location, is_url, redact_options, redact_toml
+from mklscale.bank.storage.location import bank_location, is_url, redact_options, redact_toml
 from mklscale.config import Field, check_table, check_value, fraction, one_of, positive, read_toml
 from mklscale.errors import (
     CheckpointError,

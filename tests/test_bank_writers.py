@@ -24,7 +24,7 @@ import zarr
 
 from mklscale import cli
 from mklscale.bank import KernelBank, build_bank, families
-from mklscale.bank import writer_lock
+from mklscale.bank.storage import writer_lock
 from mklscale.bank.build import _MetadataWriter
 from mklscale.bank.shard_format import write_shard_file
 from mklscale.errors import BankCorruptError, BankLockedError, ClusterUnavailableError, NotABankError
@@ -237,7 +237,7 @@ def test_a_killed_holder_leaves_no_stale_lock(tmp_path):
     path = tmp_path / "bank"
     child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import time
-        from mklscale.bank.writer_lock import bank_writer
+        from mklscale.bank.storage.writer_lock import bank_writer
         with bank_writer({str(path)!r}, "build"):
             print("held", flush=True)
             time.sleep(600)

@@ -19,6 +19,7 @@ import pytest
 import zarr
 
 from mklscale.bank import KernelBank, build_bank, families
+from mklscale.bank.storage import local
 from mklscale.engine import Engine, reader
 from mklscale.engine.cache import parse_bytes
 from mklscale.errors import BankCorruptError, BankIncompleteError, InvalidInputError
@@ -182,7 +183,7 @@ def test_reader_matches_read_shard(banks, monkeypatch):
                 rows = np.empty((4,) + expected.shape[2:], bank.dtype)
                 r.read_rows(len(bank) - 1, 1, 5, rows)
                 if source == "direct" and _direct_io_works(bank.path):
-                    assert all(sh._direct_fd >= 0 for sh in r._shards.values())  # not the buffered fallback
+                    assert all(sh.source._direct_fd >= 0 for sh in r._shards.values())  # not the buffered fallback
             assert np.array_equal(got, expected), (name, source, piece, direct)
             assert np.array_equal(rows, expected[-1, 1:5]), (name, source)
             monkeypatch.undo()
@@ -208,7 +209,7 @@ def test_direct_reads_fall_back_to_copies_where_the_filesystem_refuses_them(bank
         with reader.KernelReader(bank, source="direct") as r:
             for pos, count, r0, r1, block in r.pieces(np.arange(len(bank))):
                 got[pos:pos + count, r0:r1] = block
-            assert all(sh._direct_fd == -1 for sh in r._shards.values()), where
+            assert all(sh.source._direct_fd == -1 for sh in r._shards.values()), where
         monkeypatch.undo()
         assert np.array_equal(got, expected), where
 
@@ -229,7 +230,7 @@ def test_direct_reads_of_page_aligned_kernels(tmp_path):
 def test_a_read_past_the_end_of_a_shard_file_is_corruption(banks):
     """A shard file shorter than its index says (a torn copy): every reader says so, none loops."""
     bank, _ = banks["f32"]
-    shard = reader._Shard(bank, 0)
+    shard = reader._Shard(bank, 0).source
     size = os.fstat(shard.file.fileno()).st_size
     try:
         readers = [shard.view] + ([shard.read_direct] if _direct_io_works(bank.path) else [])
@@ -237,7 +238,7 @@ def test_a_read_past_the_end_of_a_shard_file_is_corruption(banks):
             with pytest.raises(BankCorruptError, match="ended early"):
                 read(size - 8, 8192)
         with pytest.raises(BankCorruptError, match="ended early"):
-            shard.read(size - 8, np.empty(8192, np.uint8))
+            shard.read_into(size - 8, np.empty(8192, np.uint8))
     finally:
         shard.close()
 
@@ -255,7 +256,7 @@ def test_mapped_reading_follows_a_rebuilt_bank_and_its_limit(tmp_path, monkeypat
     with Engine(bank) as eng:
         close(eng.quad_forms(u), np.einsum("i,mij,j->m", u, second, u))
     # the first bank's (deleted) shard files are no longer held mapped, so their disk space is free
-    assert not any(reader._replaced(p, k) for k, (p, _) in reader._MAPS.items())
+    assert not any(local._replaced(p, k) for k, (p, _) in local._MAPS.items())
     assert reader.KernelReader(bank).source == "mapped"
     monkeypatch.setenv("MKLSCALE_MAP_BYTES", str(bank.nbytes - 1))
     assert reader.KernelReader(bank).source == "copied"

@@ -15,7 +15,7 @@ import pytest
 from _slow_build import slow_shard_writes, wait_for_kernels
 
 from mklscale.bank import KernelBank, build_bank, families
-from mklscale.bank.location import ObjectURL, bank_location
+from mklscale.bank.storage.location import ObjectURL, bank_location
 from mklscale.cli import main
 from mklscale.engine import Engine
 from mklscale.errors import InvalidInputError, NotABankError, ObjectStoreError
@@ -86,7 +86,7 @@ def test_bank_on_s3_equals_local_bit_for_bit(s3_bucket, data, local_bank):
     X, specs = data
     url = f"s3://{s3_bucket}/dense.zarr"
     bank = build_bank(X, specs, url, progress=False, **LAYOUT)
-    assert bank.remote and str(bank.path) == url and bank.complete.all() and bank.n_shards == 4
+    assert bank.storage.reachable_from_workers and str(bank.path) == url and bank.complete.all() and bank.n_shards == 4
     np.testing.assert_array_equal(bank.checksums, local_bank.checksums)
     for s in range(bank.n_shards):
         np.testing.assert_array_equal(bank.read_shard(s), local_bank.read_shard(s))
@@ -300,7 +300,7 @@ def test_one_writer_per_bank_url_with_an_expiring_lock(s3_server, s3_bucket, dat
     import json
     import threading
 
-    from mklscale.bank import objlock
+    from mklscale.bank.storage import objlock
     from mklscale.errors import BankLockedError
 
     X, specs = data

@@ -22,11 +22,12 @@ import numpy as np
 import pytest
 from _slow_build import slow_shard_writes, wait_for_kernels
 
-from mklscale.bank import KernelBank, build, build_bank, families, objlock, objstore
-from mklscale.bank.location import bank_location
-from mklscale.bank.objstore import ObjectBank
+from mklscale.bank import KernelBank, build, build_bank, families
+from mklscale.bank.storage import objlock, objstore
+from mklscale.bank.storage.location import bank_location
+from mklscale.bank.storage.objstore import ObjectBank
 from mklscale.bank.transfer import copy_bank
-from mklscale.bank.writer_lock import bank_writer, lock_path
+from mklscale.bank.storage.writer_lock import bank_writer, lock_path
 from mklscale.errors import BankLockedError, BankLockLostError, InvalidInputError
 
 LAYOUT = dict(chunk_mb=0.02, shard_mb=0.05)  # 60 x 60 float32 kernels: 1 per chunk, 3 per shard
@@ -240,7 +241,7 @@ def test_overwrite_refuses_a_folder_or_prefix_holding_more_than_the_bank(s3_serv
 def test_the_run_folders_copy_of_the_pipeline_never_holds_a_secret(spelling):
     import tomllib
 
-    from mklscale.bank.location import redact_toml
+    from mklscale.bank.storage.location import redact_toml
 
     text = f'# my pipeline\n[bank]\npath = "s3://b/x.zarr"\n[bank.storage_options]\n{spelling}\nregion = "r"\n'
     copy = redact_toml(text)
@@ -254,14 +255,14 @@ def test_the_run_folders_copy_of_the_pipeline_never_holds_a_secret(spelling):
 
 
 def test_a_build_stopped_while_waiting_for_another_writer_says_it_wrote_nothing(X, tmp_path):
-    from mklscale.bank.writer_lock import is_held
+    from mklscale.bank.storage.writer_lock import is_held
     from mklscale.cli import _saved_kernels
 
     bank = build_bank(X, families.random_subsets(4, 5, seed=1), tmp_path / "busy.zarr", progress=False, **LAYOUT)
     assert "5 of 5 kernels are saved" in _saved_kernels(bank.path)
     other = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
-        from mklscale.bank.writer_lock import bank_writer
+        from mklscale.bank.storage.writer_lock import bank_writer
         with bank_writer({str(bank.path)!r}, "build"):
             print("held", flush=True)
             time.sleep(60)

@@ -25,12 +25,11 @@ import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from mklscale.bank import _compute, remote
+from mklscale.bank import _compute
 from mklscale.bank import factor as factor_math
 from mklscale.bank.spec import KernelSpec, specs_from_json, specs_to_json
 from mklscale.bank.direct_io import aligned_empty
@@ -38,14 +37,12 @@ from mklscale.bank.fs_errors import raise_store_error
 from mklscale.bank.group import (
     FACTOR_META,
     PER_KERNEL_FLOATS,
-    create_bank_group,
     creation_info,
     data_array_name,
     json_attr,
 )
-from mklscale.bank.location import ObjectURL, bank_location
+from mklscale.bank.storage import storage_for
 from mklscale.bank.inputs import NORMALIZATIONS, validate_dtype, validate_features
-from mklscale.bank.shard_format import write_shard_file
 from mklscale.bank.size import bank_bytes, check_fits, human
 from mklscale.bank.stats import checksum, kernel_stats, meta_checksum
 from mklscale.bank.store import KernelBank, VerifyReport, prepare_path, refuse_target, writing
@@ -136,14 +133,14 @@ def build_bank(
     mean, scale = _standardisation(X) if standardize else (None, None)
     Xs = X if mean is None else (X - mean) / scale
     fingerprint = _fingerprint(X, specs, normalize, dt.name, standardize, rows, factor)
-    path = bank_location(path, storage_options)  # a folder, or s3://bucket/prefix (``remote``)
-    action = refuse_target(path, overwrite, fingerprint)  # refused input leaves everything as it was, the lock file too
+    storage = storage_for(path, storage_options)  # a folder, or s3://bucket/prefix
+    action = refuse_target(storage, overwrite, fingerprint)  # refused input leaves everything as it was, the lock file too
     # a bank that would not fit its disk is refused here, before the lock file or anything else is written
-    check_fits(path, len(specs), X.shape[0], dt.name, None if factor is None else factor.rank, n_features=X.shape[1],
+    check_fits(storage, len(specs), X.shape[0], dt.name, None if factor is None else factor.rank, n_features=X.shape[1],
                chunk_mb=chunk_mb, shard_mb=shard_mb, action=action)
     # one writer per bank (``writer_lock``; ``objlock`` on an object store, whose writes go through the fenced URL)
-    with writing(path, "build", wait) as path:
-        action = prepare_path(path, overwrite=overwrite, fingerprint=fingerprint)
+    with writing(storage, "build", wait) as target:
+        action = prepare_path(target, overwrite=overwrite, fingerprint=fingerprint)
         if action != "resume":
             attrs = {
                 "normalize": normalize,
@@ -158,21 +155,18 @@ def build_bank(
                 attrs["factor"] = json_attr(factor.to_attrs())
             kw = dict(specs=specs, n=X.shape[0], dtype=dt, attrs=attrs, X=Xs, chunk_mb=chunk_mb, shard_mb=shard_mb,
                       rank=None if factor is None else factor.rank)
-            if isinstance(path, ObjectURL):
-                remote.create_group(path, **kw)
-            else:
-                create_bank_group(path, replace=action == "replace", **kw)
+            target.create_group(replace=action == "replace", **kw)
 
-        bank = KernelBank.open(path)
+        bank = KernelBank.open(target)
         done = bank.complete
         bank.last_build_computed = 0  # kernels computed by this call (tests check resumption with it)
         if not done.all():
-            bank = KernelBank.open(path, mode="r+")  # ReadOnlyStoreError here, before any task runs
+            bank = KernelBank.open(target, mode="r+")  # ReadOnlyStoreError here, before any task runs
             bank.last_build_computed = _compute_shards(bank, specs, Xs, _unfinished_shards(done, bank.kernels_per_shard),
                                                        keep=done, client=client, progress=progress,
                                                        flush_every_s=flush_every_s)
-    if isinstance(path, ObjectURL):  # the caller's bank is not fenced by a lock it no longer holds
-        computed, bank = bank.last_build_computed, KernelBank.open(path.with_fence(None))
+    if target.unfenced() is not target:  # the caller's bank is not fenced by a lock it no longer holds
+        computed, bank = bank.last_build_computed, KernelBank.open(target.unfenced())
         bank.last_build_computed = computed
     if factor is not None:
         _warn_approximation(bank, max_error)
@@ -227,7 +221,7 @@ def _compute_shards(bank: KernelBank, specs: Sequence[KernelSpec], Xs: np.ndarra
     with _progress(len(specs), len(specs) - todo, progress, what, compiling) as bar:
         try:
             # workers run in other folders: they get a folder's path as the driver resolves it
-            with contextlib.closing(runner(client, bank.path if bank.remote else os.path.abspath(bank.path), specs, Xs,
+            with contextlib.closing(runner(client, bank.storage.worker_location, specs, Xs,
                                            bank.normalize, bank.dtype.name,
                                            layout, shards, expected, _factor_of(bank))) as results:
                 for first, stats in results:
@@ -307,9 +301,8 @@ def repair_bank(bank: KernelBank, kernels: Sequence[int] | None = None, client=N
     BankCorruptError when the bank is opened: repair cannot fix it. The repair holds the bank's
     writer lock throughout (``wait`` as in ``build_bank``).
     """
-    path = bank.path if isinstance(bank, KernelBank) else bank_location(bank)
-    with writing(path, "repair", wait) as fenced:
-        return _repair_locked(KernelBank.open(fenced, mode="r+"), kernels, client, progress)
+    with writing(bank.path if isinstance(bank, KernelBank) else bank, "repair", wait) as target:
+        return _repair_locked(KernelBank.open(target, mode="r+"), kernels, client, progress)
 
 
 def _repair_locked(bank: KernelBank, kernels, client, progress: bool) -> RepairReport:
@@ -402,11 +395,8 @@ def _build_factor_shard(path: str, specs: list[KernelSpec], Xs: np.ndarray, norm
 
 
 def _write_shard(path, s: int, block: np.ndarray, per_chunk: int, per_shard: int, array: str = "gram") -> None:
-    """One shard file, or one verified object PUT for a bank on an object store (``remote``)."""
-    if isinstance(path, ObjectURL):
-        remote.write_shard(path, s, block, per_chunk, per_shard, array)
-    else:
-        write_shard_file(Path(path), s, block, per_chunk, per_shard, array)
+    """Shard s stored atomically (``Storage.write_shard``: a file renamed into place, one verified PUT)."""
+    storage_for(path).write_shard(s, block, per_chunk, per_shard, array)
 
 
 @contextmanager
@@ -568,7 +558,7 @@ def _run_distributed(client, path, specs, Xs, normalize, dtype, layout, shards, 
     from distributed import wait
 
     S = layout[1]
-    if not isinstance(path, ObjectURL):  # every worker reaches an object store by its URL
+    if not storage_for(path).reachable_from_workers:
         require_shared_folder(client, path, f"the build of {path}")
     X_future = client.scatter(Xs, broadcast=True)
     futures = [

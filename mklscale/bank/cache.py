@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from mklscale.bank.writer_lock import bank_writer
+from mklscale.bank.storage.writer_lock import bank_writer
 from mklscale.errors import BankLockedError, InvalidInputError
 
 #: the cap when ``$MKLSCALE_CACHE_MAX`` is not set

@@ -72,7 +72,7 @@ def layout_for(M: int, n: int, itemsize: int, chunk_mb: float = 16, shard_mb: fl
 def open_bank_group(path, mode: str, store=None) -> zarr.Group | None:
     """The bank's group at ``path`` opened in ``mode``; None when ``path`` holds no bank. Raises
     SchemaVersionError for a bank written with a newer schema than this mklscale reads. ``store``:
-    the zarr store to open instead of the folder ``path`` (a bank on an object store, ``remote``)."""
+    the zarr store to open instead of the folder ``path`` (a bank on an object store or in memory: ``storage.keyed``)."""
     if store is None and not (path / "zarr.json").is_file():
         return None
     try:

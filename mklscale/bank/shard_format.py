@@ -32,10 +32,15 @@ from mklscale.errors import BankCorruptError, NotABankError
 _EMPTY = np.iinfo(np.uint64).max
 
 
+def shard_key(s: int, array: str = "gram") -> str:
+    """The key of shard s relative to the bank (zarr's default chunk key encoding), on every
+    backend; ``array`` is the bank's data array: "gram" (dense) or "factor" (``group.data_array_name``)."""
+    return f"{array}/c/{s}/0/0"
+
+
 def shard_path(bank_path: str | os.PathLike, s: int, array: str = "gram") -> Path:
-    """The file holding shard s of the bank at ``bank_path`` (zarr's default chunk key encoding);
-    ``array`` is the bank's data array: "gram" (dense) or "factor" (``group.data_array_name``)."""
-    return Path(bank_path) / array / "c" / str(s) / "0" / "0"
+    """The file holding shard s of the bank in the folder ``bank_path``."""
+    return Path(bank_path) / shard_key(s, array)
 
 
 def index_nbytes(per_chunk: int, per_shard: int) -> int:

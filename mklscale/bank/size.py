@@ -19,13 +19,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import shutil
-from pathlib import Path
 
 import numpy as np
 
 from mklscale.bank import cache
-from mklscale.bank.group import PER_KERNEL_FLOATS, layout_for, open_bank_group
+from mklscale.bank.group import PER_KERNEL_FLOATS, layout_for
 from mklscale.bank.shard_format import index_nbytes
 from mklscale.errors import InvalidInputError
 
@@ -165,29 +163,31 @@ def check_fits(path: str | os.PathLike, M: int, n: int, dtype: str = "float32", 
     when anything is to be written. A bank on an object store (``s3://``) has no disk to ask and is
     not checked. ``spelling``: the entry point, for the remedies' wording (``SPELLINGS``).
     """
-    if "://" in str(path):
-        return  # an object store (s3://...): no local disk to ask
+    from mklscale.bank.storage import storage_for
+
+    storage = storage_for(path)
+    room = storage.room()
+    if room is None:
+        return  # an object store (s3://...): no disk to ask
     if M < 1 or n < 1 or (rank is not None and rank < 1):
         return  # input the build refuses with its own message
-    path = Path(path)
     total = bank_bytes(M, n, dtype, rank, n_features=n_features, n_cross=n_cross, chunk_mb=chunk_mb,
                        shard_mb=shard_mb)
-    to_write = _to_write(path, total, action, overwrite)
+    to_write = _to_write(storage, total, action, overwrite)
     if to_write == 0:
         return
-    folder = next((p for p in [path.parent, *path.parent.parents] if p.exists()), Path("."))
-    free = shutil.disk_usage(folder).free
+    free, mount = room
     over_disk, over_cap = to_write > free, cap is not None and total > cap
     if over_disk or over_cap:
-        found = Oversize(str(path), int(M), int(n), np.dtype(dtype).name, None if rank is None else int(rank),
+        found = Oversize(str(storage), int(M), int(n), np.dtype(dtype).name, None if rank is None else int(rank),
                          int(n_features), int(n_cross), total, to_write, free if over_disk else None,
-                         _mount_point(folder), cap if over_cap else None, cache.max_setting())
+                         mount, cap if over_cap else None, cache.max_setting())
         raise BankTooLargeError(found, spelling)
 
 
-def _to_write(path: Path, total: int, action: str | None, overwrite: bool) -> int:
-    """Bytes a build at ``path`` still has to put on its disk (``check_fits``' ``action``)."""
-    group = open_bank_group(path, "r") if path.is_dir() else None
+def _to_write(storage, total: int, action: str | None, overwrite: bool) -> int:
+    """Bytes a build at ``storage`` still has to put on its disk (``check_fits``' ``action``)."""
+    group = storage.open_group("r")
     if action is None:
         action = "create" if group is None else "replace" if overwrite else "resume"
     if action == "create":
@@ -198,7 +198,7 @@ def _to_write(path: Path, total: int, action: str | None, overwrite: bool) -> in
                 return 0
         except Exception:  # noqa: BLE001 - damaged metadata: the build reports it; count the bank as partial
             pass
-    return max(0, total - cache.disk_usage(path))
+    return max(0, total - storage.total_bytes())
 
 
 def too_large_message(o: Oversize, spelling: str) -> str:
@@ -254,15 +254,6 @@ def _largest(fits, upper: int) -> int:
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
     return lo
-
-
-def _mount_point(folder: Path) -> str:
-    """The mount point of the file system holding ``folder`` (the topmost ancestor on the same device)."""
-    here = Path(os.path.abspath(folder))
-    dev = os.stat(here).st_dev
-    while here.parent != here and os.stat(here.parent).st_dev == dev:
-        here = here.parent
-    return str(here)
 
 
 def human(nbytes: float) -> str:

@@ -31,12 +31,7 @@ checks, group creation, filesystem errors) stay importable from here under their
 
 from __future__ import annotations
 
-import contextlib
-import glob
 import os
-import platform
-import shutil
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
@@ -46,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from mklscale.bank import remote, shard_format
+from mklscale.bank import shard_format
 from mklscale.bank.factor import factor_rows
 from mklscale.bank.direct_io import DIRECT_ALIGN, aligned_empty, write_direct
 from mklscale.bank.fs_errors import disk_full_message, raise_store_error, require_writable
@@ -56,12 +51,10 @@ from mklscale.bank.group import (
     create_bank_group,
     data_array_name,
     creation_info,
-    refuse_foreign,
     json_attr,
     layout_for,
-    open_bank_group,
 )
-from mklscale.bank.location import ObjectURL, bank_location
+from mklscale.bank.storage import Storage, storage_for
 from mklscale.bank.metadata import read_metadata
 from mklscale.bank.inputs import DTYPES, NORMALIZATIONS, check_gram, validate_dtype, validate_features
 from mklscale.bank.normalize import normalize_block
@@ -69,17 +62,11 @@ from mklscale.bank.shard_format import write_shard_file
 from mklscale.bank.size import check_fits
 from mklscale.bank.spec import KernelSpec
 from mklscale.bank.stats import checksum, kernel_stats, meta_checksums
-from mklscale.bank.objstore import ObjectBank, describe_lock, lock_url, read_lock
-from mklscale.bank.writer_lock import bank_writer, holder, is_held
-from mklscale.bank.writer_lock import describe as describe_holder
 from mklscale.errors import (
     BankCorruptError,
     BankIncompleteError,
-    BankMismatchError,
     InvalidInputError,
-    NotABankError,
     ObjectStoreError,
-    ReadOnlyStoreError,
     SpecError,
 )
 
@@ -137,10 +124,10 @@ class KernelBank:
     #: ``RepairReport``), attached by ``mklscale.bank``: the build imports this module, not the reverse.
     repair: Callable[..., object]
 
-    def __init__(self, path: str | os.PathLike, group: zarr.Group):
-        self.path = bank_location(path)  # a Path, or an ObjectURL for a bank on an object store
-        #: True for a bank on an object store (s3://; ``remote``)
-        self.remote: bool = isinstance(self.path, ObjectURL)
+    def __init__(self, path: str | os.PathLike | Storage, group: zarr.Group):
+        #: where the bank's bytes live (``storage``: a folder, an object store, ...)
+        self.storage: Storage = storage_for(path)
+        self.path = self.storage.location  # a Path, or an ObjectURL for a bank on an object store
         self._group = group
         meta = read_metadata(self.path, group)  # BankCorruptError naming what is damaged
         attrs = meta.attrs
@@ -239,7 +226,7 @@ class KernelBank:
                 raise InvalidInputError(f"cross_grams must have shape ({M}, n_new, {n}), got {crosses.shape}")
             if not np.isfinite(crosses).all():
                 raise InvalidInputError("cross_grams contains NaN or inf")
-        path = bank_location(path)
+        storage = storage_for(path)
         specs = [KernelSpec.precomputed(x) for x in names]
 
         def fill(group: zarr.Group) -> None:
@@ -261,52 +248,29 @@ class KernelBank:
 
         attrs = {"normalize": normalize, "standardization": None, "train_rows": list(range(n)),
                  "fingerprint": None, "source": "from_arrays", "created": creation_info()}
-        refuse_target(path, overwrite, None)  # refused input leaves everything as it was, the lock file too
+        refuse_target(storage, overwrite, None)  # refused input leaves everything as it was, the lock file too
         # the whole new store is written beside any old one (swapped in at the end): all of it must fit
-        check_fits(path, M, n, dt.name, n_cross=0 if crosses is None else crosses.shape[1], chunk_mb=chunk_mb,
+        check_fits(storage, M, n, dt.name, n_cross=0 if crosses is None else crosses.shape[1], chunk_mb=chunk_mb,
                    shard_mb=shard_mb, action="create", spelling="import")
-        with writing(path, "import (from_arrays)", wait) as path:
-            action = prepare_path(path, overwrite=overwrite, fingerprint=None)
-            if isinstance(path, ObjectURL):
-                remote.create_group(path, specs=specs, n=n, dtype=dt, attrs=attrs, X=None, chunk_mb=chunk_mb,
-                                    shard_mb=shard_mb, fill=fill)
-            else:
-                create_bank_group(path, specs=specs, n=n, dtype=dt, attrs=attrs, X=None, chunk_mb=chunk_mb,
-                                  shard_mb=shard_mb, fill=fill, replace=action == "replace")
-        return cls.open(path.with_fence(None) if isinstance(path, ObjectURL) else path)
+        with storage.writer("import (from_arrays)", wait) as target:
+            action = prepare_path(target, overwrite=overwrite, fingerprint=None)
+            target.create_group(specs=specs, n=n, dtype=dt, attrs=attrs, X=None, chunk_mb=chunk_mb,
+                                shard_mb=shard_mb, fill=fill, replace=action == "replace")
+        return cls.open(storage.unfenced())
 
     # ---- opening ------------------------------------------------------------------------------
     @classmethod
     def open(cls, path: str | os.PathLike, mode: str = "r", storage_options: dict | None = None) -> KernelBank:
         """Open an existing bank (mode "r" or "r+") at a path or an s3:// URL (``storage_options``
         override the AWS_* environment variables); errors say what is wrong with the path."""
-        path = bank_location(path, storage_options)
-        if isinstance(path, ObjectURL):  # issue 20: a bank on an object store
-            group = remote.open_group(path, mode)
-            if group is None:
-                raise NotABankError(f"no kernel bank at {path} (no zarr.json there); build one with build_bank or "
-                                    "`mklscale bank build`, or copy one there with `mklscale bank copy`")
-            bank = cls(path, group)
-            bank._mode = mode
-            return bank
-        if not path.exists():
-            raise NotABankError(f"no kernel bank at {path}: the path does not exist (build one with build_bank or `mklscale bank build`)")
-        group = open_bank_group(path, mode)
-        if group is None:
-            raise NotABankError(f"{path} exists but is not an mklscale kernel bank (no bank metadata found); give the "
-                               "folder written by build_bank / `mklscale bank build`")
-        if mode != "r":
-            require_writable(path)
-        bank = cls(path, group)
+        storage = storage_for(path, storage_options)
+        bank = cls(storage, storage.open_bank_group(mode))  # NotABankError saying what to give instead
         bank._mode = mode
         return bank
 
     @staticmethod
     def is_bank(path: str | os.PathLike) -> bool:
-        path = bank_location(path)
-        if isinstance(path, ObjectURL):
-            return remote.is_bank(path)
-        return Path(path).is_dir() and open_bank_group(Path(path), "r") is not None
+        return storage_for(path).is_bank()
 
     # ---- sizes and metadata -------------------------------------------------------------------
     def __len__(self) -> int:
@@ -541,21 +505,19 @@ class KernelBank:
         first = s * self.kernels_per_shard
         return first, min(first + self.kernels_per_shard, self.M)
 
+    def shard_key(self, s: int) -> str:
+        """The key of shard s in the bank's storage (zarr's default chunk key encoding)."""
+        return shard_format.shard_key(s, data_array_name(self.representation))
+
     def shard_file(self, s: int) -> Path:
-        """The file holding shard s (zarr's default chunk key encoding)."""
-        if self.remote:
-            raise InvalidInputError(f"bank {self.path} is on an object store: its shards are objects, not files")
+        """The file holding shard s of a bank in a folder."""
+        if not self.storage.mappable:
+            raise InvalidInputError(f"bank {self.path} is not in a folder: its shards are objects, not files")
         return shard_format.shard_path(self.path, s, data_array_name(self.representation))
 
     def _shard_raw(self, s: int) -> np.ndarray | None:
         """The bytes of shard s's file or object (uint8), None when there is none."""
-        if self.remote:
-            return remote.read_shard_bytes(self, s)
-        file = self.shard_file(s)
-        return np.fromfile(file, dtype=np.uint8) if file.exists() else None
-
-    def _shard_exists(self, s: int) -> bool:
-        return remote.shard_size(self, s) is not None if self.remote else self.shard_file(s).exists()
+        return self.storage.read(self.shard_key(s))
 
     @property
     def shard_index_bytes(self) -> int:
@@ -683,9 +645,8 @@ class KernelBank:
         """(kernel, name, reason) for the kernels ms (all of one shard) whose stored bytes are bad."""
         S = self.kernels_per_shard
         s = int(ms[0]) // S
-        if self.plain_layout and not self._shard_exists(s):
-            where = f"object {remote.shard_key(s, data_array_name(self.representation))}" if self.remote \
-                else f"file {self.shard_file(s)}"
+        if self.plain_layout and self.storage.size(self.shard_key(s)) is None:
+            where = self.storage.describe(self.shard_key(s))
             return [(int(m), self.specs[m].name, f"shard {where} is missing") for m in ms]
         try:
             block = self.read_shard(s)
@@ -709,8 +670,8 @@ class KernelBank:
         first, then clear their ``complete`` flags, reading the flags of the other kernels from disk
         under the lock (each write is atomic). Returns False when the store is read-only."""
         try:
-            with _writer_lock(self.path, "verify (marking bad kernels)", wait) as fenced:
-                group = self._open_group("r+", fenced if self.remote else None)
+            with self.storage.writer("verify (marking bad kernels)", wait) as target:
+                group = target.open_group("r+")
                 record = dict((group.attrs.get("integrity") or {}).get("bad") or {})
                 record.update({str(m): why for m, why in bad.items()})
                 group.attrs["integrity"] = {"bad": record, "verified": creation_info()["time"]}
@@ -741,10 +702,8 @@ class KernelBank:
         self._attrs = self._group.attrs.asdict()
         self._data = self._group[data_array_name(self.representation)]
 
-    def _open_group(self, mode: str, fenced: ObjectURL | None = None) -> zarr.Group:
-        if self.remote:
-            return remote.open_group(fenced or self.path, mode)
-        return zarr.open_group(self.path, mode=mode)
+    def _open_group(self, mode: str) -> zarr.Group:
+        return self.storage.open_group(mode)
 
     # ---- cross kernels ------------------------------------------------------------------------
     def standardize(self, X: np.ndarray) -> np.ndarray:
@@ -791,133 +750,36 @@ def _param_column(specs: list[KernelSpec], name: str) -> np.ndarray:
     return np.array([float(dict(s.params).get(name, np.nan)) for s in specs])
 
 
-def prepare_path(path: Path, overwrite: bool, fingerprint: str | None) -> str:
-    """Decide what to do with the target path (call it holding the writer lock, ``writing``):
-    "resume" when an existing bank with the same fingerprint should be resumed, "replace" when an
-    existing bank is to be replaced (``overwrite``; ``create_bank_group(..., replace=True)`` swaps
-    the new store in, so readers never see a half-deleted one), "create" when there is nothing
-    yet. Refuses anything else that exists (a non-empty folder that is not a bank is never
-    deleted). On an object store ``remote.prepare`` decides (and removes a bank to overwrite)."""
-    if isinstance(path, ObjectURL):
-        resume = remote.prepare(path, overwrite, fingerprint,
-                                lambda fp: KernelBank.open(path).attrs.get("fingerprint") == fp)
-        return "resume" if resume else "create"
-    if not path.exists():
-        parent = path.parent if str(path.parent) else Path(".")
-        try:
-            parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ReadOnlyStoreError(f"cannot create the folder {parent} ({exc.strerror or exc}); choose a "
-                                     "writable path") from None
-        require_writable(parent)
-        return "create"
-    if path.is_dir() and not any(path.iterdir()):
-        require_writable(path)
-        return "create"
-    action = refuse_target(path, overwrite, fingerprint)
-    if action == "replace":
-        require_writable(path)
-        require_writable(path.parent)
-    return action
+def prepare_path(path, overwrite: bool, fingerprint: str | None) -> str:
+    """Decide what to do with the target ``path`` (a location or a ``Storage``; call it holding the
+    writer lock, ``writing``): "resume" when an existing bank with the same fingerprint should be
+    resumed, "replace" when an existing bank is to be replaced (``overwrite``; ``create_group(...,
+    replace=True)`` swaps the new store in, so readers never see a half-deleted one), "create" when
+    there is nothing yet. Refuses anything else that exists (a folder or prefix that is not a bank
+    is never deleted). ``Storage.prepare``."""
+    return storage_for(path).prepare(overwrite, fingerprint, KernelBank.open)
 
 
-def refuse_target(path: Path, overwrite: bool, fingerprint: str | None) -> str:
-    """What ``prepare_path`` will do with the existing, non-empty ``path`` ("resume" or "replace"),
-    or the error it will raise (NotABankError, BankMismatchError, BankCorruptError), found without
-    writing anything: builds call it before they take the writer lock too, so that input refused
-    here leaves even the lock file untouched. A path that does not exist or is empty: "create";
-    a bank on an object store: "create" (``remote.prepare`` checks it under the lock)."""
-    if isinstance(path, ObjectURL):
-        return "create"
-    if not path.exists() or (path.is_dir() and not any(path.iterdir())):
-        return "create"
-    if not KernelBank.is_bank(path):
-        raise NotABankError(f"{path} exists and is not an mklscale kernel bank; choose another path "
-                            "(mklscale never deletes a folder it did not create)")
-    if overwrite:
-        refuse_foreign(path, sorted(os.path.relpath(os.path.join(folder, f), path).replace(os.sep, "/")
-                                    for folder, _, files in os.walk(path) for f in files),
-                       [name for name, _ in KernelBank.open(path)._group.members()])
-        return "replace"
-    existing = KernelBank.open(path).attrs.get("fingerprint")  # damaged metadata: BankCorruptError
-    if fingerprint is not None and existing == fingerprint:
-        return "resume"
-    raise BankMismatchError(f"{path} holds a bank built from different data, kernel specs or settings; "
-                            "pass overwrite=True (CLI: --overwrite) to replace it, or choose another path")
+def refuse_target(path, overwrite: bool, fingerprint: str | None) -> str:
+    """What ``prepare_path`` will do with ``path`` ("create", "resume" or "replace"), or the error it
+    will raise (NotABankError, BankMismatchError, BankCorruptError), found without writing anything:
+    builds call it before they take the writer lock too, so that input refused here leaves even the
+    lock file untouched. ``Storage.refuse_target``."""
+    return storage_for(path).refuse_target(overwrite, fingerprint, KernelBank.open)
 
 
 @contextmanager
-def writing(path: str | os.PathLike, what: str, wait: bool | float = True) -> Iterator[Path | ObjectURL]:
-    """Hold the writer lock of the bank at ``path`` (``writer_lock.bank_writer``: one writer per
-    bank; ``wait`` as there) and make the store safe to write: temporary files a killed writer left
-    (``.partial`` shard files, half-created or half-replaced stores beside it) are removed, and a
-    store holding a symbolic link that leads out of it is refused (BankCorruptError): writers never
-    write outside the store. A bank on an object store: its lock object (``objlock``), no sweep.
-    Yields the location to write through: ``path``, or on an object store ``path`` fenced by the
-    lock (``objlock``, "Fencing": every write checks the lock is still this writer's)."""
-    if isinstance(path, ObjectURL):
-        with _writer_lock(path, what, wait) as fenced:
-            yield fenced
-        return
-    path = Path(path)
-    with bank_writer(path, what, wait):
-        _sweep_leftovers(path)
-        yield path
+def writing(path, what: str, wait: bool | float = True) -> Iterator[Storage]:
+    """Hold the writer lock of the bank at ``path`` (one writer per bank; ``wait`` as
+    ``Storage.writer``) and yield the storage to write through, made safe to write: in a folder,
+    temporary files a killed writer left are removed and a store holding a symbolic link that leads
+    out of it is refused (BankCorruptError); on an object store it is fenced by the lock
+    (``objlock``, "Fencing": every write checks the lock is still this writer's)."""
+    with storage_for(path).writer(what, wait) as target:
+        yield target
 
 
 def other_writer(path) -> str | None:
     """Who else holds the writer lock of the bank at ``path`` now ('pid 12 on host h (build since
     ...)'), or None when nobody or this process does (a stopped build says which it was)."""
-    if isinstance(path, ObjectURL):
-        where, key = lock_url(path)
-        try:
-            info = read_lock(ObjectBank(where), key)
-        except ObjectStoreError:
-            return None
-        live = info is not None and not info.get("released") and float(info.get("expires", 0)) > time.time()
-        describe = describe_lock
-    else:
-        info = holder(path)
-        live = info is not None and is_held(path)
-        describe = describe_holder
-    if not live or (info.get("pid") == os.getpid() and info.get("host") == platform.node()):
-        return None
-    return describe(info)
-
-
-def _writer_lock(path, what: str, wait: bool | float = True):
-    """The writer lock of the bank at ``path``: flock beside a folder (``writer_lock``), the lock
-    object beside a bank on an object store (``objlock``, yielding the fenced URL)."""
-    if isinstance(path, ObjectURL):
-        from mklscale.bank.objlock import object_writer
-
-        return object_writer(path, what, wait)
-    return bank_writer(path, what, wait)
-
-
-def _sweep_leftovers(path: Path) -> None:
-    for leftover in path.parent.glob(f".{glob.escape(path.name)}.*-*"):
-        if leftover.name.startswith((f".{path.name}.partial-", f".{path.name}.old-")):
-            if leftover.is_dir() and not leftover.is_symlink():
-                shutil.rmtree(leftover, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    leftover.unlink()
-    if not path.is_dir():
-        return
-    root = os.path.realpath(path)
-    for folder, dirs, files in os.walk(path):  # does not descend into symlinked folders
-        for name in dirs + files:
-            entry = os.path.join(folder, name)
-            if os.path.islink(entry):
-                target = os.path.realpath(entry)
-                if os.path.commonpath([root, target]) != root:
-                    raise BankCorruptError(
-                        f"{entry} is a symbolic link to {target}, outside the bank {path}; mklscale never writes "
-                        "through links that leave the store: replace the link by the folder or file it points to "
-                        "(or remove it; `mklscale bank repair` then rewrites what was there)")
-        for name in files:
-            # a shard's (shard_format) or zarr's own temporary file; a cluster build's probe (runtime.cluster)
-            if name.endswith(".partial") or name.startswith(".mklscale-probe-"):
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(folder, name))
+    return storage_for(path).other_writer()

@@ -113,7 +113,7 @@ class Engine(KernelEngine):
         self._complete = complete
         self._lambda_max = np.where(complete, np.asarray(bank.lambda_max, dtype=np.float64), np.nan)
         # tasks reopen the bank from this: a resolved folder, or the ObjectURL of a bank on an object store
-        self._path = bank.path if bank.remote else str(bank.path.resolve())
+        self._path = bank.storage.worker_location
         self.representation: str = bank.representation
         self._factor = self.representation == "factor"
         self._tasks = factor_tasks if self._factor else tasks
@@ -127,7 +127,7 @@ class Engine(KernelEngine):
             client = Client(client)
             self._own_client = True
         self.client = client
-        small = not bank.remote and bank.nbytes <= int(local_bytes)
+        small = bank.storage.mappable and bank.nbytes <= int(local_bytes)
         self._runner = Runner(None if small else client, threads=threads, progress=progress)
         tasks.remember_bank(bank)
         self._stats = {"passes": 0, "bytes_read": 0, "kernels_read": 0, "cache_hits": 0, "seconds": 0.0,

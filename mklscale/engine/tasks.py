@@ -9,10 +9,8 @@ worker).
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import OrderedDict
-from pathlib import Path
 
 import numpy as np
 
@@ -24,13 +22,12 @@ _BANKS_LOCK = threading.Lock()
 _MAX_BANKS = 8
 
 
-def _bank_key(path) -> tuple[str, int | str]:
-    # the metadata file's mtime tells a bank rebuilt at the same path from the one opened before
-    if not isinstance(path, str) and getattr(path, "scheme", None):  # an ObjectURL: the ETag of zarr.json
-        from mklscale.bank.objstore import ObjectBank
+def _bank_key(path) -> tuple[str, object]:
+    """(location, version): a bank rebuilt at the same location is told from the one opened before
+    (``Storage.version``: a file's mtime, an object's ETag)."""
+    from mklscale.bank.storage import storage_for
 
-        return str(path), str((ObjectBank(path).head("zarr.json") or {}).get("e_tag"))
-    return str(Path(path).resolve()), os.stat(Path(path) / "zarr.json").st_mtime_ns
+    return storage_for(path).version()
 
 
 def open_bank(path: str):
@@ -50,7 +47,7 @@ def open_bank(path: str):
 
 def remember_bank(bank) -> None:
     """Put an already opened bank in this process's cache (the engine does so for its own bank)."""
-    key = _bank_key(bank.path if bank.remote else str(bank.path))
+    key = bank.storage.version()
     with _BANKS_LOCK:
         _BANKS[key] = bank
         _BANKS.move_to_end(key)

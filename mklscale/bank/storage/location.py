@@ -98,11 +98,6 @@ def is_url(path) -> bool:
     return isinstance(path, str) and bool(_URL.match(path))
 
 
-def is_remote(path) -> bool:
-    """True when ``path`` names a bank on an object store."""
-    return isinstance(bank_location(path), ObjectURL)
-
-
 def bank_location(path, storage_options: dict | None = None) -> Path | ObjectURL:
     """A ``Path`` for a local bank, an ``ObjectURL`` for ``s3://bucket/prefix``.
 

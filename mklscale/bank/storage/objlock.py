@@ -45,9 +45,9 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from mklscale.bank import objstore
-from mklscale.bank.location import ObjectURL
-from mklscale.bank.objstore import ObjectBank, describe_lock, lock_url, read_lock
+from mklscale.bank.storage import objstore
+from mklscale.bank.storage.location import ObjectURL
+from mklscale.bank.storage.objstore import ObjectBank, describe_lock, lock_url, read_lock
 from mklscale.errors import BankLockedError, BankLockLostError, ObjectStoreError
 
 POLL_S = 0.5

@@ -33,13 +33,12 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import numpy as np
 from zarr.storage import ObjectStore as ZarrObjectStore
 
-from mklscale.bank.location import ObjectURL
+from mklscale.bank.storage.location import ObjectURL
 from mklscale.errors import BankLockLostError, InvalidInputError, ObjectStoreError
 
 #: Seconds a request keeps being retried (5xx, slow-down, refused connections) before it fails.
@@ -253,25 +252,6 @@ class ObjectBank:
             return [meta for batch in obstore.list(self.store, prefix=prefix or None) for meta in batch]
 
         return self._call("cannot list", collect)
-
-    # ---- folders ---------------------------------------------------------------------------------
-    def upload_tree(self, folder: Path, last: str = "zarr.json") -> None:
-        """Upload every file under ``folder`` to the same keys; the top-level ``last`` goes last, so a
-        reader sees the bank only once all of it is there."""
-        folder = Path(folder)
-        files = sorted(p for p in folder.rglob("*") if p.is_file())
-        top = folder / last
-        for p in [p for p in files if p != top] + ([top] if top in files else []):
-            self.put_verified(p.relative_to(folder).as_posix(), np.fromfile(p, dtype=np.uint8))
-
-    def download_tree(self, folder: Path) -> None:
-        """Every object of the bank into files under ``folder`` (``zarr.json`` last)."""
-        folder = Path(folder)
-        keys = sorted(meta["path"] for meta in self.list())
-        for key in [k for k in keys if k != "zarr.json"] + (["zarr.json"] if "zarr.json" in keys else []):
-            target = folder / key
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(self.get(key))
 
 
 # ---- the writer lock's record and the fence (the lock protocol itself: ``objlock``) ------------------
