@@ -210,7 +210,8 @@ class LocalStorage(Storage):
 
     def put(self, key: str, data) -> None:
         target = self._file(key)
-        shard_format.shard_folder(self.location, target)
+        self.location.mkdir(parents=True, exist_ok=True)
+        shard_format.shard_folder(self.location, target)  # never through a link leading out of the folder
         tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.partial")
         try:
             with open(tmp, "wb") as f:

@@ -100,7 +100,7 @@ class MemoryStorage(KeyedStorage):
             raise BankLockedError(f"bank {self.location} is being written by {_HOLDERS.get(self.location.name)}; "
                                   "wait for it to finish")
         outer = self.location.name not in _HOLDERS
-        _HOLDERS.setdefault(self.location.name, f"thread {threading.get_ident()} ({what})")
+        _HOLDERS.setdefault(self.location.name, f"thread {threading.get_ident()} of this process ({what})")
         try:
             yield self
         finally:
@@ -109,8 +109,7 @@ class MemoryStorage(KeyedStorage):
             self._lock.release()
 
     def other_writer(self) -> str | None:
-        holder = _HOLDERS.get(self.location.name)
-        return None if holder is None or holder.startswith(f"thread {threading.get_ident()} ") else holder
+        return None  # only this process ever writes a bank in its memory
 
 
 def forget(name: str) -> None:
