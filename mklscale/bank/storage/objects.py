@@ -12,7 +12,10 @@ with every key-value backend (creation marker, overwrite, copies): ``keyed``. He
 
 from __future__ import annotations
 
+import os
+import platform
 import threading
+import time
 from contextlib import contextmanager
 from collections.abc import Iterator
 
@@ -124,10 +127,6 @@ class ObjectStorage(KeyedStorage):
             yield ObjectStorage(fenced)
 
     def other_writer(self) -> str | None:
-        import os
-        import platform
-        import time
-
         where, key = lock_url(self.location)
         try:
             info = read_lock(ObjectBank(where), key)
