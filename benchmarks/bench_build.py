@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import describe_machine  # noqa: E402
 
 from mklscale.bank import build_bank, families  # noqa: E402
-from mklscale.bank.build import BUILD_THREADS  # noqa: E402
+from mklscale.bank.shards import BUILD_THREADS  # noqa: E402
 from mklscale.bank.direct_io import aligned_empty  # noqa: E402
 from mklscale.bank.shard_format import write_shard_file  # noqa: E402
 from mklscale.datasets import load  # noqa: E402

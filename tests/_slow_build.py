@@ -15,7 +15,7 @@ def slow_shard_writes(seconds: float) -> str:
     and the build runs one thread, so shards land one at a time."""
     return textwrap.dedent(f"""
         import time as _time
-        from mklscale.bank import build as _build
+        from mklscale.bank import shards as _build
         _write = _build._write_shard
         def _slow_write(*a, **k):
             _time.sleep({seconds!r}); _write(*a, **k)

@@ -49,7 +49,7 @@ def pausing(phase: str, function, on_call: int = 1):
 
 def install(phase: str) -> None:
     if phase == "build":
-        from mklscale.bank import build
+        from mklscale.bank import shards as build
 
         build._MetadataWriter.record = pausing(phase, build._MetadataWriter.record)
     elif phase == "citi":

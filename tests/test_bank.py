@@ -363,7 +363,7 @@ def test_shard_results_do_not_depend_on_concurrency(tmp_path):
     """Two shards computed at once on two threads give the same bytes and statistics as one by one."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from mklscale.bank.build import build_shard
+    from mklscale.bank.shards import build_shard
     from mklscale.bank.spec import specs_to_json
 
     X = _standardised(np.random.default_rng(4).normal(size=(90, 6)))

@@ -14,7 +14,8 @@ from _disk import fill, remount, tmpfs
 
 from mklscale import cli
 from mklscale.bank import KernelBank, build_bank, families
-from mklscale.bank import build as build_module
+from mklscale.bank import _compute
+from mklscale.bank import shards as shards_module
 from mklscale.engine.core import Engine
 from mklscale.errors import (
     BankCorruptError,
@@ -174,7 +175,7 @@ def test_disk_full_build_stops_cleanly_and_resumes(tmp_path, monkeypatch):
     layout = {"chunk_mb": 0.16, "shard_mb": 0.5}  # three kernels a shard
     reference = build_bank(X, specs, tmp_path / "ref", progress=False, **layout)
     with tmpfs(tmp_path / "small", "8M") as mnt:
-        real, guard, filled = build_module.build_shard, threading.Lock(), []
+        real, guard, filled = shards_module.build_shard, threading.Lock(), []
 
         def another_writer_fills_the_disk(*args):
             with guard:
@@ -182,7 +183,7 @@ def test_disk_full_build_stops_cleanly_and_resumes(tmp_path, monkeypatch):
                     filled.append(fill(mnt, leave_pages=300))  # room for about two shards of 480 kB
             return real(*args)
 
-        monkeypatch.setattr(build_module, "build_shard", another_writer_fills_the_disk)
+        monkeypatch.setattr(shards_module, "build_shard", another_writer_fills_the_disk)
         with pytest.raises(DiskFullError) as err:
             build_bank(X, specs, mnt / "b", progress=False, flush_every_s=0, **layout)
         monkeypatch.undo()
@@ -206,8 +207,8 @@ def test_disk_full_build_stops_cleanly_and_resumes(tmp_path, monkeypatch):
 
 def test_read_only_store_is_refused_before_any_work(X, tmp_path, monkeypatch):
     calls = []
-    real = build_module.build_shard
-    monkeypatch.setattr(build_module, "build_shard", lambda *a: calls.append(a[5]) or real(*a))
+    real = shards_module.build_shard
+    monkeypatch.setattr(shards_module, "build_shard", lambda *a: calls.append(a[5]) or real(*a))
     with tmpfs(tmp_path / "ro", "8M") as mnt:
         bank = build_bank(X, SPECS, mnt / "b", progress=False, **LAYOUT)
         assert len(calls) == 2  # the counter sees the build's tasks
@@ -244,7 +245,7 @@ def test_bank_of_another_arithmetic_is_not_finished_or_repaired(X, tmp_path, dty
     path = tmp_path / "b"
     build_bank(X, SPECS, path, dtype=dtype, progress=False, **LAYOUT)
     group = zarr.open_group(path, mode="r+")
-    assert group.attrs["arithmetic"] == build_module._compute.ARITHMETIC
+    assert group.attrs["arithmetic"] == _compute.ARITHMETIC
     group.attrs.pop("arithmetic")  # as a bank written before the version was recorded (version 1)
     flags = group["complete"][:]
     flags[4] = False

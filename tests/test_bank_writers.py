@@ -23,9 +23,9 @@ import pytest
 import zarr
 
 from mklscale import cli
-from mklscale.bank import KernelBank, build_bank, families
+from mklscale.bank import KernelBank, build_bank, families, integrity
 from mklscale.bank.storage import writer_lock
-from mklscale.bank.build import _MetadataWriter
+from mklscale.bank.shards import _MetadataWriter
 from mklscale.bank.shard_format import write_shard_file
 from mklscale.errors import BankCorruptError, BankLockedError, ClusterUnavailableError, NotABankError
 
@@ -186,7 +186,7 @@ def test_metadata_writer_touches_only_the_kernels_it_recorded(X, tmp_path):
     assert bank.kernels_per_shard == 2
     writer = _MetadataWriter(KernelBank.open(bank.path, mode="r+"), every_s=3600)
     other = KernelBank.open(bank.path, mode="r+")
-    other._mark_bad({0: "found bad meanwhile"})  # another writer's change after the writer read the arrays
+    integrity.record_bad(other, {0: "found bad meanwhile"})  # another writer's change after the writer read the arrays
     stats = {k: other._meta(k)[2:4] for k in ("trace", "fro", "lambda_max", "norm_factor", "checksum")}
     writer.record(2, stats)
     writer.flush()

@@ -15,7 +15,7 @@ from _disk import tmpfs
 
 from mklscale import MKLClassifier
 from mklscale.bank import KernelBank, build_bank, families
-from mklscale.bank.cache import disk_usage
+from mklscale.bank.storage.local import disk_usage
 from mklscale.bank.size import BankTooLargeError, bank_bytes, check_fits, human
 from mklscale.cli import main as cli
 from mklscale.errors import InvalidInputError, NotABankError

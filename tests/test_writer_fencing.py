@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from _slow_build import slow_shard_writes, wait_for_kernels
 
-from mklscale.bank import KernelBank, build, build_bank, families
+from mklscale.bank import KernelBank, build_bank, families, shards
 from mklscale.bank.storage import objlock, objstore
 from mklscale.bank.storage.location import bank_location
 from mklscale.bank.storage.objstore import ObjectBank
@@ -56,14 +56,14 @@ def _lock_record(s3_server, bucket: str, key: str) -> dict | None:
 
 
 def _slow_writes(monkeypatch, seconds: float) -> None:
-    write = build._write_shard
+    write = shards._write_shard
 
     def slow(*a, **k):
         time.sleep(seconds)
         write(*a, **k)
 
-    monkeypatch.setattr(build, "_write_shard", slow)
-    monkeypatch.setattr(build, "BUILD_THREADS", 1)
+    monkeypatch.setattr(shards, "_write_shard", slow)
+    monkeypatch.setattr(shards, "BUILD_THREADS", 1)
 
 
 # ---- S3: fencing --------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from mklscale.bank.storage.local import disk_usage
 from mklscale.bank.storage.writer_lock import bank_writer
 from mklscale.errors import BankLockedError, InvalidInputError
 
@@ -185,14 +186,3 @@ def _locked(path: Path, shared: bool, wait: bool) -> Iterator[bool]:
             yield True
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def disk_usage(path: str | os.PathLike) -> int:
-    """Bytes of the files under ``path`` (allocated blocks where the platform says, else their sizes)."""
-    total = 0
-    for root, _, files in os.walk(path):
-        for f in files:
-            with contextlib.suppress(FileNotFoundError):
-                st = os.stat(os.path.join(root, f), follow_symlinks=False)
-                total += st.st_blocks * 512 if hasattr(st, "st_blocks") else st.st_size
-    return total

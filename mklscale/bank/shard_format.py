@@ -11,7 +11,7 @@ is zarr v3 with sharding: one file per shard, ``gram/c/<s>/0/0`` (``shard_path``
 with ``kernels_per_chunk`` whole kernels (C order) per inner chunk, the last one zero-padded, and
 both index entries of a chunk past the end of the bank 2^64 - 1. ``index_nbytes`` is the size of
 the tail, ``chunk_offsets`` reads and checks it. ``write_shard_file`` writes such a file (the
-build, ``build.build_shard``); ``KernelBank.read_shard`` and the engine's
+build, ``shards.build_shard``); ``KernelBank.read_shard`` and the engine's
 ``mklscale.engine.reader`` read it directly, bypassing zarr, for banks where
 ``KernelBank.plain_layout`` is True.
 """

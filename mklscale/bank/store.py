@@ -1,21 +1,16 @@
 """KernelBank: an opened kernel bank, the zarr v3 store of M Gram matrices (or, in a factor bank, of
 their factors L_m with K~_m = L_m L_m^T: ``representation``, ``factor``) and their per-kernel metadata.
 
-The bank's arrays and attributes, and how its group is created: ``group``; the bytes of its shard
-files: ``shard_format``. ``KernelBank.repair`` is ``build.repair_bank``, attached by the package
-(``mklscale.bank``) so that this module does not import the build.
+The bank's arrays and attributes, and how its group is created: ``group``; the bytes of its shards:
+``shard_format``; where they live: ``storage`` (``KernelBank.storage``, a folder, an object store).
 
-Integrity. ``verify`` re-reads kernels and compares their crc32c with ``checksum``. A kernel it finds
-bad (flipped bytes, a missing or truncated shard file) is recorded on disk, when the store is
-writable: its ``complete`` flag is cleared and ``attrs["integrity"]["bad"][str(m)]`` keeps the
-reason. Everything that refuses unfinished kernels (the Engine, ``require_complete``) therefore
+Integrity (``integrity``: ``verify``, ``repair`` and the record of bad kernels). A kernel ``verify``
+finds bad is recorded in the bank: its ``complete`` flag is cleared and ``attrs["integrity"]``
+keeps the reason, so everything that refuses unfinished kernels (the Engine, ``require_complete``)
 refuses corrupt ones without re-reading the bank on every open, and ``allow_incomplete=True`` runs
-on the rest. A recorded reason counts only while the kernel's ``complete`` flag is clear, so a
-rebuild or ``repair`` (which set it again) retires it. ``repair`` recomputes bad kernels from their
-specs (banks built from features only). The metadata that changes results (normalisation factor,
-trace, fro, lambda_max, the data checksum, a factor bank's rank, landmarks, transform and errors,
-the spec) is covered per kernel by ``meta_checksum``
-(``stats.meta_checksum``), which verify compares too. Passes check every kernel's bytes as they
+on the rest. The metadata that changes results (normalisation factor, trace, fro, lambda_max, the
+data checksum, a factor bank's rank, landmarks, transform and errors, the spec) is covered per
+kernel by ``meta_checksum`` (``stats.meta_checksum``). Passes check every kernel's bytes as they
 read them (``engine.reader``, "Integrity on read"), so a damaged kernel is an error, never a result.
 
 Writers. Everything that writes a bank (``from_arrays``, ``build.build_bank``, ``repair``,
@@ -32,16 +27,15 @@ checks, group creation, filesystem errors) stay importable from here under their
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import zarr
 
-from mklscale.bank import shard_format
+from mklscale.bank import integrity, shard_format
+from mklscale.bank.integrity import VerifyReport
 from mklscale.bank.factor import factor_rows
 from mklscale.bank.direct_io import DIRECT_ALIGN, aligned_empty, write_direct
 from mklscale.bank.fs_errors import disk_full_message, raise_store_error, require_writable
@@ -66,7 +60,6 @@ from mklscale.errors import (
     BankCorruptError,
     BankIncompleteError,
     InvalidInputError,
-    ObjectStoreError,
     SpecError,
 )
 
@@ -80,49 +73,8 @@ __all__ = [
 ]
 
 
-@dataclass
-class VerifyReport:
-    """What ``KernelBank.verify`` found: kernels whose bytes do not match their checksum."""
-
-    checked: int
-    bad: list[tuple[int, str, str]] = field(default_factory=list)  # (index, name, reason)
-    incomplete: list[int] = field(default_factory=list)
-    #: True: newly found bad kernels were marked unfinished on disk; False: the store is read-only
-    #: and they could not be; None: nothing new to mark.
-    marked: bool | None = None
-    #: damage of the bank as a whole (its stored features X), beside the kernels'
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.bad and not self.incomplete and not self.problems
-
-    @property
-    def bad_indices(self) -> list[int]:
-        return [b[0] for b in self.bad]
-
-    def __str__(self) -> str:
-        lines = [f"checked {self.checked} kernel(s): " + ("OK" if self.ok else "PROBLEMS")]
-        lines += [f"  kernel {m} ({name}): {why}" for m, name, why in self.bad]
-        lines += [f"  {problem}" for problem in self.problems]
-        if self.incomplete:
-            shown = ", ".join(map(str, self.incomplete[:20]))
-            more = "" if len(self.incomplete) <= 20 else f" ... (+{len(self.incomplete) - 20})"
-            lines.append(f"  {len(self.incomplete)} kernel(s) not built yet: {shown}{more}")
-        if self.bad:
-            lines.append("  bad kernels are marked unfinished in the bank (solvers skip or refuse them); "
-                         "run `mklscale bank repair PATH` to recompute them" if self.marked is not False else
-                         "  the store is read-only, so bad kernels could not be marked; copy the bank to a "
-                         "writable folder and run `mklscale bank repair PATH` there")
-        return "\n".join(lines)
-
-
 class KernelBank:
     """An opened bank. ``len(bank)`` is M, ``bank.n`` the number of training points."""
-
-    #: ``bank.repair(kernels=None, client=None, progress=True)``: ``build.repair_bank`` (returns its
-    #: ``RepairReport``), attached by ``mklscale.bank``: the build imports this module, not the reverse.
-    repair: Callable[..., object]
 
     def __init__(self, path: str | os.PathLike | Storage, group: zarr.Group):
         #: where the bank's bytes live (``storage``: a folder, an object store, ...)
@@ -334,12 +286,13 @@ class KernelBank:
         if "X" not in self._group:
             return None
         X = self._group["X"][:]
-        problem = self._X_problem(X)
+        problem = self.X_problem(X)
         if problem:
             raise BankCorruptError(f"bank {self.path}: {problem}")
         return X
 
-    def _X_problem(self, X: np.ndarray) -> str | None:
+    def X_problem(self, X: np.ndarray) -> str | None:
+        """What is wrong with the stored features ``X`` (their crc32c does not match), or None."""
         expected = self._attrs.get("X_checksum")
         if expected is None or checksum(np.asarray(X)) == int(expected):
             return None
@@ -597,113 +550,28 @@ class KernelBank:
                             attrs={"normalize": str(self.normalize), "path": str(self.path),
                                    "representation": self.representation})
 
-    # ---- integrity ----------------------------------------------------------------------------
+    # ---- integrity (``integrity``) ---------------------------------------------------------------
     def verify(self, kernels: Sequence[int] | None = None, threads: int = 4, progress: bool = False,
                mark_bad: bool = True, wait: bool | float = True) -> VerifyReport:
-        """Re-read every complete kernel, recompute its crc32c and compare with the recorded one.
+        """``integrity.verify`` of this bank: re-read kernels and compare their crc32c, record bad ones."""
+        return integrity.verify(self, kernels, threads, progress, mark_bad, wait)
 
-        A missing, truncated or garbled shard file makes all of its kernels bad (the reason says
-        which). With ``mark_bad`` (default) newly found bad kernels are recorded on disk (module
-        docstring, "Integrity"): their ``complete`` flag is cleared, so solvers refuse them until
-        ``repair``; on a read-only store this is skipped and ``report.marked`` is False. Kernels
-        recorded bad by an earlier verify are reported bad again, with their recorded reason.
-        Marking takes the bank's writer lock (``writer_lock``); ``wait`` says what to do while another
-        process holds it (a build or repair): True waits, False or a number of seconds raise
-        BankLockedError when it is still held.
-        """
-        from tqdm.auto import tqdm
+    def repair(self, kernels: Sequence[int] | None = None, client=None, progress: bool = True,
+               wait: bool | float = True):
+        """``integrity.repair`` of this bank: recompute bad or unfinished kernels from their specs;
+        returns its ``RepairReport``."""
+        return integrity.repair(self.storage, type(self).open, kernels, client, progress, wait)
 
-        complete = self.complete
-        sel = np.arange(self.M) if kernels is None else np.array([self._check_index(m) for m in kernels], dtype=np.int64)
-        recorded = self.recorded_bad()
-        report = VerifyReport(checked=0)
-        report.bad = [(int(m), self.specs[m].name, f"{recorded[m]} (found by an earlier verify)")
-                      for m in sel if int(m) in recorded]
-        report.incomplete = [int(m) for m in sel if not complete[m] and int(m) not in recorded]
-        todo = np.array([m for m in sel if complete[m]], dtype=np.int64)
-        report.checked = int(todo.size)
-        S = self.kernels_per_shard
-        groups = [todo[(todo // S) == s] for s in np.unique(todo // S)]
-        if "X" in self._group:
-            try:
-                problem = self._X_problem(self._group["X"][:])
-            except Exception as exc:  # an undecodable chunk
-                problem = f"the stored features X cannot be read ({type(exc).__name__}: {exc})"
-            report.problems += [problem] if problem else []
-        found: list[tuple[int, str, str]] = self._check_metadata(todo)
-        with ThreadPoolExecutor(max(1, threads)) as pool:
-            for bad in tqdm(pool.map(self._check_shard, groups), total=len(groups), disable=not progress,
-                            unit="shard", desc="verify"):
-                found += bad
-        found = sorted({m: (m, name, why) for m, name, why in found}.values())  # one reason per kernel
-        if found and mark_bad:
-            report.marked = self._mark_bad({m: why for m, _, why in found}, wait)
-        report.bad = sorted(report.bad + found)
-        return report
-
-    def _check_shard(self, ms: np.ndarray) -> list[tuple[int, str, str]]:
-        """(kernel, name, reason) for the kernels ms (all of one shard) whose stored bytes are bad."""
-        S = self.kernels_per_shard
-        s = int(ms[0]) // S
-        if self.plain_layout and self.storage.size(self.shard_key(s)) is None:
-            where = self.storage.describe(self.shard_key(s))
-            return [(int(m), self.specs[m].name, f"shard {where} is missing") for m in ms]
-        try:
-            block = self.read_shard(s)
-        except Exception as exc:  # a truncated or garbled shard fails to decode
-            return [(int(m), self.specs[m].name, f"unreadable: {type(exc).__name__}: {exc}") for m in ms]
-        expected = self.checksums
-        return [(int(m), self.specs[m].name, "checksum mismatch")
-                for m in ms if checksum(block[m - s * S]) != int(expected[m])]
-
-    def _check_metadata(self, ms: np.ndarray) -> list[tuple[int, str, str]]:
-        """(kernel, name, reason) for the kernels ms whose recorded normalisation, statistics or spec
-        disagree with their ``meta_checksum`` (banks written before it existed: none)."""
-        if "meta_checksum" not in self._group:
-            return []
-        recorded, now = self._group["meta_checksum"][:][ms], meta_checksums(self._group, ms)
-        return [(int(m), self.specs[m].name, "its recorded normalisation factor, statistics or spec do not match "
-                 "their checksum (metadata edited or damaged)") for m, r, c in zip(ms, recorded, now) if r != c]
-
-    def _mark_bad(self, bad: dict[int, str], wait: bool | float = True) -> bool:
-        """Record kernels found bad, holding the writer lock: the reason in ``attrs["integrity"]``
-        first, then clear their ``complete`` flags, reading the flags of the other kernels from disk
-        under the lock (each write is atomic). Returns False when the store is read-only."""
-        try:
-            with self.storage.writer("verify (marking bad kernels)", wait) as target:
-                group = target.open_group("r+")
-                record = dict((group.attrs.get("integrity") or {}).get("bad") or {})
-                record.update({str(m): why for m, why in bad.items()})
-                group.attrs["integrity"] = {"bad": record, "verified": creation_info()["time"]}
-                flags = group["complete"][:]
-                flags[list(bad)] = False
-                group["complete"][:] = flags
-        except ObjectStoreError:  # an object store that cannot be reached is not a read-only one
-            raise
-        except OSError:  # read-only or full: report without marking
-            return False
-        finally:
-            self._reload()
-        return True
-
-    def forget_bad(self, kernels: Sequence[int]) -> None:
-        """Drop the recorded reasons of ``kernels`` (after they were recomputed)."""
-        group = self._open_group("r+")
-        record = dict((group.attrs.get("integrity") or {}).get("bad") or {})
-        if any(str(int(m)) in record for m in kernels):
-            for m in kernels:
-                record.pop(str(int(m)), None)
-            group.attrs["integrity"] = {"bad": record, "verified": (group.attrs.get("integrity") or {}).get("verified")}
-        self._reload()
-
-    def _reload(self) -> None:
+    def reload(self) -> None:
         """Re-read the group's metadata (attributes written through another handle)."""
-        self._group = self._open_group(self._mode)
+        self._group = self.storage.open_group(self._mode)
         self._attrs = self._group.attrs.asdict()
         self._data = self._group[data_array_name(self.representation)]
 
-    def _open_group(self, mode: str) -> zarr.Group:
-        return self.storage.open_group(mode)
+    @property
+    def group(self) -> zarr.Group:
+        """The bank's zarr group (its arrays and attributes), opened in the bank's mode."""
+        return self._group
 
     # ---- cross kernels ------------------------------------------------------------------------
     def standardize(self, X: np.ndarray) -> np.ndarray:

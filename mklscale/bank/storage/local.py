@@ -238,8 +238,6 @@ class LocalStorage(Storage):
         return f"file {self._file(key)}"
 
     def total_bytes(self) -> int:
-        from mklscale.bank.cache import disk_usage
-
         return disk_usage(self.location)
 
     def room(self) -> tuple[int, str]:
@@ -259,7 +257,7 @@ class LocalStorage(Storage):
         group = self.open_group(mode)
         if group is None:
             raise NotABankError(f"{self.location} exists but is not an mklscale kernel bank (no bank metadata found); "
-                                "give the folder written by build_bank / `mklscale bank build`")
+                                "give the folder written by `mklscale bank build` (or by build_bank)")
         if mode != "r":
             require_writable(self.location)
         return group
@@ -352,6 +350,17 @@ class LocalStorage(Storage):
             swap_into_place(staged, dst)
         finally:
             shutil.rmtree(staged, ignore_errors=True)
+
+
+def disk_usage(path: str | os.PathLike) -> int:
+    """Bytes of the files under ``path`` (allocated blocks where the platform says, else their sizes)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(FileNotFoundError):
+                st = os.stat(os.path.join(root, f), follow_symlinks=False)
+                total += st.st_blocks * 512 if hasattr(st, "st_blocks") else st.st_size
+    return total
 
 
 def _mount_point(folder: Path) -> str:
