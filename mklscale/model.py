@@ -14,7 +14,7 @@ with the bank's normalisation applied to the standardised features:
     k~_m(x, z) = k_m(x~, z~) * factor_m          ("trace": factor_m = 1 / trace K_m(X_train))
     k~_m(x, z) = k_m(x~, z~) / sqrt(k_m(x~, x~) k_m(z~, z~))   ("diag")
 
-Only the kept kernels are evaluated, and only against the rows S (``bank.normalize.normalize_block`` and
+Only the kept kernels are evaluated, and only against the rows S (``bank.normalize.cross_kernels`` and
 ``KernelSpec.compute`` = ``from_base(base(.))``, as ``KernelBank.cross`` does, so the values are those
 of the bank's cross kernels restricted to S; kernels sharing a pairwise base reuse it). The stored training rows are the STANDARDISED rows of the bank
 (``bank.X_train[S]``), which is what makes the model's cross kernels bit-identical to the bank's.
@@ -67,7 +67,7 @@ import numpy as np
 
 from mklscale.bank.spec import KernelSpec
 from mklscale.bank.inputs import validate_features
-from mklscale.bank.normalize import normalize_block
+from mklscale.bank.normalize import cross_kernels
 from mklscale.errors import InvalidInputError, MKLScaleError, ModelFileError
 from mklscale.model_checks import TASKS, check_model
 from mklscale.model_factor import FactorTerms
@@ -342,14 +342,7 @@ class MKLModel:
     def _decision_batch(self, Xs: np.ndarray) -> np.ndarray:
         F = np.zeros((Xs.shape[0], self.n_heads))
         coef = self.dual_coef.T  # (r, H)
-        bases: dict[tuple, np.ndarray] = {}
-        for k, spec in enumerate(self.specs):
-            # spec.compute(Xs, X_rows) is from_base(base(Xs, X_rows)); kernels sharing a base (e.g. the
-            # Gaussian widths on one feature set, adjacent in bank order) reuse it, as the build does.
-            if spec.base_key not in bases:
-                bases = {spec.base_key: spec.base(Xs, self.X_rows)}
-            K = normalize_block(spec.from_base(bases[spec.base_key]), self.normalize, self.norm_factor[k], spec,
-                                Xs, self.X_rows)
+        for k, K in cross_kernels(self.specs, Xs, self.X_rows, self.normalize, self.norm_factor):
             F += K @ (coef * self.weights[:, k])
         return F + self.bias
 

@@ -51,7 +51,7 @@ from mklscale.bank.group import (
 from mklscale.bank.storage import Storage, storage_for
 from mklscale.bank.metadata import read_metadata
 from mklscale.bank.inputs import DTYPES, NORMALIZATIONS, check_gram, validate_dtype, validate_features
-from mklscale.bank.normalize import normalize_block
+from mklscale.bank.normalize import cross_kernels, normalize_block
 from mklscale.bank.shard_format import write_shard_file
 from mklscale.bank.size import check_fits
 from mklscale.bank.spec import KernelSpec
@@ -605,12 +605,9 @@ class KernelBank:
             raise SpecError(f"bank {self.path} was imported from Gram matrices and holds no features; "
                             "it cannot compute cross kernels for new data (import them with cross_grams=)")
         Xs = self.standardize(X_new)
-        Xt = self.X_train
-        factor = self.norm_factor
         out = np.empty((len(idx), Xs.shape[0], self.n))
-        for k, m in enumerate(idx):
-            spec = self.specs[m]
-            out[k] = normalize_block(spec.compute(Xs, Xt), self.normalize, factor[m], spec, Xs, Xt)
+        for k, K in cross_kernels([self.specs[m] for m in idx], Xs, self.X_train, self.normalize, self.norm_factor[idx]):
+            out[k] = K
         return out
 
 
