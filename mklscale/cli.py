@@ -602,9 +602,9 @@ def _saved_kernels(path: Path) -> str:
     """'K of M kernels are saved in PATH' for a bank a stop interrupted (or 'nothing was saved'); a
     build stopped while it waited for another writer says that it wrote nothing."""
     from mklscale.bank import KernelBank
-    from mklscale.bank.store import other_writer
+    from mklscale.bank.storage import storage_for
 
-    other = other_writer(bank_location(path))
+    other = storage_for(bank_location(path)).other_writer()
     if other:
         return f"it was waiting for {other} to finish writing {path} and wrote nothing"
     try:

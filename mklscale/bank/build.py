@@ -7,7 +7,7 @@ again with the same arguments, recomputes exactly the unfinished shards. ``repai
 (``KernelBank.repair``, ``integrity.repair``) reuses the same tasks to recompute shards holding
 kernels that ``verify`` found bad.
 
-Builds and repairs hold the bank's writer lock (``store.writing``, ``writer_lock``) from before
+Builds and repairs hold the bank's writer lock (``Storage.writer``: ``writer_lock``, ``objlock``) from before
 they look at the path until they return, so one process writes a bank at a time. Shard tasks get
 the bank's absolute path; on a cluster every worker must first show that it sees the driver's
 folder (``runtime.cluster.require_shared_folder``), and a task never creates a bank folder.
@@ -31,7 +31,7 @@ from mklscale.bank.shards import compute_shards, unfinished_shards
 from mklscale.bank.size import check_fits
 from mklscale.bank.spec import KernelSpec, specs_to_json
 from mklscale.bank.storage import storage_for
-from mklscale.bank.store import KernelBank, prepare_path, refuse_target, writing
+from mklscale.bank.store import KernelBank, prepare_path, refuse_target
 from mklscale.errors import InvalidInputError, SpecError
 
 
@@ -114,7 +114,7 @@ def build_bank(
     check_fits(storage, len(specs), X.shape[0], dt.name, None if factor is None else factor.rank, n_features=X.shape[1],
                chunk_mb=chunk_mb, shard_mb=shard_mb, action=action)
     # one writer per bank (``writer_lock``; ``objlock`` on an object store, whose writes go through the fenced URL)
-    with writing(storage, "build", wait) as target:
+    with storage.writer("build", wait) as target:
         action = prepare_path(target, overwrite=overwrite, fingerprint=fingerprint)
         if action != "resume":
             attrs = {

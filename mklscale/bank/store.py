@@ -14,7 +14,7 @@ kernel by ``meta_checksum`` (``stats.meta_checksum``). Passes check every kernel
 read them (``engine.reader``, "Integrity on read"), so a damaged kernel is an error, never a result.
 
 Writers. Everything that writes a bank (``from_arrays``, ``build.build_bank``, ``repair``,
-``verify``'s marking) holds its writer lock (``writer_lock``; ``writing`` also sweeps a killed
+``verify``'s marking) holds its writer lock (``Storage.writer``; in a folder it also sweeps a killed
 writer's temporary files and refuses symbolic links leading out of the store). Opening a bank
 checks its metadata (``metadata.read_metadata``): damage raises BankCorruptError naming it.
 
@@ -27,8 +27,7 @@ checks, group creation, filesystem errors) stay importable from here under their
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -64,7 +63,7 @@ from mklscale.errors import (
 )
 
 __all__ = [
-    "KernelBank", "VerifyReport", "prepare_path", "refuse_target", "writing",
+    "KernelBank", "VerifyReport", "prepare_path", "refuse_target",
     # moved to the modules named above; still importable from here
     "DIRECT_ALIGN", "DTYPES", "NORMALIZATIONS", "PER_KERNEL_FLOATS", "SCHEMA_VERSION", "aligned_empty",
     "checksum", "create_bank_group", "creation_info", "disk_full_message", "json_attr", "kernel_stats",
@@ -631,20 +630,3 @@ def refuse_target(path, overwrite: bool, fingerprint: str | None) -> str:
     builds call it before they take the writer lock too, so that input refused here leaves even the
     lock file untouched. ``Storage.refuse_target``."""
     return storage_for(path).refuse_target(overwrite, fingerprint, KernelBank.open)
-
-
-@contextmanager
-def writing(path, what: str, wait: bool | float = True) -> Iterator[Storage]:
-    """Hold the writer lock of the bank at ``path`` (one writer per bank; ``wait`` as
-    ``Storage.writer``) and yield the storage to write through, made safe to write: in a folder,
-    temporary files a killed writer left are removed and a store holding a symbolic link that leads
-    out of it is refused (BankCorruptError); on an object store it is fenced by the lock
-    (``objlock``, "Fencing": every write checks the lock is still this writer's)."""
-    with storage_for(path).writer(what, wait) as target:
-        yield target
-
-
-def other_writer(path) -> str | None:
-    """Who else holds the writer lock of the bank at ``path`` now ('pid 12 on host h (build since
-    ...)'), or None when nobody or this process does (a stopped build says which it was)."""
-    return storage_for(path).other_writer()

@@ -5,7 +5,7 @@ Objects and files have the same names (``storage``), so a copy (``Storage.instal
 to an object store the root ``zarr.json`` goes last (after a ``.mklscale-creating`` marker, removed
 at the end), so the destination is a bank only once all of it is there; to a folder the copy is
 staged beside the destination and renamed into place (``runtime.atomic.swap_into_place``). The copy
-holds the destination's writer lock (``store.writing``) and never waits for another writer: a bank
+holds the destination's writer lock (``Storage.writer``) and never waits for another writer: a bank
 being built or repaired there is refused (BankLockedError).
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from mklscale.bank.size import human
 from mklscale.bank.storage import storage_for
-from mklscale.bank.store import KernelBank, VerifyReport, writing
+from mklscale.bank.store import KernelBank, VerifyReport
 from mklscale.errors import InvalidInputError
 
 
@@ -26,7 +26,7 @@ def copy_bank(src, dst, *, overwrite: bool = False, progress: bool = False) -> V
         raise InvalidInputError(f"bank copy: the source and the destination are the same ({source})")
     KernelBank.open(source)  # NotABankError, ObjectStoreError... before anything is written
     _check_room(source, target)
-    with writing(target, "copy (bank copy)", wait=False) as fenced:  # one writer per bank, the copy too
+    with target.writer("copy (bank copy)", wait=False) as fenced:  # one writer per bank, the copy too
         fenced.install(source, overwrite)
     return KernelBank.open(target).verify(progress=progress, mark_bad=False)
 
