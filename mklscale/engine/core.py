@@ -16,7 +16,9 @@
 A pass is a Dask graph with one task per group of kernels of one shard (``plan``); each task reads
 its kernels itself from the bank path (``tasks``, ``reader``) and folds them into float64 numbers
 with the numba kernels of ``kernels`` (a factor bank, K_m = L_m L_m^T: ``factor_tasks`` and
-``factor_kernels``, O(n r) per kernel and vector). Results are placed by kernel index and every number has one
+``factor_kernels``, O(n r) per kernel and vector). Which task module, and how a cached kernel is
+folded in the driver, is the bank's kernel representation's (``representation.py``): no operation
+here tests the representation. Results are placed by kernel index and every number has one
 fixed summation order, so they are bit-identical on the threaded default and on any cluster, with
 any number of workers, and when workers die mid-pass. Kernels held in the cache are computed in
 the driver with the same kernels, giving the same bits without touching the cluster.
