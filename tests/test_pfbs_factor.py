@@ -18,7 +18,8 @@ from mklscale.engine.memory import InMemoryFactorEngine
 from mklscale.errors import InvalidInputError
 from mklscale.solvers import paths, pfbs
 from mklscale.solvers.pfbs import _lambda_max_of_factor
-from mklscale.solvers.toolkit.lowrank import pivoted_cholesky, woodbury_solve
+from mklscale.engine.representation import pivoted_cholesky
+from mklscale.solvers.toolkit.lowrank import woodbury_solve
 from mklscale.solvers.toolkit.working_set import HeldKernels
 
 

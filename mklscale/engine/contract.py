@@ -31,6 +31,9 @@ The operations, with K_m the m-th kernel (n x n, PSD) of M:
                                             keep=False: the engine keeps no copy of its own
     block_nbytes                            bytes of one kernel as ``blocks`` returns it
     representation, rank                    "dense" (rank None) or "factor" (rank r: columns of L_m)
+    kernel_representation                   the Representation object of ``representation``
+                                            (engine/representation.py): every operation that differs
+                                            between representations, for the engine and the solver toolkit
     working_set_budget                      bytes of kernels a solver may hold by default (None: no cap)
     counters()                              Counters(passes, bytes_read) so far: passes are calls that
                                             read every kernel; bytes are kernel bytes read from storage
@@ -46,6 +49,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from mklscale.engine import representation as _representation
 from mklscale.engine import validate
 from mklscale.errors import InvalidInputError
 
@@ -69,6 +73,12 @@ class KernelEngine(ABC):
     def rank(self) -> int | None:
         """Columns r of every stored factor L_m; None for a dense engine."""
         return None
+
+    @property
+    def kernel_representation(self) -> _representation.Representation:
+        """The :class:`~mklscale.engine.representation.Representation` of ``representation``: solvers
+        and the toolkit ask it for what differs between dense and factor kernels, never the name."""
+        return _representation.of(self.representation)
 
     @property
     @abstractmethod
@@ -115,9 +125,7 @@ class KernelEngine(ABC):
         """(n, R) float64 F with F F^T = sum_m weights[m] K_m: the factors sqrt(w_m) L_m of the
         kernels with w_m > 0, side by side in index order (factor engines only), read through
         ``blocks`` (and any cache behind it)."""
-        if self.representation != "factor":
-            raise InvalidInputError(f"{type(self).__name__} stores dense kernels, which have no factors; "
-                                    "use combine(weights) for the (n, n) combination")
+        self.kernel_representation.check_stored_factors(self)
         w = validate.weights(weights, self.M)
         if np.any(w < 0):
             raise InvalidInputError("combine_factors needs non-negative weights (sqrt(w_m) L_m); "

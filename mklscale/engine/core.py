@@ -16,7 +16,9 @@
 A pass is a Dask graph with one task per group of kernels of one shard (``plan``); each task reads
 its kernels itself from the bank path (``tasks``, ``reader``) and folds them into float64 numbers
 with the numba kernels of ``kernels`` (a factor bank, K_m = L_m L_m^T: ``factor_tasks`` and
-``factor_kernels``, O(n r) per kernel and vector). Results are placed by kernel index and every number has one
+``factor_kernels``, O(n r) per kernel and vector). Which task module, and how a cached kernel is
+folded in the driver, is the bank's kernel representation's (``representation.py``): no operation
+here tests the representation. Results are placed by kernel index and every number has one
 fixed summation order, so they are bit-identical on the threaded default and on any cluster, with
 any number of workers, and when workers die mid-pass. Kernels held in the cache are computed in
 the driver with the same kernels, giving the same bits without touching the cluster.
@@ -29,9 +31,7 @@ import time
 
 import numpy as np
 
-from mklscale.engine import factor_tasks, tasks, validate
-from mklscale.engine import factor_kernels as F
-from mklscale.engine import kernels as K
+from mklscale.engine import tasks, validate
 from mklscale.engine.cache import BlockCache, parse_bytes
 from mklscale.engine.contract import Counters, KernelEngine
 from mklscale.engine.plan import TASK_BYTES, blocks_of, split_by_shard, tree_pairs
@@ -115,8 +115,6 @@ class Engine(KernelEngine):
         # tasks reopen the bank from this: a resolved folder, or the ObjectURL of a bank on an object store
         self._path = bank.storage.worker_location
         self.representation: str = bank.representation
-        self._factor = self.representation == "factor"
-        self._tasks = factor_tasks if self._factor else tasks
         self._kernel_bytes = int(np.prod(bank.block_shape)) * bank.dtype.itemsize
         self._task_bytes = int(task_bytes)
         self._cache = BlockCache(parse_bytes(cache_bytes))
@@ -273,36 +271,21 @@ class Engine(KernelEngine):
         - ``U`` (k, n): (M, k) / (len(kernels), k), all k vectors from one read of each kernel.
         - ``per_kernel=True``: ``U`` (len(kernels), n), one vector per kernel: (len(kernels),)
           with entry p = U[p]^T K_{kernels[p]} U[p] (kernels=None means all M, U (M, n)).
+
+        Kernels in the block cache are computed in the driver by the representation's ``quad``,
+        the same numba kernels as the tasks (same bits).
         """
+        rep = self.kernel_representation
         if per_kernel:
             idx, full = self._selection(np.arange(self.M) if kernels is None else kernels)
             Up = validate.per_kernel_vectors(U, len(idx), self.n)
-            V, S = np.zeros((1, self.n)), np.zeros((8, 16))
-
-            def local(block, p):
-                u = Up[p:p + 1]
-                if self._factor:
-                    return factor_tasks.local_quad(block, u)[0]
-                out = np.empty((1, 1))
-                K.quad_kernels(block[None], u, np.ascontiguousarray(u.T), out, V, S, False, K.ROW_BLOCK)
-                return out[0, 0]
-
-            return self._evaluate("quad_forms", idx, (), self._tasks.quad_each_task, per_pos=Up, local=local,
-                                  full=kernels is None)
+            return self._evaluate("quad_forms", idx, (), rep.tasks.quad_each_task, per_pos=Up,
+                                  local=lambda block, p: rep.quad(block, Up[p:p + 1])[0], full=kernels is None)
         U2, one = validate.vectors(U, self.n)
         idx, full = self._selection(kernels)
         k = U2.shape[0]
-        Ut = np.ascontiguousarray(U2.T)
-        V, S = np.zeros((k, self.n)), np.zeros((8, 16))
-
-        def local(block, p):
-            if self._factor:
-                return factor_tasks.local_quad(block, U2)
-            out = np.empty((1, k))
-            K.quad_kernels(block[None], U2, Ut, out, V, S, False, K.ROW_BLOCK)
-            return out[0]
-
-        res = self._evaluate("quad_forms", idx, (k,), self._tasks.quad_task, shared=(U2,), local=local, full=full)
+        res = self._evaluate("quad_forms", idx, (k,), rep.tasks.quad_task, shared=(U2,),
+                             local=lambda block, p: rep.quad(block, U2), full=full)
         if full:
             res = self._full(idx, res, (k,))
         return res[:, 0] if one else res
@@ -313,32 +296,17 @@ class Engine(KernelEngine):
         ``U`` (n,) -> (len, n); ``U`` (k, n) -> (len, k, n); ``per_kernel=True`` with ``U``
         (len(kernels), n) -> (len, n), row p = K_{kernels[p]} U[p].
         """
-        n = self.n
+        n, rep = self.n, self.kernel_representation
         if per_kernel:
             idx, _ = self._selection(np.arange(self.M) if kernels is None else kernels)
             Up = validate.per_kernel_vectors(U, len(idx), n)
-
-            def local(block, p):
-                if self._factor:
-                    return factor_tasks.local_matvec(block, Up[p:p + 1])[0]
-                out = np.empty((1, n))
-                K.matvec_rows(block, 0, Up[p:p + 1], out)
-                return out[0]
-
-            return self._evaluate("matvecs", idx, (n,), self._tasks.matvec_each_task, per_pos=Up,
-                                  local=local, full=kernels is None)
+            return self._evaluate("matvecs", idx, (n,), rep.tasks.matvec_each_task, per_pos=Up,
+                                  local=lambda block, p: rep.matvec(block, Up[p:p + 1])[0], full=kernels is None)
         U2, one = validate.vectors(U, n)
         idx, full = self._selection(kernels)
         k = U2.shape[0]
-
-        def local(block, p):
-            if self._factor:
-                return factor_tasks.local_matvec(block, U2)
-            out = np.empty((k, n))
-            K.matvec_rows(block, 0, U2, out)
-            return out
-
-        res = self._evaluate("matvecs", idx, (k, n), self._tasks.matvec_task, shared=(U2,), local=local, full=full)
+        res = self._evaluate("matvecs", idx, (k, n), rep.tasks.matvec_task, shared=(U2,),
+                             local=lambda block, p: rep.matvec(block, U2), full=full)
         if full:
             res = self._full(idx, res, (k, n))
         return res[:, 0] if one else res
@@ -347,11 +315,9 @@ class Engine(KernelEngine):
         """<K_m, T>_F = sum_ij K_m[i, j] T[i, j] for a dense (n, n) T: (M,) or (len(kernels),)."""
         T2 = validate.square(T, self.n)
         idx, full = self._selection(kernels)
-        if self._factor:
-            local = lambda block, p: F.frobenius_with(block, T2)  # noqa: E731
-        else:
-            local = lambda block, p: K.frob_rows(block, 0, T2, 0.0)  # noqa: E731
-        res = self._evaluate("frobenius", idx, (), self._tasks.frob_task, shared=(T2,), local=local, full=full)
+        rep = self.kernel_representation
+        res = self._evaluate("frobenius", idx, (), rep.tasks.frob_task, shared=(T2,),
+                             local=lambda block, p: rep.frobenius(block, T2), full=full)
         return self._full(idx, res, ()) if full else res
 
     def combine(self, weights) -> np.ndarray:
@@ -362,6 +328,7 @@ class Engine(KernelEngine):
         kernel after kernel from zero, and the block sums are added over a fixed pairwise tree.
         """
         t0 = time.perf_counter()
+        rep = self.kernel_representation
         w = validate.weights(weights, self.M)
         support = np.flatnonzero(w != 0)
         self._selection(support)
@@ -374,16 +341,13 @@ class Engine(KernelEngine):
             for g in groups:
                 acc = np.zeros((self.n, self.n))
                 for m in g:
-                    if self._factor:
-                        F.add_outer(self._cache.get(m), float(w[m]), acc)
-                    else:
-                        K.axpy_rows(self._cache.get(m), 0, float(w[m]), acc)
+                    rep.add_to(self._cache.get(m), float(w[m]), acc)
                 partials.append(acc)
             for level in tree_pairs(len(partials)):
                 partials = [tasks.add(partials[a], partials[b]) if b >= 0 else partials[a] for a, b in level]
             self._record("combine", t0, 0, support.size, 0, False)
             return partials[0]
-        calls = [(self._tasks.combine_task, self._path, g, w[g]) for g in groups]
+        calls = [(rep.tasks.combine_task, self._path, g, w[g]) for g in groups]
         result = self._runner.run("combine", calls, reduce_sum=True)[0]
         self._record("combine", t0, support.size, 0, len(calls), support.size == self.M)
         return result
@@ -392,25 +356,19 @@ class Engine(KernelEngine):
         """(p, p) matrix of <K_i, K_j>_F for the kernels given (all M for None), computed in
         blocks of GRAM_BLOCK kernels; each task streams the same row panels of two blocks."""
         t0 = time.perf_counter()
+        rep = self.kernel_representation
         idx, _ = self._selection(kernels)
         uniq, where = np.unique(idx, return_inverse=True)
         p = uniq.size
         G = np.zeros((p, p))
         if p and all(m in self._cache for m in uniq):
-            A = np.stack([self._cache.get(m) for m in uniq])
-            if self._factor:
-                r = A.shape[2]
-                C = np.zeros((p, p, r, r))
-                F.cross_products(A, A, C, True)
-                F.frobenius_squares(C, G, True)
-            else:
-                K.gram_rows(A, A, G, True)
+            G = rep.gram_fixed(np.stack([self._cache.get(m) for m in uniq]))
             read, hits, n_tasks = 0, p, 0
         else:
-            blocks = blocks_of(uniq, self._gram_block())
+            blocks = blocks_of(uniq, rep.gram_block(self.rank, GRAM_BLOCK, GRAM_PANEL_BYTES))
             starts = np.cumsum([0] + [b.size for b in blocks])
             pairs = [(a, b) for a in range(len(blocks)) for b in range(a, len(blocks))]
-            calls = [(self._tasks.gram_task, self._path, blocks[a], blocks[b], a == b, GRAM_PANEL_BYTES) for a, b in pairs]
+            calls = [(rep.tasks.gram_task, self._path, blocks[a], blocks[b], a == b, GRAM_PANEL_BYTES) for a, b in pairs]
             for (a, b), res in zip(pairs, self._runner.run("gram_of_kernels", calls)):
                 G[starts[a]:starts[a + 1], starts[b]:starts[b + 1]] = res
             read = sum(blocks[a].size + (blocks[b].size if a != b else 0) for a, b in pairs)
@@ -418,14 +376,6 @@ class Engine(KernelEngine):
         G = np.triu(G) + np.triu(G, 1).T  # computed for j >= i only; <K_i, K_j> is symmetric
         self._record("gram_of_kernels", t0, read, hits, n_tasks, False)
         return G[np.ix_(where, where)]
-
-    def _gram_block(self) -> int:
-        """Kernels per block of gram_of_kernels: GRAM_BLOCK, or for factors as many as keep a task's
-        (block x block) r x r products L_a^T L_b within GRAM_PANEL_BYTES."""
-        if not self._factor:
-            return GRAM_BLOCK
-        r = int(self.rank)
-        return int(max(1, min(GRAM_BLOCK, np.sqrt(GRAM_PANEL_BYTES / (r * r * 8)))))
 
     @property
     def block_nbytes(self) -> int:

@@ -52,14 +52,11 @@ class RowSubsetEngine(KernelEngine):
 
     @property
     def traces(self) -> np.ndarray:
-        if self.representation == "factor":
-            return self._per_kernel(lambda L: np.einsum("mir,mir->m", L, L))
-        return self._per_kernel(lambda sub: np.trace(sub, axis1=1, axis2=2))
+        return self._per_kernel(self.kernel_representation.traces)
 
     @property
     def frobenius_norms(self) -> np.ndarray:
-        return np.sqrt(np.diag(self.gram_of_kernels())) if self.representation == "factor" else \
-            self._per_kernel(lambda sub: np.sqrt(np.einsum("mij,mij->m", sub, sub)))
+        return self.kernel_representation.subset_frobenius_norms(self)
 
     def _per_kernel(self, stat, chunk: int = 8) -> np.ndarray:
         """stat of every kernel's principal submatrix, ``chunk`` kernels read at a time."""
@@ -71,9 +68,9 @@ class RowSubsetEngine(KernelEngine):
 
     @property
     def block_nbytes(self) -> int:
-        cols = self.n if self.rank is None else self.rank
-        full_cols = self.full_n if self.rank is None else self.rank
-        return self.n * cols * (self.engine.block_nbytes // (self.full_n * full_cols))
+        rep = self.kernel_representation
+        itemsize = self.engine.block_nbytes // int(np.prod(rep.block_shape(self.full_n, self.rank)))
+        return int(np.prod(rep.block_shape(self.n, self.rank))) * itemsize
 
     @property
     def working_set_budget(self) -> int | None:
@@ -94,10 +91,6 @@ class RowSubsetEngine(KernelEngine):
         out[..., self.rows] = U
         return out
 
-    def _sub(self, A: np.ndarray) -> np.ndarray:
-        """The rows x rows part of the last two axes."""
-        return A[..., self.rows[:, None], self.rows[None, :]]
-
     def quad_forms(self, U, kernels=None, per_kernel: bool = False) -> np.ndarray:
         return self.engine.quad_forms(self._pad(U), kernels=kernels, per_kernel=per_kernel)
 
@@ -112,11 +105,8 @@ class RowSubsetEngine(KernelEngine):
         return self.engine.frobenius(padded, kernels=kernels)
 
     def combine(self, weights) -> np.ndarray:
-        if self.representation == "factor":
-            w = validate.weights(weights, self.M)
-            pos, neg = self.combine_factors(np.maximum(w, 0)), self.combine_factors(np.maximum(-w, 0))
-            return pos @ pos.T - neg @ neg.T
-        return self._sub(self.engine.combine(weights))
+        w = validate.weights(weights, self.M)
+        return self.kernel_representation.subset_combine(self.engine, w, self.rows)
 
     def combine_factors(self, weights) -> np.ndarray:
         return self.engine.combine_factors(weights)[self.rows]
@@ -124,14 +114,10 @@ class RowSubsetEngine(KernelEngine):
     def gram_of_kernels(self, kernels=None) -> np.ndarray:
         idx = np.arange(self.M) if kernels is None else validate.kernel_indices(kernels, self.M)
         sub = np.asarray(self.blocks(idx, keep=False), dtype=np.float64)
-        if self.representation == "factor":
-            cross = np.einsum("air,bis->abrs", sub, sub)
-            return np.einsum("abrs,abrs->ab", cross, cross)
-        return np.einsum("aij,bij->ab", sub, sub)
+        return self.kernel_representation.gram(sub)
 
     def blocks(self, kernels, keep: bool = True) -> np.ndarray:
-        stored = np.asarray(self.engine.blocks(kernels, keep=keep))
-        return stored[:, self.rows] if self.representation == "factor" else self._sub(stored)
+        return self.kernel_representation.restrict(np.asarray(self.engine.blocks(kernels, keep=keep)), self.rows)
 
 
 class KernelSubsetEngine(KernelEngine):

@@ -11,7 +11,8 @@ Final fit (second stage of two-stage MKL, and of the baselines)
   so f = K c + b in both cases.
 
 Factor engines (issue 17). ``combined_kernel(engine, weights)`` is the one place that gives the
-combination sum_m w_m K_m: the (n, n) matrix (``engine.combine``) on a dense engine, or on a factor
+combination sum_m w_m K_m, in the form the engine's kernel representation chooses
+(``Representation.choose``): the (n, n) matrix (``engine.combine``) on a dense engine, or on a factor
 engine while ``lowrank.dense_ok(n)`` (the same exact code as on the dense engine of the K~_m); above
 that cap a ``lowrank.LowRank`` of ``engine.combine_factors(weights)``. Every function below takes
 either: on a LowRank, kernel ridge and the ridge solves use Woodbury (O(n R^2)), the SVM runs on
@@ -48,9 +49,9 @@ TASKS = ("regression", "classification")
 def combined_kernel(engine, weights) -> np.ndarray | LowRank:
     """sum_m weights[m] K_m (weights >= 0): (n, n) float64, or a LowRank above the dense cap on a
     factor engine (module docstring)."""
-    if engine.representation == "factor" and not lowrank.dense_ok(engine.n):
-        return LowRank(engine.combine_factors(weights))
-    return engine.combine(weights)
+    form = engine.kernel_representation.choose(engine.combine, lambda w: LowRank(engine.combine_factors(w)),
+                                               dense_fits=lowrank.dense_ok(engine.n))
+    return form(weights)
 
 
 def kernel_ridge(K, y: np.ndarray, lam: float, sample_weight=None) -> tuple[np.ndarray, float]:

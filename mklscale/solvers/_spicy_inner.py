@@ -243,15 +243,10 @@ class NewtonSystem:
         cap = None if max_columns is None else max_columns - bias_cols
         parts = []
         if self.on.size:
-            if held.is_factor:
-                factors = [held.factors(np.array([p])) for p in self.on]
-            else:
-                stacked = held.factors(self.on, max_columns=cap)
-                if stacked is None:
-                    return None
-                sizes = [held.factors(np.array([p])).shape[1] for p in self.on]   # cached, no new work
-                factors = np.split(stacked, np.cumsum(sizes)[:-1], axis=1)
-            for L, s, r1, a in zip(factors, self.scale, self.rank_one, self.a):
+            stored = held.factor_list(self.on, max_columns=cap)
+            if stored is None:
+                return None
+            for L, s, r1, a in zip(stored, self.scale, self.rank_one, self.a):
                 z = L.T @ a
                 zz = float(z @ z)
                 along = max(s + r1 * zz, 0.0)                 # = gamma^2 psi'' (exactly, up to rounding)
@@ -274,7 +269,7 @@ NEWTON_BACKENDS = ("auto", "cholesky", "woodbury", "cg")
 #: Newton-CG: the most CG steps, as a share of n, before falling back to the dense Cholesky (each
 #: step is one n x n product, 2 n^2 flops; the Cholesky costs n^3/3).
 CG_MAX_SHARE = 0.05
-#: Dense kernels are factored (pivoted Cholesky) for the Woodbury solve only from this n on: below
+#: Dense kernels are factorised (pivoted Cholesky) for the Woodbury solve only from this n on: below
 #: it the n x n Cholesky costs less than factoring, and results stay those of the dense path.
 LOW_RANK_MIN_N = 512
 #: ... and only while the summed rank R stays below this share of n and LOW_RANK_MAX_COLUMNS (else
@@ -302,7 +297,8 @@ def solve_newton_system(system: NewtonSystem, kernels: KernelTerm, rhs: np.ndarr
     that of the Cholesky back end within the inner tolerance (bench_spicy_newton.py).
     """
     n = system.loss_diag.size
-    if kernels.held.is_factor or backend == "woodbury":
+    backend = kernels.held.rep.newton_backend(backend)    # factor kernels: Woodbury, H never formed
+    if backend == "woodbury":
         D, F = system.low_rank(kernels)
         if F.shape[1] > n and dense_ok(n):
             # more factor columns than rows: the n x n system is the smaller one (n^2 R + n^3/3 flops

@@ -48,7 +48,7 @@ above; ``gap`` is that bound relative to f(g).
 
 Factor engines (issue 17): the combined kernels come from ``_final_fit.combined_kernel``; above the
 dense cap they are factors K = F F^T and both margin QPs (EasyMKL's and KOMD's) are solved through
-their dual in the R columns of F (``_margin_qp_factor``: scipy L-BFGS-B, the same Frank-Wolfe
+their dual in the R columns of F (``_margin_qp_low_rank``: scipy L-BFGS-B, the same Frank-Wolfe
 certificate), the SVM learner by liblinear on F (``_svm.fit_linear_svc``).
 
 Differences from MKLpy 0.6 (all documented choices, not approximations):
@@ -82,13 +82,13 @@ C_BOUND_FACTOR = 10.0
 
 def margin_qp(K, y: np.ndarray, lam: float, ridge: float, tol: float) -> dict:
     """gamma* = argmin_{gamma in Gamma} (1 - lam) gamma^T Y K Y gamma + ridge ||gamma||^2 (libsvm; on a
-    ``LowRank`` K the dual in R variables, ``_margin_qp_factor``).
+    ``LowRank`` K the dual in R variables, ``_margin_qp_low_rank``).
 
     ``ridge`` > 0 (lam for EasyMKL, lam_k |P| |N| / n for KOMD). Returns gamma, the objective
     f(gamma), the relative Frank-Wolfe gap and whether libsvm met ``tol`` (module docstring).
     """
     if isinstance(K, LowRank):
-        return _margin_qp_factor(K.F, y, lam, ridge, tol)
+        return _margin_qp_low_rank(K.F, y, lam, ridge, tol)
     pos = y > 0
     A = (1.0 - lam) * K
     A[np.diag_indices_from(A)] += ridge
@@ -123,7 +123,7 @@ def _project_simplex(v: np.ndarray) -> np.ndarray:
     return np.maximum(v - css[k] / (k + 1), 0.0)
 
 
-def _margin_qp_factor(F: np.ndarray, y: np.ndarray, lam: float, ridge: float, tol: float) -> dict:
+def _margin_qp_low_rank(F: np.ndarray, y: np.ndarray, lam: float, ridge: float, tol: float) -> dict:
     """The margin QP on K = F F^T (F (n, R)) through its dual in R variables.
 
     With B = F^T Y and (1 - lam) ||B g||^2 = max_p 2 p^T B g - ||p||^2 / (1 - lam):

@@ -207,31 +207,24 @@ def fit_one_stage(source, y, lam: float = 1.0, max_iter: int = 1000, tol: float 
     tol = check_positive("tol", tol)
     variant = check_choice("variant", variant, ("fw", "away"))
     y, t, bias = _targets(y, src.n, fit_intercept)
-    n = src.n
     run = _Run(src, checkpoint, "gcd-1s", verbose)
     saved = run.load()
     converged = False
-    factors = _Factors(src) if getattr(src, "factored", False) else None
+    kernels = src.choose(_MatrixKernels, _FactorKernels)(src)
     if saved is None:
         weights, first = _warm_weights(init, src), 1
-        if factors is not None:
-            K_theta = factors.combine(weights.values)
-        else:
-            K_theta = np.zeros((n, n))
-            for k in weights.keys:
-                K_theta += weights.values[k] * src.block(k)
+        K_theta = kernels.combination(weights)
         alpha, J = _final_fit.ridge_dual(K_theta, t, lam)
         gap = np.inf
     else:
         weights, first = _Weights.from_state(saved, src), saved["iteration"] + 1
-        K_theta = saved["K"] if factors is None else factors.combine(weights.values)
+        K_theta = kernels.restore_combination(saved, weights)
         alpha, J, gap = saved["alpha"], float(saved["J"]), float(saved["gap"])
     for it in range(first, max_iter + 1):
-        run.step(it - 1, weights, functools.partial(dict, K=K_theta if factors is None else np.zeros((0, 0)),
-                                                    alpha=alpha, J=J, gap=gap))
+        run.step(it - 1, weights, functools.partial(kernels.state, K_theta, alpha=alpha, J=J, gap=gap))
         key, q_max, q_all = src.argmax_frobenius(None, alpha=alpha) if src.finite else \
             src.argmax_frobenius(None, alpha=alpha, reg=reg)
-        aKa = float(alpha @ K_theta @ alpha) if factors is None else K_theta.quad(alpha)
+        aKa = kernels.quad(K_theta, alpha)
         gap = max(0.5 * (q_max - aKa), 0.0)
         if duality.relative_gap(J, J - gap) <= tol:
             converged = True
@@ -242,11 +235,7 @@ def fit_one_stage(source, y, lam: float = 1.0, max_iter: int = 1000, tol: float 
             # away step: theta <- theta + gamma (theta - e_v), gamma in [0, theta_v / (1 - theta_v)]
             v, _, theta_v = away
             g_max = theta_v / (1.0 - theta_v)
-            if factors is None:
-                K_v = src.block(v) if v is not None else np.zeros((n, n))
-                K_end = (1.0 + g_max) * K_theta - g_max * K_v        # theta_v = 0 there: a point of Delta_1
-            else:
-                K_end = factors.combine({k: 0.0 if k == v else (1.0 + g_max) * w for k, w in weights.values.items()})
+            K_end, K_v = kernels.away_end(K_theta, weights, v, g_max)    # theta_v = 0 there: a point of Delta_1
             s, J = _final_fit.exact_segment_search(K_theta, K_end, t, lam)
             gamma = s * g_max
             weights.scale(1.0 + gamma)
@@ -255,20 +244,14 @@ def fit_one_stage(source, y, lam: float = 1.0, max_iter: int = 1000, tol: float 
                 weights.add(v, -gamma)
                 if kind == "drop":
                     weights.values[v] = 0.0
-            if factors is not None:
-                K_theta = factors.combine(weights.values)
-            else:
-                K_theta = K_end if kind == "drop" else (1.0 + gamma) * K_theta - gamma * K_v
+            K_theta = kernels.away_step(K_theta, K_end, K_v, gamma, kind == "drop", weights)
             eta, key = -gamma, v
         else:
-            K_new = src.block(key) if factors is None else factors.single(key)
+            K_new = kernels.vertex(key)
             eta, J = _final_fit.exact_segment_search(K_theta, K_new, t, lam)
             weights.scale(1.0 - eta)
             weights.add(key, eta)
-            if factors is None:
-                K_theta = (1.0 - eta) * K_theta + eta * K_new
-            else:
-                K_theta = factors.combine(weights.values)
+            K_theta = kernels.fw_step(K_theta, eta, K_new, weights)
             kind = "fw"
         alpha, J = _final_fit.ridge_dual(K_theta, t, lam)
         run.log.explain("gap", "the Frank-Wolfe gap (1/2)(max_i q_i - alpha^T K_theta alpha) of the iterate before "
@@ -371,7 +354,7 @@ def fit_two_stage(source, y, criterion: str = "alignment", task: str = "auto", l
     if not np.any(yc):
         raise InvalidInputError("y is constant: the centred ideal kernel is zero and alignment is undefined")
     run = _Run(src, checkpoint, f"gcd-2s/{criterion}", verbose)
-    kernels = _FactorKernels(src) if getattr(src, "factored", False) else _MatrixKernels(src)
+    kernels = src.choose(_MatrixKernels, _FactorKernels)(src)
     if criterion == "alignment":
         weights, converged, extra = _fsam(kernels, yc, max_iter, check_positive("delta", delta, allow_zero=True),
                                           check_positive("eps", eps), check_positive("eta_max", eta_max), reg, run)
@@ -449,13 +432,14 @@ def _centred_block(src, key, criterion: str, first: bool) -> np.ndarray | None:
         "handles them (its intercept-only model).")
 
 
-# ---- GCD-2s on either representation -------------------------------------------------------------------
-# Algorithms 7 and 8 are written once over the few operations they need on Gram matrices: quadratic
-# forms y^T K y, squared norms ||K||_F^2, Frobenius products <K, L>, the greedy scores <K_i, A> over the
-# bank for A = y_c y_c^T - coef K, and the update of the learned kernel. ``_MatrixKernels`` does them on
-# (n, n) matrices (dense banks up to the dense cap, kernel families), ``_FactorKernels`` on LowRank
-# factors (factor engines above the cap, issue 17): <F F^T, G G^T> = ||F^T G||_F^2, y^T F F^T y =
-# ||F^T y||^2, and the scores are ONE quad_forms pass over the rows [y_c; F_c^T]; O(n R^2) per step.
+# ---- the greedy loops' kernel algebra, in the form the source combines its kernels ----------------------
+# GCD-1s and Algorithms 7 and 8 are written once over the few operations they need on Gram matrices:
+# quadratic forms y^T K y, squared norms ||K||_F^2, Frobenius products <K, L>, the greedy scores <K_i, A>
+# over the bank for A = y_c y_c^T - coef K, and the updates of the combined kernel. ``_MatrixKernels`` does
+# them on (n, n) matrices, ``_FactorKernels`` on LowRank factors: <F F^T, G G^T> = ||F^T G||_F^2,
+# y^T F F^T y = ||F^T y||^2, and the scores are ONE quad_forms pass over the rows [y_c; F_c^T]; O(n R^2)
+# per step. ``src.choose`` picks one (the engine's kernel representation decides: factors on a factor
+# engine above the dense cap, issue 17; matrices for dense banks and kernel families).
 
 
 class _MatrixKernels:
@@ -466,6 +450,34 @@ class _MatrixKernels:
     def __init__(self, src):
         self.src, self.n = src, src.n
 
+    # GCD-1s: K_theta updated step by step; a checkpoint keeps an exact copy
+    def combination(self, weights: _Weights) -> np.ndarray:
+        """sum_k w_k K_k, added from zero in selection order."""
+        K = np.zeros((self.n, self.n))
+        for k in weights.keys:
+            K += weights.values[k] * self.src.block(k)
+        return K
+
+    def restore_combination(self, saved: dict, weights: _Weights) -> np.ndarray:
+        return saved["K"]
+
+    def vertex(self, key) -> np.ndarray:
+        return self.src.block(key)
+
+    def fw_step(self, K, eta: float, K_new, weights: _Weights) -> np.ndarray:
+        """(1 - eta) K_theta + eta K_I."""
+        return (1.0 - eta) * K + eta * K_new
+
+    def away_end(self, K, weights: _Weights, v, g_max: float):
+        """(K at gamma = g_max, K_v): (1 + g_max) K_theta - g_max K_v (K_v = 0 for the vertex 0, v None)."""
+        K_v = self.src.block(v) if v is not None else np.zeros((self.n, self.n))
+        return (1.0 + g_max) * K - g_max * K_v, K_v
+
+    def away_step(self, K, K_end, K_v, gamma: float, drop: bool, weights: _Weights) -> np.ndarray:
+        """(1 + gamma) K_theta - gamma K_v (the end itself for a drop step)."""
+        return K_end if drop else (1.0 + gamma) * K - gamma * K_v
+
+    # Algorithms 7 and 8
     def zero(self) -> np.ndarray:
         return np.zeros((self.n, self.n))
 
@@ -527,6 +539,26 @@ class _FactorKernels:
         self.src, self.n = src, src.n
         self.factors = _Factors(src)
 
+    # GCD-1s: K_theta recombined from the weights (deterministic: a checkpoint keeps the weights only)
+    def combination(self, weights: _Weights) -> LowRank:
+        return self.factors.combine(weights.values)
+
+    def restore_combination(self, saved: dict, weights: _Weights) -> LowRank:
+        return self.factors.combine(weights.values)
+
+    def vertex(self, key) -> LowRank:
+        return self.factors.single(key)
+
+    def fw_step(self, K, eta: float, K_new, weights: _Weights) -> LowRank:
+        return self.factors.combine(weights.values)
+
+    def away_end(self, K, weights: _Weights, v, g_max: float):
+        return self.factors.combine({k: 0.0 if k == v else (1.0 + g_max) * w for k, w in weights.values.items()}), None
+
+    def away_step(self, K, K_end, K_v, gamma: float, drop: bool, weights: _Weights) -> LowRank:
+        return self.factors.combine(weights.values)
+
+    # Algorithms 7 and 8
     def learned(self, weights: _Weights, beta: float | None = 1.0) -> LowRank:
         if not beta:
             return LowRank(np.zeros((self.n, 0)))

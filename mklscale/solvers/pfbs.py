@@ -231,9 +231,10 @@ class _WorkingSet:
         self.K_alphas = self.held.each_matvec(self.alphas)
 
     def lambda_max_of_sum(self) -> float:
-        if self.held.is_factor:
-            return _lambda_max_of_factor(self.held.factors())
-        S = self.held.total()
+        """lambda_max(sum_j K_j) of the held kernels, on the sum as the representation gives it."""
+        return self.held.with_sum(self._lambda_max_of_dense, _lambda_max_of_factor)
+
+    def _lambda_max_of_dense(self, S: np.ndarray) -> float:
         n = S.shape[0]
         if n <= DENSE_EIG_MAX_N:
             return float(scipy.linalg.eigh(S, eigvals_only=True, subset_by_index=[n - 1, n - 1])[0])

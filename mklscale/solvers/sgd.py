@@ -228,9 +228,12 @@ def _project_general(v, nu):
 
 class _Iterate:
     """theta over sampled keys with a lazy global scale (theta_i = scale * u_i), K_theta, and the running
-    sums for the averaged iterate."""
+    sums for the averaged iterate; K_theta an (n, n) matrix (``src.choose`` picks this class or
+    ``_FactorIterate``)."""
 
-    def __init__(self, n):
+    def __init__(self, src, n: int | None = None):
+        self.src = src
+        n = src.n if n is None else n
         self.u: dict = {}
         self.kw: dict = {}            # 1 / rho_i^2 of each key
         self.scale = 1.0
@@ -244,6 +247,15 @@ class _Iterate:
 
     def theta(self, key) -> float:
         return self.scale * self.u.get(key, 0.0)
+
+    def draw(self, key, alpha) -> tuple[np.ndarray, float]:
+        """(K_key as this iterate adds it, q = alpha^T K_key alpha) of a sampled kernel of a finite bank."""
+        K_key = self.src.block(key)
+        return K_key, float(alpha @ K_key @ alpha)
+
+    def combined(self, w_full: np.ndarray):
+        """K_theta for the weights ``w_full`` (M,) (the general-nu projection's new theta)."""
+        return self.src.engine.combine(w_full)
 
     def accumulate(self) -> None:
         """Add the current iterate to the running sums (called once per iteration, before the update)."""
@@ -343,9 +355,17 @@ class _FactorIterate(_Iterate):
     theta only (K and K_sum are empty) and the factors are read again on resume."""
 
     def __init__(self, src):
-        super().__init__(0)
-        self.src = src
+        super().__init__(src, 0)
         self.factors: dict = {}
+
+    def draw(self, key, alpha) -> tuple[np.ndarray, float]:
+        """(L_key, q = ||L_key^T alpha||^2)."""
+        L = self.src.factor(key)
+        return L, float(np.sum((L.T @ alpha) ** 2))
+
+    def combined(self, w_full: np.ndarray) -> None:
+        """None: K_theta is formed from theta when needed (``kernel``)."""
+        return None
 
     def _add(self, key, coefficient: float, K_key: np.ndarray) -> None:
         self.factors[key] = K_key
@@ -376,7 +396,7 @@ class _Loop:
     def __init__(self, src, verbose: bool):
         self.src = src
         self.log = RunLog(src.engine, "sgd-1s", verbose)
-        self.it = _FactorIterate(src) if getattr(src, "factored", False) else _Iterate(src.n)
+        self.it = src.choose(_Iterate, _FactorIterate)(src)
         self.blocks_read = 0
         self.s_ref = self.C_ref = None
         self.C_est_sum, self.C_est_count = 0.0, 0
@@ -455,7 +475,6 @@ def fit(source, y, lam: float = 1.0, nu: float = 2, T: int = 1000, step="auto", 
 
     loop = _Loop(src, verbose)
     state = loop.it
-    factored = getattr(src, "factored", False)
     saved = checkpoint.load() if checkpoint is not None else None
     first = 1 if saved is None else loop.restore(saved, rng)
     J = 0.5 * float(t @ t) / lam
@@ -477,12 +496,7 @@ def fit(source, y, lam: float = 1.0, nu: float = 2, T: int = 1000, step="auto", 
             if stationary is not None:
                 break
             key = int(rng.choice(src.M, p=loop.s_ref))
-            if factored:            # K_key is the factor L_key: q = ||L_key^T alpha||^2
-                K_key = src.factor(key)
-                q = float(np.sum((K_key.T @ alpha) ** 2))
-            else:
-                K_key = src.block(key)
-                q = float(alpha @ K_key @ alpha)
+            K_key, q = state.draw(key, alpha)
             loop.blocks_read += 1
             prob, weight = float(loop.s_ref[key]), 1.0
             C_step = loop.C_ref
@@ -510,7 +524,7 @@ def fit(source, y, lam: float = 1.0, nu: float = 2, T: int = 1000, step="auto", 
             proj = project_nonneg_nu_ball([state.theta(kk) for kk in keys], nu)
             w_full = np.zeros(src.M)
             w_full[keys] = proj
-            state.set_theta(keys, proj, None if factored else src.engine.combine(w_full))
+            state.set_theta(keys, proj, state.combined(w_full))
         if k % record_every == 0 or k == T:
             loop.log.explain("C", "the gradient scale of the step (step=\"auto\": eta = eta0 / (C sqrt(T)), module "
                              "docstring); J, the objective at the current weights, need not fall from one line to the "

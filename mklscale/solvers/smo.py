@@ -63,7 +63,8 @@ check also runs once earlier, at the first stage where (a) holds on W (the suppo
 kappa is still large, so a kernel dropped too early comes back cheaply): with no violators a run
 makes 3 passes after the kappa = 1 SVM (the first, this early check, the final certification).
 
-Factor engines (issue 17; ``engine.representation == "factor"``): kernel j is stored as L_j (n x r_j)
+Factor engines (issue 17; the engine's kernel representation answers every question below that depends
+on the storage, ``engine/representation.py``): kernel j is stored as L_j (n x r_j)
 and the problem is (P) on K~_j = L_j L_j^T, exactly as on the dense engine of the K~_j. W holds the
 factors (``engine.blocks``: (p, n, r), never an n x n matrix) and the SMO steps are the same numba
 loop with the representation as data (``_smo_kernels.smo_solve``): P_j = L_j^T D(y) alpha (r,) per
@@ -183,7 +184,7 @@ def fit(engine, y, C, eps1: float | None = None, eps2: float = 1e-4, mu: float =
     max_stages = check.check_count("max_stages", max_stages)
     max_steps = 1000 * n if max_steps is None else check.check_count("max_steps", max_steps)
     if max_working_set is None:  # float64-sized kernels (n x n) or factors (n x r) in WORKING_SET_BYTES
-        per_kernel = 8 * n * (engine.rank if engine.representation == "factor" else n)
+        per_kernel = 8 * int(np.prod(engine.kernel_representation.block_shape(n, engine.rank)))
         max_working_set = int(min(M, max(1, WORKING_SET_BYTES // per_kernel)))
     max_working_set = check.check_count("max_working_set", max_working_set)
     drop_after = check.check_count("drop_after", drop_after)
@@ -252,9 +253,10 @@ class _SMO:
         self.log = RunLog(engine, "smo", verbose, not_monotone="each stage's gap is that of the Moreau-Yosida "
                           "solution at its kappa (and SMO precision), which is not monotone from stage to stage")
         self._restart_news = None   # why the next stage's gap may rise: kernels joined W, kappa restarted
-        self.factor = engine.representation == "factor"
+        self.rep = engine.kernel_representation
         # W's kernels as stored (K_l, or L_l on a factor engine), kept sorted by kernel id
-        self.held = HeldKernels(engine, name="SMO-MKL")  # factors (n, r) on a factor engine
+        self.held = HeldKernels(engine, name="SMO-MKL")
+        self._cold_start = False     # the start was alpha = 0 (no (n, n) sum for the start SVM)
 
     # ---- engine access --------------------------------------------------------------------------
     def _full_pass(self, alpha: np.ndarray, with_probes: bool) -> np.ndarray:
@@ -270,13 +272,14 @@ class _SMO:
         self.held.fetch(kernels, _REMEDY)
         Z = np.empty((kernels.size, self.n))
         q = np.empty(kernels.size)
-        kern.refresh_cache(self.held.chunks[-1], self.factor, self.y, alpha, Z, q)
+        kern.refresh_cache(self.held.chunks[-1], self.rep.blocks_are_factors, self.y, alpha, Z, q)
         _svm.check_quad_forms(q, self.y * alpha, self.lambda_max, kernels)
         return Z, q
 
     def _cache_columns(self, p: int) -> int:
-        """Indices whose kernel columns (p float64 columns of n) the factor SMO steps cache."""
-        return int(min(self.n, max(2, COLUMN_CACHE_BYTES // (8 * p * self.n)))) if self.factor else 0
+        """Indices whose kernel columns (p float64 columns of n) the SMO steps cache (factor kernels;
+        dense kernels' columns are read from the blocks: 0)."""
+        return self.rep.cached_columns(self.n, p, COLUMN_CACHE_BYTES)
 
     # ---- checks ---------------------------------------------------------------------------------
     def _stage_test(self, alpha, Z, q, d, w):
@@ -331,9 +334,9 @@ class _SMO:
             dW = d[W]
             dk, ak, _ = stage_parameters(dW, kappa, self.continuation)
             K = self.held.stack()
-            steps, violation, code = kern.smo_solve(K, self.factor, y, alpha, Z, q, dk, ak, C, smo_eps,
-                                                    self.max_steps, self._cache_columns(W.size))
-            kern.refresh_cache(K, self.factor, y, alpha, Z, q)
+            steps, violation, code = kern.smo_solve(K, self.rep.blocks_are_factors, y, alpha, Z, q, dk, ak, C,
+                                                    smo_eps, self.max_steps, self._cache_columns(W.size))
+            kern.refresh_cache(K, self.rep.blocks_are_factors, y, alpha, Z, q)
             del K
             smo_ok = code == kern.SMO_CONVERGED
             eta, w, _ = skm_weights(q, dW, kappa, self.continuation)
@@ -381,12 +384,7 @@ class _SMO:
 
         weights = np.zeros(self.M)
         if final is None:  # no MY stage ran: the start alpha on the sum of kernels, weights 1/(M d_j^2)
-            if self.factor:  # F F^T = sum_j K_j / d_j^2, never formed
-                F = self.engine.combine_factors(1.0 / (d * d))
-                f0 = F @ (F.T @ (y * alpha)) / self.M
-            else:
-                K_sum = self.engine.combine(1.0 / (d * d))
-                f0 = K_sum @ (y * alpha) / self.M
+            f0 = self.rep.combined_matvec(self.engine, 1.0 / (d * d), y * alpha) / self.M
             weights[:] = 1.0 / (self.M * d * d)
             kappa = 1.0
         else:
@@ -411,12 +409,13 @@ class _SMO:
         kernels at O(n sum_j r_j) per step); the first MY stage starts from it, and the kernels are
         ranked by q_j = y^T K_j y (alpha = 1). Either way one pass, with the PSD probes."""
         y, d = self.y, self.d
-        if self.factor:
+        K_sum = self.rep.optional_dense(self.engine, 1.0 / (d * d))
+        if K_sum is None:
+            self._cold_start = True
             alpha = np.zeros(self.n)
             rank_by = self._full_pass(np.ones(self.n), with_probes=True)
             self._record(1.0, alpha, np.zeros(self.M), d, None, None, self.M, 0, np.nan, True)
             return alpha, rank_by
-        K_sum = self.engine.combine(1.0 / (d * d))
         alpha, _, _, svm_ok = _svm.fit_svc(K_sum, y, self.C, self.eps2)
         del K_sum
         q_all = self._full_pass(alpha, with_probes=True)
@@ -522,7 +521,7 @@ class _SMO:
                  "n_violators": n_violators}
         if tests is None:  # the start: no kernel weights yet, so no primal, gap or stage tests
             start = ("alpha of the warm start (the previous solution of a path)" if getattr(self, "warm", False)
-                     else "alpha = 0" if self.factor else "SVM on sum_j K_j / d_j^2")
+                     else "alpha = 0" if self._cold_start else "SVM on sum_j K_j / d_j^2")
             line = (f"kappa {kappa:.3e}  W {n_working:4d}  start: {start}, D {dual:.10g}; P and the gap "
                     "follow from the first stage's kernel weights")
         else:

@@ -13,10 +13,13 @@ tuple for a family):
     cross(X_new, keys)        (len(keys), n_new, n) cross kernels K_key(X_new, X_train)
 
 ``FiniteBank(engine)`` answers through the engine only (a full pass for argmax: ``quad_forms`` when
-A = alpha alpha^T, ``frobenius`` otherwise; ``blocks`` for single kernels). On a factor engine
-``block`` squares the stored factor (below the dense cap of ``lowrank``) and ``factor`` returns it;
-``factored`` says the solvers must use factors (issue 17). The families never
-materialise their index set:
+A = alpha alpha^T, ``frobenius`` otherwise; ``blocks`` for single kernels). ``block`` gives the
+(n, n) kernel whatever the engine stores (a factor engine's L L^T, below the dense cap of
+``lowrank``) and ``factor`` the stored factor L of a factor engine. ``choose(dense, low_rank)``
+returns the one of its two arguments that fits how the solvers combine this source's kernels: the
+engine's kernel representation chooses (``low_rank`` on a factor engine above the dense cap: the
+solvers then work on factors and never form an (n, n) matrix, issue 17); a family always chooses
+``dense``. The families never materialise their index set:
 
 - ``PolynomialFamily`` (thesis 4.2.1): all ordered multi-indices (r_1..r_d), 0 <= d <= D, over r
   base kernels, kernel prod_i K_{r_i} (Hadamard), weight rho_d by degree; |I| = sum_d r^d
@@ -61,14 +64,15 @@ class FiniteBank:
     def __init__(self, engine):
         self.n, self.M, _ = check_engine(engine)
         self.engine = engine
-        #: True on a factor engine above the dense cap: the solvers then work on ``factor(key)`` and
-        #: never form an (n, n) matrix (``lowrank``); below it ``block`` squares the factor
-        self.factored = engine.representation == "factor" and not dense_ok(self.n)
+
+    def choose(self, dense, low_rank):
+        """``low_rank`` where the solvers work on ``factor(key)`` (a factor engine above the dense cap
+        of ``lowrank``), else ``dense`` (module docstring)."""
+        return self.engine.kernel_representation.choose(dense, low_rank, dense_fits=dense_ok(self.n))
 
     def block(self, key) -> np.ndarray:
         """(n, n) float64 K_key (L L^T on a factor engine)."""
-        stored = np.asarray(self.engine.blocks([int(key)])[0], dtype=np.float64)
-        return stored @ stored.T if self.engine.representation == "factor" else stored
+        return self.engine.kernel_representation.dense_block(self.engine.blocks([int(key)])[0])
 
     def factor(self, key) -> np.ndarray:
         """(n, r) float64 L_key with K~_key = L_key L_key^T (factor engines only)."""
@@ -111,6 +115,10 @@ def as_source(source):
 class _FamilyPredict:
     #: families compute their kernels in the driver: no engine, so no passes or bytes read
     engine = None
+
+    def choose(self, dense, low_rank):
+        """``dense``: a family's kernels are (n, n) matrices computed in the driver."""
+        return dense
 
     def keys_of(self, result) -> list:
         return [self.key_from(d) for d in result.params["kernels"]]

@@ -567,9 +567,8 @@ def _build(engine, y, C, loss, penalty, lam, q, eps, bias, tol, max_outer, max_i
                                 "(elastic_net with lam > 0, or block_q); use method='proximal'")
     if working_set_bytes is not None:
         working_set_bytes = parse_bytes(working_set_bytes, "working_set_bytes")
-    if newton_solver == "cholesky" and getattr(engine, "representation", "dense") == "factor":
-        raise InvalidInputError("newton_solver='cholesky' would form n x n Newton matrices from a factor bank; "
-                                "use 'auto' or 'woodbury' (the Woodbury solve on the factors)")
+    check.require_engine(engine)
+    engine.kernel_representation.newton_backend(newton_solver)   # refuses a back end the kernels cannot serve
     solver = _Spicy(engine, y, C, loss_obj, penalty_obj, bool(bias), tol, max_outer, max_inner,
                     working_set, method, verbose, working_set_bytes, newton_solver)
     ws = solver.working_set_rule

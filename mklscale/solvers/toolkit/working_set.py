@@ -6,16 +6,19 @@ stores them (float32 from a float32 bank: half the memory of float64 copies), on
 ``fetch`` appends its stack as a chunk (concatenating would briefly hold W twice), ``keep`` compacts
 the chunks in place, and every product widens the entries exactly and accumulates in float64, so
 the results are those of the float64 kernels. Solvers never see the arrays, only the operations
-below, so another storage (low-rank factors) can stand behind the same methods.
+below, and every operation that depends on how the kernels are stored is the engine's kernel
+representation's (``engine.kernel_representation``, ``engine/representation.py``):
 
-Factor storage (issue 17): on an engine with ``representation == "factor"`` the chunks hold the
-factors L_m (c, n, r) with K_m = L_m L_m^T, and every product goes through them,
-K_m u = L_m (L_m^T u) (O(n r) per kernel); nothing n x n is ever formed: :meth:`add_weighted` and
-:meth:`total` refuse, and :meth:`factors` gives the stacked F = [sqrt(w_1) L_1, ...] (n x R) for
-the low-rank solves of the inner loops (Woodbury, R x R eigenproblems). On a dense engine
-:meth:`factors` factors each held kernel once by pivoted Cholesky (``toolkit.lowrank``, cached per
-kernel) and answers None when the summed rank exceeds ``max_columns``. A factor kernel costs
-n r itemsize bytes (the engine's ``block_nbytes``), the memory rule is unchanged.
+- dense: the chunks hold K_m (c, n, n); :meth:`factors` factors each held kernel once by pivoted
+  Cholesky (cached per kernel) and answers None when the summed rank exceeds ``max_columns``.
+- factor (issue 17): the chunks hold L_m (c, n, r) with K_m = L_m L_m^T, every product goes through
+  them, K_m u = L_m (L_m^T u) (O(n r) per kernel); nothing n x n is ever formed: :meth:`add_weighted`
+  and :meth:`total` refuse, and :meth:`factors` gives the stored factors.
+
+:meth:`factors` gives the stacked F = [sqrt(w_1) L_1, ...] (n x R) for the low-rank solves of the
+inner loops (Woodbury, R x R eigenproblems); :meth:`with_sum` hands a solver the sum of the held
+kernels in the form the representation combines them (an (n, n) matrix, or the stacked factors).
+A kernel costs ``engine.block_nbytes`` bytes whatever the representation: one memory rule.
 
 The memory rule, the same for every solver: ``budget`` (bytes; the solver's ``working_set_bytes``,
 else the engine's ``working_set_budget``, None = no cap) bounds how many kernels a solver chooses
@@ -29,16 +32,13 @@ import numpy as np
 from numba import njit
 
 from mklscale.engine.contract import KernelEngine
-from mklscale.engine.kernels import axpy_rows, each_matvec, stack_matvec
+from mklscale.engine.kernels import axpy_rows
 from mklscale.errors import InvalidInputError
-from mklscale.solvers.toolkit.lowrank import pivoted_cholesky
 
 #: Share of the available memory a working set may take.
 MEMORY_SHARE = 0.9
 #: Relative trace left out by the pivoted Cholesky factors of dense kernels (:meth:`HeldKernels.factors`).
 DENSE_FACTOR_TOL = 1e-10
-#: Kernels widened to float64 at once in the factor products (bounds the transient copy).
-FACTOR_BATCH = 16
 
 
 @njit(nogil=True, cache=True)
@@ -60,8 +60,8 @@ class HeldKernels:
         self.n = int(engine.n)
         self.budget = budget_bytes if budget_bytes is not None else engine.working_set_budget
         self.index = np.zeros(0, dtype=np.int64)
-        self.chunks: list[np.ndarray] = []    # (c, n, n) stacks (factor engine: (c, n, r)), in held order
-        self.is_factor = getattr(engine, "representation", "dense") == "factor"
+        self.chunks: list[np.ndarray] = []    # stacks of stored blocks ((c, n, n) or (c, n, r)), in held order
+        self.rep = engine.kernel_representation
         self._dense_factors: dict[int, tuple[np.ndarray | None, int]] = {}  # id -> (L or None, rank cap)
 
     @property
@@ -150,78 +150,54 @@ class HeldKernels:
             self.chunks = [np.concatenate(self.chunks)]
         if self.chunks:
             return self.chunks[0]
-        return np.empty((0, self.n, self.engine.rank if self.is_factor else self.n))
+        return np.empty((0,) + self.rep.block_shape(self.n, self.engine.rank))
 
     # ---- operations -----------------------------------------------------------------------------
-    def _stacks(self):
-        """(first position, chunk) for every chunk, in held order."""
-        start = 0
-        for chunk in self.chunks:
-            yield start, chunk
-            start += chunk.shape[0]
-
-    def _factor_batches(self, first: int = 0):
-        """(first position, float64 factors (c, n, r)) in batches of FACTOR_BATCH kernels, from
-        position ``first`` on (factor storage; each batch is a transient widened copy)."""
-        for start, chunk in self._stacks():
-            for lo in range(max(0, first - start), chunk.shape[0], FACTOR_BATCH):
-                yield start + lo, chunk[lo:lo + FACTOR_BATCH].astype(np.float64)
-
     def matvecs(self, u: np.ndarray, first: int = 0) -> np.ndarray:
         """(size - first, n) float64 K_p u for the held kernels at positions >= ``first``."""
-        if self.is_factor:
-            return self.each_matvec(np.broadcast_to(np.asarray(u, dtype=np.float64), (self.size, self.n)), first)
-        U = np.ascontiguousarray(u, dtype=np.float64).reshape(1, self.n)
-        out = np.empty((self.size - first, 1, self.n))
-        for start, chunk in self._stacks():
-            stop = start + chunk.shape[0]
-            if stop > first:
-                lo = max(first, start)
-                stack_matvec(chunk[lo - start:], U, out[lo - first:stop - first])
-        return out[:, 0]
+        return self.rep.held_matvecs(self.chunks, self.size, self.n, u, first)
 
     def each_matvec(self, A: np.ndarray, first: int = 0) -> np.ndarray:
         """(size - first, n) float64 K_p A[p]: every held kernel (at positions >= ``first``) times
         its own vector (A indexed by position, (size, n))."""
-        if self.is_factor:
-            out = np.empty((self.size - first, self.n))
-            for start, L in self._factor_batches(first):
-                a = A[start:start + L.shape[0]]
-                P = np.einsum("cir,ci->cr", L, a)                       # L_p^T a_p
-                out[start - first:start - first + L.shape[0]] = np.einsum("cir,cr->ci", L, P)
-            return out
-        A = np.ascontiguousarray(A, dtype=np.float64)
-        out = np.empty((self.size, self.n))
-        for start, chunk in self._stacks():
-            stop = start + chunk.shape[0]
-            each_matvec(chunk, A[start:stop], out[start:stop])
-        return out[first:]
+        return self.rep.held_each_matvec(self.chunks, self.size, self.n, A, first)
+
+    def factor_list(self, sel=None, max_columns: int | None = None) -> list[np.ndarray] | None:
+        """[L_p for p in sel] (n, r_p) float64 with K_p ~ L_p L_p^T (the representation's
+        ``held_factor``: stored factors, or pivoted Cholesky factors to DENSE_FACTOR_TOL of the trace,
+        computed once per kernel); None when sum_p r_p would exceed ``max_columns``."""
+        sel = np.arange(self.size) if sel is None else np.asarray(sel, dtype=np.int64)
+        cap = np.inf if max_columns is None else int(max_columns)
+        parts, used = [], 0
+        for p in sel.tolist():
+            L = self.rep.held_factor(self._dense_factors, int(self.index[p]), self._block(p), cap - used,
+                                     DENSE_FACTOR_TOL)
+            if L is None:
+                return None
+            used += L.shape[1]
+            parts.append(L)
+        return parts
 
     def factors(self, sel=None, weights=None, max_columns: int | None = None) -> np.ndarray | None:
-        """F = [sqrt(w_1) L_{sel[1]}, ...] (n, R) float64 with K_p = L_p L_p^T, for the held kernels at
-        positions ``sel`` (None: all) and weights w >= 0 (None: ones). Factor storage: the stored
-        factors. Dense storage: pivoted Cholesky factors to DENSE_FACTOR_TOL of the trace, computed
-        once per kernel; None when R would exceed ``max_columns`` (then use the dense kernels)."""
+        """F = [sqrt(w_1) L_{sel[1]}, ...] (n, R) float64 with K_p ~ L_p L_p^T (:meth:`factor_list`), for
+        the held kernels at positions ``sel`` (None: all) and weights w >= 0 (None: ones); None when R
+        would exceed ``max_columns`` (then use the dense kernels)."""
         sel = np.arange(self.size) if sel is None else np.asarray(sel, dtype=np.int64)
         w = np.ones(sel.size) if weights is None else np.asarray(weights, dtype=np.float64)
         if np.any(w < 0.0):
             raise InvalidInputError("HeldKernels.factors needs non-negative weights (columns sqrt(w_p) L_p)")
-        cap = np.inf if max_columns is None else int(max_columns)
-        if self.is_factor:
-            if sel.size * self.engine.rank > cap:
-                return None
-            parts = self._positions(sel)
-        else:
-            parts, used = [], 0
-            for p in sel.tolist():
-                L = self._dense_factor(p, cap - used)
-                if L is None:
-                    return None
-                used += L.shape[1]
-                parts.append(L)
+        parts = self.factor_list(sel, max_columns)
+        if parts is None:
+            return None
         if not parts:
             return np.zeros((self.n, 0))
         return np.concatenate([np.sqrt(wp) * L for wp, L in zip(w, parts)], axis=1)
+
+    def with_sum(self, dense, low_rank):
+        """``dense(S)`` with S the (n, n) float64 sum of the held kernels, or ``low_rank(F)`` with
+        F F^T that sum (F = :meth:`factors`), as the representation combines its kernels (it
+        chooses; the caller writes both)."""
+        return self.rep.choose(lambda: dense(self.total()), lambda: low_rank(self.factors()))()
 
     def _block(self, position: int) -> np.ndarray:
         """The stored block at ``position`` (a view: K_p, or L_p on factor storage)."""
@@ -232,32 +208,16 @@ class HeldKernels:
             start += chunk.shape[0]
         raise IndexError(position)
 
-    def _positions(self, sel) -> list[np.ndarray]:
-        """The stored blocks at positions ``sel``, widened to float64 one by one."""
-        return [self._block(p).astype(np.float64) for p in np.asarray(sel, dtype=np.int64).tolist()]
-
-    def _dense_factor(self, position: int, cap) -> np.ndarray | None:
-        """Cached pivoted Cholesky factor of the dense held kernel at ``position`` (None: rank > cap)."""
-        kernel = int(self.index[position])
-        L, tried = self._dense_factors.get(kernel, (None, -1))
-        if L is not None:
-            return L if L.shape[1] <= cap else None
-        if tried >= min(cap, self.n):
-            return None
-        limit = int(min(cap, self.n))
-        L = pivoted_cholesky(self._block(position), DENSE_FACTOR_TOL, limit)   # reads columns, widened
-        self._dense_factors[kernel] = (L, limit)
-        return L
-
-    def _refuse_factors(self, what: str) -> None:
-        if self.is_factor:
-            raise InvalidInputError(
-                f"{self.name} asked HeldKernels.{what} for an n x n matrix ({self.n} x {self.n}) from factor "
-                f"kernels (K_m = L_m L_m^T); use factors() / matvecs() instead, which never form it")
+    def _stacks(self):
+        """(first position, chunk) for every chunk, in held order."""
+        start = 0
+        for chunk in self.chunks:
+            yield start, chunk
+            start += chunk.shape[0]
 
     def add_weighted(self, sel: np.ndarray, weights: np.ndarray, out: np.ndarray) -> None:
         """out += sum_p weights[p] K_{sel[p]} (sel: ascending positions; out (n, n) float64)."""
-        self._refuse_factors("add_weighted")
+        self.rep.refuse_dense(self.name, "add_weighted", self.n)
         sel = np.asarray(sel, dtype=np.int64)
         weights = np.asarray(weights, dtype=np.float64)
         for start, chunk in self._stacks():
@@ -268,7 +228,7 @@ class HeldKernels:
 
     def total(self) -> np.ndarray:
         """(n, n) float64 sum of the held kernels."""
-        self._refuse_factors("total")
+        self.rep.refuse_dense(self.name, "total", self.n)
         S = np.zeros((self.n, self.n))
         for chunk in self.chunks:
             S += chunk.sum(axis=0, dtype=np.float64)
