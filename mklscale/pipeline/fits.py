@@ -52,17 +52,19 @@ def check_solvers(pipe: Pipeline, task: str) -> None:
                 raise ConfigError(f"{label}: {exc}") from None
 
 
-def run_solver(entry: dict, bank, data: Data, run_dir: Path, client, quiet: bool, say, every_s: float,
+def run_solver(entry: dict, engine, data: Data, run_dir: Path, client, quiet: bool, say, every_s: float,
                resume: bool, seed: int = 0) -> dict:
-    """Fit one [[solver]] entry on the bank, evaluate it on the test rows and save its model.
+    """Fit one [[solver]] entry on the run's bank, evaluate it on the test rows and save its model.
 
-    The finished entry is kept in ``checkpoints/<name>.done.json``; with ``resume`` a finished
-    entry with the same parameters is reused instead of fitting again.
+    ``engine``: the run's engine on the bank; the CV and the refit both use it, so the kernels the CV
+    read stay in its block cache for the refit. The finished entry is kept in
+    ``checkpoints/<name>.done.json``; with ``resume`` a finished entry with the same parameters is
+    reused instead of fitting again.
     """
     from mklscale.estimators import MKLClassifier, MKLRegressor
     from mklscale.runtime.checkpoint import Preempted
 
-    name = entry["name"]
+    bank, name = engine.bank, entry["name"]
     requested = {"C": entry["C"], **entry["params"]}
     record = {"name": name, "solver": entry["solver"], "params": requested, "status": "ok",
               "error": None, "model": None, "path": None, "cv": None}
@@ -80,7 +82,7 @@ def run_solver(entry: dict, bank, data: Data, run_dir: Path, client, quiet: bool
             return previous
     done.unlink(missing_ok=True)
     try:
-        record["cv"] = _cross_validate(entry, bank, data, run_dir, client, say, seed, resume)
+        record["cv"] = _cross_validate(entry, engine, data, run_dir, client, say, seed, resume)
     except (Preempted, ClusterUnavailableError):
         raise
     except MKLScaleError as exc:
@@ -101,7 +103,7 @@ def run_solver(entry: dict, bank, data: Data, run_dir: Path, client, quiet: bool
     try:
         with warnings.catch_warnings():  # the run prints and records it (convergence_warning) instead
             warnings.filterwarnings("ignore", message=_CONVERGENCE_WARNING, category=ConvergenceWarning)
-            estimator.fit_bank(bank, data.y_train, resume=resume)
+            estimator.fit_bank(bank, data.y_train, resume=resume, engine=engine)
     except (Preempted, ClusterUnavailableError):
         raise   # the run stops: resumable from its checkpoints, not a failure of this solver
     except MKLScaleError as exc:
@@ -126,18 +128,19 @@ def run_solver(entry: dict, bank, data: Data, run_dir: Path, client, quiet: bool
     return record
 
 
-def _cross_validate(entry: dict, bank, data: Data, run_dir: Path, client, say, seed: int,
+def _cross_validate(entry: dict, engine, data: Data, run_dir: Path, client, say, seed: int,
                     resume: bool) -> dict | None:
     """The ``cv`` record of a solver whose regularisation is a list or "auto" (None otherwise):
-    k-fold CV on the bank's rows (``mklscale.model_selection``); its state in checkpoints/<name>.cv.json."""
+    k-fold CV on the bank's rows with the run's ``engine`` (``mklscale.model_selection``); its state in
+    checkpoints/<name>.cv.json."""
     req = model_selection.request(entry)
     if req is None:
         return None
     state = run_dir / "checkpoints" / f"{entry['name']}.cv.json"
     if not resume:
         state.unlink(missing_ok=True)
-    return model_selection.select(entry, req, bank, data.task, data.y_train, data.classes, client, seed, state,
-                                  resume, say)
+    return model_selection.select(entry, req, engine.bank, data.task, data.y_train, data.classes, client, seed,
+                                  state, resume, say, engine=engine)
 
 
 def _null_model_check(estimator, data: Data, metrics: dict) -> dict:
@@ -215,13 +218,12 @@ def _kernel_entry(bank, m: int, weight: float, head, feature_names=None) -> dict
             "features": None if spec.features is None else list(spec.features), "weight": weight, "head": head}
 
 
-def run_path(entry: dict, bank, data: Data, client, quiet: bool, say) -> dict:
-    """A PFBS regularisation path (square loss on the targets, ±1 labels for binary tasks)."""
-    from mklscale.engine import Engine
-    from mklscale.engine.core import small_bank_bytes
+def run_path(entry: dict, engine, data: Data, quiet: bool, say) -> dict:
+    """A PFBS regularisation path (square loss on the targets, ±1 labels for binary tasks) on the run's
+    ``engine``, with a progress bar per pass unless ``quiet``."""
     from mklscale.solvers import paths
 
-    name = entry["name"]
+    bank, name = engine.bank, entry["name"]
     record = {"name": name, "solver": "pfbs_path", "params": {k: v for k, v in entry.items() if k != "name"},
               "status": "ok", "error": None, "model": None, "kernels": [], "history": []}
     if data.task == "classification" and len(data.classes) != 2:
@@ -230,22 +232,26 @@ def run_path(entry: dict, bank, data: Data, client, quiet: bool, say) -> dict:
         return record
     y = np.asarray(data.y_train, dtype=np.float64)
     t0 = time.perf_counter()
-    with Engine(bank, client=client, progress=not quiet, local_bytes=small_bank_bytes()) as engine:
+    before, shown = engine.counters(), engine.progress
+    engine.progress = not quiet
+    try:
         p = paths.path(engine, y, n_taus=entry["n_taus"], mu=entry["mu"], eps=entry["eps"], tol=entry["tol"])
         scores, score_name = None, None
         if entry["cv_folds"]:
             cv = paths.cross_validate(engine, y, taus=p.taus, mus=[entry["mu"]], folds=entry["cv_folds"],
                                       task="classification" if data.task == "classification" else "regression")
             scores, score_name = cv.errors[0].tolist(), f"cv_{cv.metric}"
-        stats = engine.stats
+    finally:
+        engine.progress = shown
+    passes, bytes_read = (now - then for now, then in zip(engine.counters(), before))
     ever = np.flatnonzero(np.any(p.weights != 0, axis=0))
     record.update(
-        seconds=time.perf_counter() - t0, passes=stats.get("passes"), bytes_read=stats.get("bytes_read"),
+        seconds=time.perf_counter() - t0, passes=passes, bytes_read=bytes_read,
         converged=bool(np.all(p.converged)), objective=float(p.objectives[-1]), gap=float(p.gaps[-1]),
         n_active=int(ever.size), metrics={},
         path={"parameter": "tau", "values": p.taus.tolist(), "kernel_names": [bank.specs[m].label(data.feature_names) for m in ever],
               "weights": p.weights[:, ever].tolist(), "n_active": [len(a) for a in p.active],
               "scores": scores, "score_name": score_name})
     summary(f"[{name}] path over {len(p.taus)} taus: up to {ever.size}/{len(bank)} kernels, "
-             f"passes {record['passes']}, {record['seconds']:.1f} s")
+            f"passes {record['passes']}, {record['seconds']:.1f} s")
     return record

@@ -29,6 +29,8 @@ from pathlib import Path
 
 from mklscale import __version__, null_model
 from mklscale.bank.location import redact_options, redact_toml
+from mklscale.engine import Engine
+from mklscale.engine.core import small_bank_bytes
 from mklscale.errors import ClusterUnavailableError, InvalidInputError, Preempted, Stopped
 from mklscale.pipeline.bank_stage import prepare_bank
 from mklscale.pipeline.console import Stage, null_text, resume_command, stop_message, summary
@@ -94,14 +96,17 @@ def _run(pipe: Pipeline, run_dir: Path, cluster, quiet: bool, resume: bool, over
         try:
             bank, bank_info = prepare_bank(pipe, data, run_dir, client, quiet, say, overwrite, stage)
             entries = []
-            for entry in pipe.solvers:
-                stage.doing, stage.solver = f"running solver {entry['name']}", entry["name"]
-                entries.append(run_solver(entry, bank, data, run_dir, client, quiet, say, pipe.checkpoint_every_s,
-                                          resume, seed=pipe.seed))
-                stage.finished.append(entry["name"])
-            for entry in pipe.paths:
-                stage.doing, stage.solver = f"running path {entry['name']}", entry["name"]
-                entries.append(run_path(entry, bank, data, client, quiet, say))
+            # one engine on the bank for the whole run: the kernels a solver's CV reads stay in its block
+            # cache for the refit and the next solvers
+            with Engine(bank, client=client, progress=False, local_bytes=small_bank_bytes()) as engine:
+                for entry in pipe.solvers:
+                    stage.doing, stage.solver = f"running solver {entry['name']}", entry["name"]
+                    entries.append(run_solver(entry, engine, data, run_dir, client, quiet, say,
+                                              pipe.checkpoint_every_s, resume, seed=pipe.seed))
+                    stage.finished.append(entry["name"])
+                for entry in pipe.paths:
+                    stage.doing, stage.solver = f"running path {entry['name']}", entry["name"]
+                    entries.append(run_path(entry, engine, data, quiet, say))
             stage.solver = None
         except ClusterUnavailableError as exc:
             raise ClusterUnavailableError(
