@@ -19,8 +19,6 @@ from mklscale.pipeline.spec import Pipeline
 
 #: the flag the console line of an unconverged solver carries (the report shows its own)
 NOT_CONVERGED = "!! NOT CONVERGED"
-
-
 #: the flag of a model that predicts one class (or one value) for every train and test row
 CONSTANT_PREDICTOR = "!! CONSTANT PREDICTOR"
 

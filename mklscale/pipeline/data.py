@@ -18,6 +18,9 @@ MIN_TRAIN_PER_CLASS = 2
 
 @dataclasses.dataclass
 class Data:
+    """The run's split: training and test rows (with [bank] grams, X_* are their Gram matrices:
+    (M, n_train, n_train) and (M, n_test, n_train)), the task and the sorted classes."""
+
     name: str
     task: str               # "classification" | "regression"
     X_train: np.ndarray

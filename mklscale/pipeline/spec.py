@@ -97,8 +97,6 @@ from mklscale.errors import ConfigError, InvalidInputError
 
 #: the most values a [[path]] may have (each is a solve; a billion would run for ever)
 MAX_TAUS = 10_000
-
-
 _TOP = {
     "name": Field((str,)),
     "description": Field((str,), ""),
@@ -111,8 +109,6 @@ _TOP = {
     "report": Field((dict,), {}),
     "checkpoint": Field((dict,), {}),
 }
-
-
 _DATASET = {
     "name": Field((str,), None),
     "path": Field((str,), None),
@@ -123,8 +119,6 @@ _DATASET = {
     "max_train": Field((int,), 0, lambda v: None if v >= 0 else "must be >= 0 (0 = all rows)"),
     "options": Field((dict,), {}),
 }
-
-
 _BANK = {
     "family": Field((str,), None),
     "families": Field((list,), None),
@@ -142,17 +136,11 @@ _BANK = {
     # overrides of AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ... for a path s3://bucket/prefix (issue 20)
     "storage_options": Field((dict,), None),
 }
-
-
 _FACTOR_KEYS = ("method", "landmarks", "tol", "max_error")
-
-
 _SOLVER_FIXED = {"name": Field((str,)), "solver": Field((str,)),
                  "C": Field((float, list, str), None, model_selection.check_grid),
                  "cv_folds": Field((int,), model_selection.DEFAULT_FOLDS,
                                    lambda v: None if v >= 2 else f"must be >= 2, got {v!r}")}
-
-
 _PATH = {
     "name": Field((str,)),
     "mu": Field((float,), 1e-4, lambda v: None if v >= 0 else "must be >= 0"),
@@ -162,14 +150,8 @@ _PATH = {
     "tol": Field((float,), 1e-6, positive),
     "cv_folds": Field((int,), 0, lambda v: None if v == 0 or v > 1 else "must be 0 (no CV) or >= 2"),
 }
-
-
 _REPORT = {"enabled": Field((bool,), True)}
-
-
 _CHECKPOINT = {"every_s": Field((float,), 60.0, positive)}
-
-
 _PARAM_TYPES = (str, int, float, bool, list)
 
 
