@@ -82,7 +82,7 @@ def run_solver(entry: dict, engine, data: Data, run_dir: Path, client, quiet: bo
             return previous
     done.unlink(missing_ok=True)
     try:
-        record["cv"] = _cross_validate(entry, engine, data, run_dir, client, say, seed, resume)
+        record["cv"] = _cross_validate(entry, engine, data, run_dir, say, seed, resume)
     except (Preempted, ClusterUnavailableError):
         raise
     except MKLScaleError as exc:
@@ -128,8 +128,7 @@ def run_solver(entry: dict, engine, data: Data, run_dir: Path, client, quiet: bo
     return record
 
 
-def _cross_validate(entry: dict, engine, data: Data, run_dir: Path, client, say, seed: int,
-                    resume: bool) -> dict | None:
+def _cross_validate(entry: dict, engine, data: Data, run_dir: Path, say, seed: int, resume: bool) -> dict | None:
     """The ``cv`` record of a solver whose regularisation is a list or "auto" (None otherwise):
     k-fold CV on the bank's rows with the run's ``engine`` (``mklscale.model_selection``); its state in
     checkpoints/<name>.cv.json."""
@@ -139,8 +138,8 @@ def _cross_validate(entry: dict, engine, data: Data, run_dir: Path, client, say,
     state = run_dir / "checkpoints" / f"{entry['name']}.cv.json"
     if not resume:
         state.unlink(missing_ok=True)
-    return model_selection.select(entry, req, engine.bank, data.task, data.y_train, data.classes, client, seed,
-                                  state, resume, say, engine=engine)
+    return model_selection.select(entry, req, engine, data.task, data.y_train, data.classes, seed, state, resume,
+                                  say)
 
 
 def _null_model_check(estimator, data: Data, metrics: dict) -> dict:
