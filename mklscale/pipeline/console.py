@@ -15,6 +15,7 @@ from pathlib import Path
 from mklscale import null_model
 from mklscale.errors import Preempted, Stopped
 from mklscale.pipeline.spec import Pipeline
+from mklscale.results import RESULTS_FILE
 
 
 #: the flag the console line of an unconverged solver carries (the report shows its own)
@@ -80,8 +81,8 @@ def stop_message(exc: Stopped | Preempted, pipe: Pipeline, run_dir: Path, stage:
         saved.append(f"finished solver(s) {', '.join(stage.finished)}")
     if isinstance(exc, Preempted) and exc.checkpoint:
         saved.append(f"the state of {stage.solver} ({exc.checkpoint})")
-    if (run_dir / "results.json").is_file():
-        saved.append("results.json")
+    if (run_dir / RESULTS_FILE).is_file():
+        saved.append(RESULTS_FILE)
     note = "" if stage.solver is None or isinstance(exc, Preempted) and exc.checkpoint else \
         f" ({stage.solver} keeps no checkpoint and starts over)"
     return (f"stopped by {signals.Signals(exc.signum).name} while {stage.doing}: saved "

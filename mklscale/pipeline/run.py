@@ -37,7 +37,7 @@ from mklscale.pipeline.console import Stage, null_text, resume_command, stop_mes
 from mklscale.pipeline.data import load_data
 from mklscale.pipeline.fits import check_solvers, run_path, run_solver
 from mklscale.pipeline.spec import Pipeline, load_pipeline, with_dataset
-from mklscale.results import SCHEMA_VERSION, write_json_atomic
+from mklscale.results import RESULTS_FILE, SCHEMA_VERSION, write_json_atomic
 from mklscale.runtime.interrupt import stop_cleanly
 from mklscale.solvers.result import json_safe
 
@@ -78,7 +78,7 @@ def _run(pipe: Pipeline, run_dir: Path, cluster, quiet: bool, resume: bool, over
     cluster_config = load_cluster_config(cluster) if cluster is not None else None
     _check_run_dir(run_dir, resume, overwrite)
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
-    if resume and (run_dir / "results.json").is_file():
+    if resume and (run_dir / RESULTS_FILE).is_file():
         return _finished_run(pipe, run_dir, stage)
     started, t0 = _now(), time.perf_counter()
     data = load_data(pipe, say)
@@ -128,13 +128,13 @@ def _run(pipe: Pipeline, run_dir: Path, cluster, quiet: bool, resume: bool, over
         "bank": bank_info, "solvers": entries,
     }
     stage.doing = "writing the results"
-    write_json_atomic(run_dir / "results.json", json_safe(results))
+    write_json_atomic(run_dir / RESULTS_FILE, json_safe(results))
     stage.doing = "writing the report"
     if pipe.report:
         from mklscale.report import write_report
 
         summary(f"[{pipe.name}] report: {write_report(run_dir, quiet=True)}")
-    summary(f"[{pipe.name}] results: {run_dir / 'results.json'}")
+    summary(f"[{pipe.name}] results: {run_dir / RESULTS_FILE}")
     return results
 
 
@@ -144,11 +144,11 @@ def _finished_run(pipe: Pipeline, run_dir: Path, stage: Stage) -> dict:
     from mklscale.report import write_report
 
     try:
-        results = json.loads((run_dir / "results.json").read_text())
+        results = json.loads((run_dir / RESULTS_FILE).read_text())
     except (OSError, ValueError) as exc:
-        raise InvalidInputError(f"{run_dir / 'results.json'} is unreadable ({exc}); rerun the pipeline with "
+        raise InvalidInputError(f"{run_dir / RESULTS_FILE} is unreadable ({exc}); rerun the pipeline with "
                                 "--overwrite") from None
-    summary(f"[{pipe.name}] finished before: {run_dir / 'results.json'} kept as it is")
+    summary(f"[{pipe.name}] finished before: {run_dir / RESULTS_FILE} kept as it is")
     if pipe.report and not (run_dir / "report" / "index.html").is_file():
         stage.doing = "writing the report"
         summary(f"[{pipe.name}] report: {write_report(run_dir, quiet=True)}")
@@ -156,7 +156,7 @@ def _finished_run(pipe: Pipeline, run_dir: Path, stage: Stage) -> dict:
 
 
 #: what an earlier run leaves in its run directory
-_RUN_OUTPUTS = ("results.json", "checkpoints", "models", "report")
+_RUN_OUTPUTS = (RESULTS_FILE, "checkpoints", "models", "report")
 
 
 def _check_run_dir(run_dir: Path, resume: bool = False, overwrite: bool = False) -> None:
@@ -184,7 +184,7 @@ def _prepare_run_dir(run_dir: Path, pipe: Pipeline, overwrite: bool = False) -> 
         raise InvalidInputError(f"--out {run_dir} exists and is not a directory; choose another run directory")
     run_dir.mkdir(parents=True, exist_ok=True)
     if overwrite:
-        (run_dir / "results.json").unlink(missing_ok=True)
+        (run_dir / RESULTS_FILE).unlink(missing_ok=True)
         for name in ("checkpoints", "models", "report"):
             shutil.rmtree(run_dir / name, ignore_errors=True)
     if pipe.source is not None:
