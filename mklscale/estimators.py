@@ -304,18 +304,17 @@ class _MKLBase(BaseEstimator):
             yield bank, seconds
 
     def _solve(self, bank, y_targets: list[np.ndarray], params: dict, t0: float, client, build_seconds: float = 0.0,
-               resume: bool = False, y=None, sample_weight=None):
-        """Open one engine on ``bank``, choose C (:meth:`_choose_C`), solve every head at it, keep the model.
-        ``sample_weight``: per-row weights of the final fit (sample_weight x class_weight), or None."""
-        from mklscale.engine import Engine
-        from mklscale.engine.core import small_bank_bytes
-
+               resume: bool = False, y=None, sample_weight=None, engine=None):
+        """Open one engine on ``bank`` (or use ``engine``, an open one on it), choose C (:meth:`_choose_C`),
+        solve every head at it, keep the model. ``sample_weight``: per-row weights of the final fit
+        (sample_weight x class_weight), or None. ``fit_stats_`` counts this fit's passes only."""
         seed = self._seed()
         seed_param = registry.info(self.solver).seed_param
         if seed_param and seed_param not in params and seed is not None:
             params[seed_param] = seed
         t_solve = time.perf_counter()
-        with Engine(bank, client=client, progress=bool(self.progress), local_bytes=small_bank_bytes()) as engine:
+        with _engine_on(bank, engine, client, bool(self.progress)) as engine:
+            before = engine.counters()
             self.C_ = self._choose_C(engine, bank, y_targets, params, y, sample_weight)
             fit_params = dict(params)
             fit_params.pop(registry.c_parameter(self.solver, self._task, params), None)   # C_ holds it now
@@ -327,7 +326,7 @@ class _MKLBase(BaseEstimator):
                 results = [registry.fit_solver(self.solver, engine, t, self._task, C=self.C_, params=fit_params,
                                                checkpoint=ck, sample_weight=sample_weight)
                            for t, ck in zip(y_targets, checkpoints)]
-            stats = engine.stats
+            passes, bytes_read = (now - then for now, then in zip(engine.counters(), before))
         for ck in filter(None, checkpoints):
             ck.clear()
         info = {"solver": self.solver, "C": json_safe(self.C), "C_": self.C_, "solver_params": json_safe(params),
@@ -337,7 +336,7 @@ class _MKLBase(BaseEstimator):
         _set_model_attributes(self, self.model_)
         message = self._convergence_message(results)
         self.fit_stats_ = {
-            "passes": int(stats.get("passes", 0)), "bytes_read": int(stats.get("bytes_read", 0)),
+            "passes": int(passes), "bytes_read": int(bytes_read),
             "seconds": time.perf_counter() - t0, "solve_seconds": time.perf_counter() - t_solve,
             "build_seconds": float(build_seconds), "bank": str(bank.path),
             "kernels_built": int(getattr(bank, "last_build_computed", 0)), "n_kernels": int(bank.M),
@@ -602,18 +601,20 @@ class MKLClassifier(ClassifierMixin, _MKLBase):
         weights = self._row_weights(y, sample_weight)
         return self._fit_features(X, y, self._targets(y), resume, weights)
 
-    def fit_bank(self, bank, y, resume: bool = False):
+    def fit_bank(self, bank, y, resume: bool = False, engine=None):
         """Fit on a precomputed KernelBank (or its path); y are the labels of the bank's rows.
 
         Prediction from raw features needs a bank built from features (``build_bank``); for banks
-        imported from Gram matrices use ``decision_function_from_kernels``.
+        imported from Gram matrices use ``decision_function_from_kernels``. ``engine``: an open
+        :class:`~mklscale.engine.Engine` on ``bank`` to fit with (its block cache kept from earlier
+        work, e.g. a pipeline's cross-validation); None opens one for this fit.
         """
         t0 = time.perf_counter()
         params = self._check_solver()
         bank, y = self._fit_bank(bank, y)
         targets = self._targets(y)
         with _client(self.client) as client:
-            self._solve(bank, targets, params, t0, client, resume=resume, y=y)
+            self._solve(bank, targets, params, t0, client, resume=resume, y=y, engine=engine)
         return self
 
     def _targets(self, y) -> list[np.ndarray]:
@@ -689,8 +690,8 @@ class MKLRegressor(RegressorMixin, _MKLBase):
         weights = self._row_weights(y, sample_weight)
         return self._fit_features(X, y, [np.asarray(y, dtype=np.float64)], resume, weights)
 
-    def fit_bank(self, bank, y, resume: bool = False):
-        """Fit on a precomputed KernelBank (or its path); see MKLClassifier.fit_bank."""
+    def fit_bank(self, bank, y, resume: bool = False, engine=None):
+        """Fit on a precomputed KernelBank (or its path); see MKLClassifier.fit_bank (``engine`` too)."""
         t0 = time.perf_counter()
         params = self._check_solver()
         bank, y = self._fit_bank(bank, y)
@@ -698,7 +699,7 @@ class MKLRegressor(RegressorMixin, _MKLBase):
         if not np.isfinite(y).all():
             raise InvalidInputError("y contains NaN or inf; drop or impute those rows")
         with _client(self.client) as client:
-            self._solve(bank, [y], params, t0, client, resume=resume, y=y)
+            self._solve(bank, [y], params, t0, client, resume=resume, y=y, engine=engine)
         return self
 
     def predict(self, X) -> np.ndarray:
@@ -982,6 +983,20 @@ def _client(client):
 
     with open_client({"kind": "address", "address": client, "timeout_s": 30.0}, quiet=True) as opened:
         yield opened
+
+
+def _engine_on(bank, engine, client, progress: bool):
+    """A context giving an engine on ``bank``: ``engine`` itself, left open (the caller's: its block cache
+    outlives the fit), or a new :class:`~mklscale.engine.Engine`, closed at the end."""
+    from mklscale.engine import Engine
+    from mklscale.engine.core import small_bank_bytes
+
+    if engine is None:
+        return Engine(bank, client=client, progress=progress, local_bytes=small_bank_bytes())
+    if str(engine.bank.path) != str(bank.path):
+        raise InvalidInputError(f"engine= is open on the bank {engine.bank.path}, not on {bank.path}; give an "
+                                "engine on the bank being fitted, or none")
+    return contextlib.nullcontext(engine)
 
 
 # ---- fitted attributes and model files ---------------------------------------------------------------

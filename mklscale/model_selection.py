@@ -39,7 +39,6 @@ the finished fold scores in ``checkpoints/<name>.cv.json`` and ``--resume`` cont
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -146,16 +145,15 @@ def at_choice(entry: dict, selection: dict) -> dict:
 
 
 # ---- the cross-validation ----------------------------------------------------------------------
-def select(entry: dict, req: Request, bank, task: str, y, classes, client, seed: int, state: Path,
-           resume: bool, say, engine=None) -> dict:
+def select(entry: dict, req: Request, engine, task: str, y, classes, seed: int, state: Path, resume: bool,
+           say) -> dict:
     """Cross-validate ``entry``'s regularisation over its grid; return the ``cv`` record (module docstring).
 
-    ``y``: training labels / targets (bank rows); ``classes``: sorted labels (classification) or
-    None; ``state``: the JSON file keeping finished folds' scores (reused with ``resume``);
-    ``engine``: an open engine on ``bank`` to use (else one is opened for the CV).
+    ``engine``: the run's open engine on its bank (the pipeline's one engine; left open, its block cache
+    then serves the refit); ``y``: training labels / targets (bank rows); ``classes``: sorted labels
+    (classification) or None; ``state``: the JSON file keeping finished folds' scores (reused with
+    ``resume``).
     """
-    from mklscale.engine import Engine
-    from mklscale.engine.core import small_bank_bytes
     from mklscale.runtime.checkpoint import stop_on_signals, stop_requested
 
     t0 = time.perf_counter()
@@ -170,29 +168,26 @@ def select(entry: dict, req: Request, bank, task: str, y, classes, client, seed:
         raise ConfigError(f"[[solver]] {name}: cv_folds = {req.folds} needs at least that many training rows "
                           f"{'of every class' if classification else ''}; lower cv_folds")
     fold = cv.fold_assignment(y, req.folds, classification, seed)
-    opened = (Engine(bank, client=client, progress=False, local_bytes=small_bank_bytes()) if engine is None
-              else contextlib.nullcontext(engine))
-    with opened as engine:
-        grid, rule = (req.values, "given") if req.values != AUTO else reg.grid(engine, heads, task, params)
-        grid = sorted({float(v) for v in grid})
-        fingerprint = _fingerprint(entry, req, grid, seed, bank, y)
-        done = _load_state(state, fingerprint, len(grid), req.folds) if resume else None
+    grid, rule = (req.values, "given") if req.values != AUTO else reg.grid(engine, heads, task, params)
+    grid = sorted({float(v) for v in grid})
+    fingerprint = _fingerprint(entry, req, grid, seed, engine.bank, y)
+    done = _load_state(state, fingerprint, len(grid), req.folds) if resume else None
 
-        def fold_finished(k: int, partial: cv.CVScores) -> None:
-            _save_state(state, fingerprint, grid, partial)
-            scores = partial.scores[:, k]
-            reached = int(np.count_nonzero(np.isfinite(scores)))
-            say(f"[{name}] cv fold {k + 1}/{req.folds}: best {req.key} = {grid[int(np.nanargmax(scores))]:.4g} "
-                f"({_METRIC[classification]} {np.nanmax(scores):.4f}), {reached} of {len(grid)} values "
-                f"(the path stops {cv.DEFAULT_PATIENCE} values past the fold's best), {partial.seconds[k]:.1f} s")
-            if stop_requested() is not None:
-                raise Preempted(stop_requested(), state)
+    def fold_finished(k: int, partial: cv.CVScores) -> None:
+        _save_state(state, fingerprint, grid, partial)
+        scores = partial.scores[:, k]
+        reached = int(np.count_nonzero(np.isfinite(scores)))
+        say(f"[{name}] cv fold {k + 1}/{req.folds}: best {req.key} = {grid[int(np.nanargmax(scores))]:.4g} "
+            f"({_METRIC[classification]} {np.nanmax(scores):.4f}), {reached} of {len(grid)} values "
+            f"(the path stops {cv.DEFAULT_PATIENCE} values past the fold's best), {partial.seconds[k]:.1f} s")
+        if stop_requested() is not None:
+            raise Preempted(stop_requested(), state)
 
-        with stop_on_signals():
-            if stop_requested() is not None:
-                raise Preempted(stop_requested(), state)
-            result = cv.cross_validate(solver, engine, y, task, grid, _c_params(req.key, params), classes,
-                                       fold=fold, done=done, on_fold=fold_finished)
+    with stop_on_signals():
+        if stop_requested() is not None:
+            raise Preempted(stop_requested(), state)
+        result = cv.cross_validate(solver, engine, y, task, grid, _c_params(req.key, params), classes,
+                                   fold=fold, done=done, on_fold=fold_finished)
     unconverged = result.unconverged
     mean, std = result.mean, result.std
     best = cv.best_index(mean, grid, reg.larger_regularises)

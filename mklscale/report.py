@@ -1,11 +1,11 @@
 """``mklscale report RUN_DIR``: a static HTML report of a pipeline run, with PNG figures.
 
-:func:`write_report` reads ``RUN_DIR/results.json`` (written by ``mklscale run``; schema below) and
-writes ``RUN_DIR/report/index.html`` plus one PNG per figure of :mod:`mklscale.plots`. The page is
-a static folder (inline CSS, no scripts, nothing fetched from the network, no links out: it can be
-zipped and mailed); every string taken from results.json is HTML-escaped. The report is assembled
-in a temporary folder inside RUN_DIR and renamed into place, so a failure never leaves a
-half-written report and a second run replaces the first one whole.
+:func:`write_report` reads ``RUN_DIR/results.json`` (written by ``mklscale run``; its schema and its
+reader: :mod:`mklscale.results`) and writes ``RUN_DIR/report/index.html`` plus one PNG per figure of
+:mod:`mklscale.plots`. The page is a static folder (inline CSS, no scripts, nothing fetched from the
+network, no links out: it can be zipped and mailed); every string taken from results.json is
+HTML-escaped. The report is assembled in a temporary folder inside RUN_DIR and renamed into place, so a
+failure never leaves a half-written report and a second run replaces the first one whole.
 
 What it shows, top to bottom: the pipeline's description; the data and the bank; per solver the
 test metrics (balanced accuracy, ROC AUC and accuracy, or R^2 and RMSE; the cross-validated score
@@ -15,22 +15,11 @@ shares of each solver's total weight (comparable across solvers) in a kernel x s
 per solver; baselines with equal weights on every kernel are summarised in one line, not listed.
 Feature indices are shown by name where results.json has the dataset's ``feature_names``.
 
-results.json (schema_version 1) holds: pipeline {name, description, path, config}, started,
-finished, seconds, machine, cluster, dataset {name, task, n_train, n_test, n_features, classes,
-feature_names, null_model}, bank {path, M, n, dtype, normalize, build_seconds, kernels_computed,
-families}, and solvers: a list of {name, solver, params, status, error, metrics, confusion_matrix,
-seconds, passes, bytes_read, converged, objective, gap, n_active, kernels (the kept ones), history,
-path, convergence_warning, model, cv (where model selection ran; see
-:func:`mklscale.plots.selection_table`), null_model {metric, solver, null, at_least_null},
-constant_predictor {constant, value}}. dataset.null_model is the majority-class {kind:
-"majority_class", label, test_accuracy, ...} or training-mean {kind: "mean", value, test_r2,
-test_rmse, ...} predictor (docs/design.md, "Model selection and the null model"). A solver with
-converged false is flagged "NOT CONVERGED" (class ``not-converged``) next to its name in the test
-table and the kept-kernels section and in the converged column, with the estimator's warning text
-(what to change) below the cost table; a constant predictor, or one below the null model, is
-flagged beside its name too. The Dask dashboard's address is not shown (it ends with the run).
-Only ``schema_version`` and ``solvers`` are required; every other field may be missing.
-Non-finite floats may be the strings "inf"/"-inf"/"nan".
+A solver with converged false is flagged "NOT CONVERGED" (class ``not-converged``) next to its name
+in the test table and the kept-kernels section and in the converged column, with the estimator's
+warning text (what to change) below the cost table; a constant predictor, or one below the null
+model, is flagged beside its name too. The Dask dashboard's address is not shown (it ends with the
+run). Every field but ``schema_version`` and ``solvers`` may be missing.
 """
 
 from __future__ import annotations
@@ -46,57 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from mklscale import __version__, plots
-from mklscale.errors import InvalidInputError
+from mklscale.results import load_results
 from mklscale.runtime.atomic import swap_into_place
 
-SCHEMA_VERSION = 1
-RESULTS_FILE = "results.json"
 REPORT_DIR = "report"
 DPI = 110
 #: kept-kernel tables longer than this are cut (the figure shows the heaviest ones anyway)
 MAX_KERNEL_ROWS = 200
-_RUN_HINT = ("run the pipeline first (`mklscale run PIPELINE.toml`), then give `mklscale report` the "
-             "run folder it wrote")
-
-
-# ---- reading results.json ------------------------------------------------------------------------
-
-def load_results(run_dir: str | Path) -> dict:
-    """The parsed ``RUN_DIR/results.json``, checked for the parts the report relies on.
-
-    Raises InvalidInputError (saying which file and what to do) when the folder or file is missing,
-    is not valid JSON, or is not a results.json of schema version 1.
-    """
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise InvalidInputError(f"run folder {run_dir} does not exist or is not a folder; {_RUN_HINT}")
-    path = run_dir / RESULTS_FILE
-    if not path.is_file():
-        raise InvalidInputError(f"{path} not found: {run_dir} holds no finished pipeline run; {_RUN_HINT}")
-    try:
-        results = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidInputError(f"{path} is not valid JSON ({exc}); the file is damaged or was cut short "
-                                f"(an interrupted run?): run the pipeline again") from None
-    _check_schema(results, path)
-    return results
-
-
-def _check_schema(results: Any, path: Path) -> None:
-    """Raise InvalidInputError unless ``results`` is a schema-1 results dict with a list of solvers."""
-    if not isinstance(results, dict) or "schema_version" not in results:
-        raise InvalidInputError(f"{path} is not an mklscale results file (no schema_version); "
-                                f"{_RUN_HINT}")
-    version = results["schema_version"]
-    if version != SCHEMA_VERSION or isinstance(version, bool):
-        newer = isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION
-        what = "upgrade mklscale to read it" if newer else "run the pipeline again with this mklscale"
-        raise InvalidInputError(f"{path} has schema_version {version!r}; this mklscale {__version__} reads "
-                                f"schema_version {SCHEMA_VERSION}: {what}")
-    solvers = results.get("solvers")
-    if not isinstance(solvers, list) or not all(isinstance(s, dict) for s in solvers):
-        raise InvalidInputError(f"{path}: 'solvers' must be a list of objects, one per solver run; the file "
-                                f"is damaged: run the pipeline again")
 
 
 # ---- writing the report ---------------------------------------------------------------------------

@@ -231,14 +231,14 @@ def test_fit_prints_each_kept_kernels_share_of_the_weight(small, tmp_path, capsy
 
 
 def test_pipeline_console_shows_kernel_shares_not_raw_weights(capsys):
-    from mklscale.pipeline import _say_solver
+    from mklscale.pipeline.console import say_solver
 
     record = {"name": "spicy", "metrics": {"test_accuracy": 0.9}, "gap": 1e-4, "converged": True, "n_active": 3,
               "passes": 4, "seconds": 1.0, "kernels": [
                   {"name": "gaussian(width=2)[mean radius]", "weight": 121.4, "head": None},
                   {"name": "linear[all]", "weight": 0.371, "head": None},
                   {"name": "polynomial(degree=2)[all]", "weight": 0.0032, "head": None}]}
-    _say_solver(print, record, 30)
+    say_solver(print, record, 30)
     out = capsys.readouterr().out.splitlines()[1:]
     assert out == ["     99.7%  gaussian(width=2)[mean radius]", "      0.3%  linear[all]",
                    "    0.0026%  polynomial(degree=2)[all]"]

@@ -3,7 +3,7 @@
 Nothing here is mocked. The ``cluster`` tests start a real ``dask scheduler`` and two ``dask
 worker`` processes; the ``slurm`` tests submit real jobs and skip only when no SLURM controller
 answers (set one up with ``cluster/slurm/setup_single_node.sh``, as .ci/run does). Tests that run
-the pipeline command skip while ``pipelines/tiny.toml`` or ``mklscale/pipeline.py`` is missing.
+the pipeline command skip while ``pipelines/tiny.toml`` or ``mklscale/pipeline/`` is missing.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ SBATCH_TEMPLATE = ROOT / "cluster" / "slurm" / "mklscale.sbatch"
 QUIET_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 needs_pipeline = pytest.mark.skipif(
-    not (TINY.is_file() and (ROOT / "mklscale" / "pipeline.py").is_file()),
-    reason="pipelines/tiny.toml or mklscale/pipeline.py does not exist yet")
+    not (TINY.is_file() and (ROOT / "mklscale" / "pipeline").is_dir()),
+    reason="pipelines/tiny.toml or mklscale/pipeline/ does not exist yet")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -314,13 +314,15 @@ def test_pipeline_bad_factor_keys_are_config_errors(keys, fragment):
 
 def test_pipeline_builds_a_factor_bank(tmp_path):
     from mklscale.datasets import load
-    from mklscale.pipeline import _build_bank, _Data, load_pipeline
+    from mklscale.pipeline import load_pipeline
+    from mklscale.pipeline.bank_stage import prepare_bank
+    from mklscale.pipeline.data import Data
 
     pipe = load_pipeline({**PIPE, "bank": {**PIPE["bank"], "rank": 8, "max_error": 1.0}})
     ds = load("breast_cancer")
-    data = _Data("breast_cancer", "classification", ds.X[:50], ds.y[:50], ds.X[50:60], ds.y[50:60], None)
+    data = Data("breast_cancer", "classification", ds.X[:50], ds.y[:50], ds.X[50:60], ds.y[50:60], None)
     said = []
-    bank, info = _build_bank(pipe, data, tmp_path, None, True, said.append)
+    bank, info = prepare_bank(pipe, data, tmp_path, None, True, said.append)
     assert (bank.representation, bank.rank, info["representation"], info["rank"]) == ("factor", 8, "factor", 8)
 
 

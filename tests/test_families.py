@@ -55,7 +55,7 @@ def _from_python(description, d: int) -> list[KernelSpec]:
 
 
 def _from_toml(lines: str, d: int, tmp_path) -> list[KernelSpec]:
-    """A pipeline file's [bank] table, loaded and resolved as the run's bank stage does (``_build_bank``)."""
+    """A pipeline file's [bank] table, loaded and resolved as the run's bank stage does (``pipeline.bank_stage.prepare_bank``)."""
     path = tmp_path / "p.toml"
     path.write_text(f'name = "t"\n[dataset]\nname = "iris"\n[bank]\n{lines}\n'
                     '[[solver]]\nname = "uni"\nsolver = "uniform"\n')

@@ -12,7 +12,7 @@ import pytest
 
 from mklscale import model_selection, null_model
 from mklscale.bank.store import KernelBank
-from mklscale.engine import InMemoryEngine
+from mklscale.engine import Engine, InMemoryEngine
 from mklscale.errors import ConfigError
 from mklscale.pipeline import CONSTANT_PREDICTOR, load_pipeline, run_pipeline
 from mklscale.solvers import cv, paths, registry
@@ -89,8 +89,9 @@ def small_bank(tmp_path_factory):
 
 def _select(bank, y, grid, tmp_path, seed=0, resume=False, folds=3, solver="uniform", **params):
     entry = {"name": "s", "solver": solver, "C": grid, "params": params, "cv_folds": folds}
-    return model_selection.select(entry, model_selection.request(entry), bank, "classification", y, [-1.0, 1.0],
-                                  None, seed, tmp_path / "s.cv.json", resume, lambda *a: None)
+    with Engine(bank) as engine:
+        return model_selection.select(entry, model_selection.request(entry), engine, "classification", y,
+                                      [-1.0, 1.0], seed, tmp_path / "s.cv.json", resume, lambda *a: None)
 
 
 def _grams(bank) -> np.ndarray:

@@ -20,7 +20,9 @@ from mklscale.bank import KernelBank
 from mklscale.cli import main as cli
 from mklscale.datasets import load
 from mklscale.errors import ConfigError, InvalidInputError
-from mklscale.pipeline import _load_data, _resume_command, load_pipeline, run_pipeline, with_dataset
+from mklscale.pipeline import load_pipeline, run_pipeline, with_dataset
+from mklscale.pipeline.console import resume_command
+from mklscale.pipeline.data import load_data
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ["sepal length", "sepal width", "petal length", "petal width"]
@@ -288,14 +290,14 @@ def test_pipeline_npy_path_with_labels_and_regression_inferred(tmp_path):
     spec = tmp_path / "p.toml"
     spec.write_text(_pipeline_text('path = "X.npy"\nlabels = "y.npy"'))
     said = []
-    data = _load_data(load_pipeline(spec), said.append)
+    data = load_data(load_pipeline(spec), said.append)
     assert data.task == "regression" and data.feature_names is None
     assert len(data.y_train) + len(data.y_test) == 40 and data.X_train.shape[1] == 3
     assert said == ['[own] task: regression (inferred from the target: numbers that are not all whole); give '
                     'task = "classification" to change it']
     spec.write_text(_pipeline_text(f'path = "{tmp_path / "X.npy"}"\nlabels = "y.npy"\ntask = "regression"'))
     said.clear()
-    assert _load_data(load_pipeline(spec), said.append).task == "regression" and said == []
+    assert load_data(load_pipeline(spec), said.append).task == "regression" and said == []
 
 
 PIPELINE_ERRORS = [
@@ -338,7 +340,7 @@ def test_pipeline_bad_data_is_a_config_error_before_any_work(tmp_path, capsys, n
     spec = tmp_path / "p.toml"
     spec.write_text(_pipeline_text(dataset))
     with pytest.raises(ConfigError, match=message):
-        _load_data(load_pipeline(spec))
+        load_data(load_pipeline(spec))
     code, _, err = _run_cli(["run", spec, "--out", tmp_path / "run", "--quiet"], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert f"pipeline {spec} [dataset]" in err
@@ -351,7 +353,7 @@ def test_uci_simplemkl_pipeline_runs_each_shipped_set():
     pipe = load_pipeline(ROOT / "pipelines" / "uci_simplemkl.toml")
     assert pipe.dataset["name"] == "liver" and pipe.dataset["test_fraction"] == 0.2
     for name, n in (("liver", 345), ("pima", 768), ("ionosphere", 351), ("sonar", 208)):
-        data = _load_data(with_dataset(pipe, name))
+        data = load_data(with_dataset(pipe, name))
         assert data.name == name and data.task == "classification" and data.classes == [-1.0, 1.0]
         assert len(data.y_test) == int(np.ceil(0.2 * n)) and len(data.y_train) + len(data.y_test) == n
         assert data.feature_names == load(name).feature_names
@@ -368,11 +370,11 @@ def test_with_dataset_keeps_the_split_and_the_options_the_new_set_takes():
     sonar = with_dataset(pipe, "sonar")
     assert sonar.dataset["options"] == {} and sonar.dataset["dropped_options"] == ["n_features", "n_samples"]
     said = []
-    data = _load_data(sonar, said.append)
+    data = load_data(sonar, said.append)
     assert data.name == "sonar" and len(data.y_train) == 30
     assert said == ["[g] --dataset sonar: the pipeline's [dataset] options n_features, n_samples do not apply to "
                     "sonar and are not used"]
-    assert "--dataset sonar --out runs/x --resume" in _resume_command(sonar, Path("runs/x"))
+    assert "--dataset sonar --out runs/x --resume" in resume_command(sonar, Path("runs/x"))
     with pytest.raises(ConfigError, match=r"--dataset 'bupa': unknown dataset; choose one of .*liver"):
         with_dataset(pipe, "bupa")
 

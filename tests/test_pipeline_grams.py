@@ -65,6 +65,19 @@ def test_a_bank_folder_as_grams(grams, tmp_path):
     assert all(e["status"] == "ok" and e["metrics"]["test_accuracy"] > 0.9 for e in results["solvers"])
 
 
+def test_gram_matrices_imported_into_a_bank_on_s3(grams, tmp_path, s3_bucket):
+    """The import goes through the bank's storage: an s3:// [bank] path holds the same bank, and the run
+    the same results, as the run's own folder."""
+    folder, X, y, specs = grams
+    (folder / "local.toml").write_text(_spec(folder))
+    (folder / "s3.toml").write_text(_spec(folder, path=f"s3://{s3_bucket}/runs/own.zarr"))
+    local = run_pipeline(folder / "local.toml", out=tmp_path / "local", quiet=True)
+    remote = run_pipeline(folder / "s3.toml", out=tmp_path / "s3", quiet=True)
+    assert remote["bank"]["path"] == f"s3://{s3_bucket}/runs/own.zarr"
+    for a, b in zip(local["solvers"], remote["solvers"]):
+        assert a["metrics"] == b["metrics"] and a["kernels"] == b["kernels"], a["name"]
+
+
 def test_bad_gram_configurations_say_what_to_do(grams, tmp_path):
     folder, X, y, specs = grams
     np.save(folder / "short.npy", np.load(folder / "K.npy")[:, :-1, :-1])

@@ -50,7 +50,7 @@ def test_citi_has_its_own_name_and_the_old_one_still_works():
     assert registry.canonical("elasticnet") == "citi" == registry.canonical("citi")
     assert registry.accepted_params("elasticnet") == registry.accepted_params("citi")
     assert registry.supports("elasticnet", "classification") and not registry.supports("citi", "regression")
-    from mklscale.pipeline import _check_solver
+    from mklscale.pipeline.spec import _check_solver
 
     assert _check_solver({"name": "old", "solver": "elasticnet", "eta": 0.5}, "solver[0]")["solver"] == "elasticnet"
     old = mklscale.MKLClassifier(kernels="linear", solver="elasticnet", cache_dir=None)

@@ -126,6 +126,16 @@ def bank_location(path, storage_options: dict | None = None) -> Path | ObjectURL
     return location.with_options(storage_options)
 
 
+def placed(path, base: Path, storage_options: dict | None = None) -> tuple[Path | ObjectURL, bool]:
+    """Where a bank path written in a config file points, and whether it is shared: a URL or an
+    absolute folder is used as given (shared: other runs may use the same bank), a relative folder is
+    placed under ``base`` (the run's own). ``storage_options`` as in ``bank_location``."""
+    location = bank_location(path, storage_options)
+    if isinstance(location, ObjectURL) or location.is_absolute():
+        return location, True
+    return Path(base) / location, False
+
+
 #: Schemes whose spelling without "//" (``s3:/bucket/x``, ``s3:bucket/x``) is a mistyped URL, not a folder.
 _URL_LIKE = re.compile(r"^(s3|s3a|gs|gcs|az|abfs|abfss|http|https|file):", re.IGNORECASE)
 
