@@ -7,12 +7,15 @@ The S3 cases skip with the reason where the ``weed`` binary cannot start (confte
 
 from __future__ import annotations
 
+import re
 import threading
 import uuid
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+import mklscale
 from mklscale.bank import KernelBank
 from mklscale.bank.storage import MemoryLocation, Storage, storage_for
 from mklscale.bank.storage.memory import forget
@@ -21,6 +24,18 @@ from mklscale.engine import Engine
 from mklscale.errors import BankCorruptError, BankLockedError, NotABankError
 
 BACKENDS = ["local", "s3", "memory"]
+PACKAGE = Path(mklscale.__file__).parent
+#: a test of which backend a location is (what only ``storage_for`` and the backends may ask)
+DECIDES_THE_BACKEND = re.compile(r'isinstance\([^)]*(ObjectURL|MemoryLocation|LocalStorage|ObjectStorage)|'
+                                 r'\.remote\b|is_url\(|"://" in|\.with_fence\(')
+
+
+def test_no_module_outside_the_storage_package_decides_the_backend():
+    hits = [f"{path.relative_to(PACKAGE.parent)}:{i}: {line.strip()}"
+            for path in sorted(PACKAGE.rglob("*.py")) if "storage" not in path.relative_to(PACKAGE).parts
+            for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+            if DECIDES_THE_BACKEND.search(line) and not line.strip().startswith("#")]
+    assert not hits, "ask the bank's Storage (storage_for) instead:\n" + "\n".join(hits)
 
 
 @pytest.fixture(params=BACKENDS)
