@@ -52,10 +52,12 @@ from mklscale.errors import InvalidInputError, MKLScaleError, Preempted, Stopped
 from mklscale.runtime.interrupt import EXIT_STOPPED, stop_cleanly
 
 #: the kernel families (mklscale.bank.families.FAMILIES, spelled here so that `mklscale --help` needs no numba import)
-FAMILY_CHOICES = ("auto", "simplemkl", "gaussian", "polynomial", "linear", "random_subsets")
+FAMILY_CHOICES = ("auto", "simplemkl", "gaussian", "polynomial", "linear", "random_subsets", "per_feature",
+                  "interactions")
 #: the family parameters (mklscale.bank.families.FAMILY_PARAMS) and the option that gives each
 FAMILY_OPTIONS = {"widths": "--widths", "degrees": "--degrees", "offset": "--offset", "features": "--kernel-features",
-                  "n_kernels": "--n-kernels", "seed": "--seed", "max_subset": "--max-subset"}
+                  "n_kernels": "--n-kernels", "seed": "--seed", "max_subset": "--max-subset", "linear": "--linear",
+                  "pairs": "--pairs"}
 
 
 EXIT_BAD_INPUT = 2
@@ -259,7 +261,7 @@ def _family_arguments(p: argparse.ArgumentParser) -> None:
                    help="the kernel family (default auto, as the estimators); its parameters default to the family's own, the same "
                         "as in Python and pipelines (see mklscale.bank.families)")
     p.add_argument("--widths", type=float, nargs="+", default=None,
-                   help="gaussian, simplemkl: Gaussian widths s in exp(-||x-z||^2/(2 s^2))")
+                   help="gaussian, simplemkl, per_feature, interactions: Gaussian widths s in exp(-||x-z||^2/(2 s^2))")
     p.add_argument("--degrees", type=int, nargs="+", default=None, help="polynomial, simplemkl: polynomial degrees")
     p.add_argument("--offset", type=float, default=None, help="polynomial: c in (<x,z> + c)^p")
     p.add_argument("--kernel-features", default=None, metavar="all|each|all+each|I,J,...",
@@ -268,6 +270,24 @@ def _family_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-kernels", type=int, default=None, help="random_subsets: number of kernels")
     p.add_argument("--seed", type=int, default=None, help="random_subsets: seed")
     p.add_argument("--max-subset", type=int, default=None, help="random_subsets: largest feature subset")
+    p.add_argument("--linear", type=_yes_no, default=None, metavar="yes|no",
+                   help="per_feature: add the linear kernel on each feature (default yes)")
+    p.add_argument("--pairs", type=_pair, nargs="+", default=None, metavar="I,J",
+                   help="interactions: the feature pairs, e.g. --pairs 0,1 2,5")
+
+
+def _yes_no(text: str) -> bool:
+    if text.lower() not in ("yes", "no", "true", "false"):
+        raise argparse.ArgumentTypeError(f"give yes or no, not {text!r}")
+    return text.lower() in ("yes", "true")
+
+
+def _pair(text: str) -> list[int]:
+    try:
+        i, j = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a feature pair is I,J (two column indices), not {text!r}") from None
+    return [i, j]
 
 
 def _kernels(args) -> dict:

@@ -57,8 +57,15 @@ def build_bank(
     max_error: float = factor_math.MAX_ERROR,
     wait: bool | float = True,
     storage_options: dict | None = None,
+    computed: bool = False,
 ) -> KernelBank:
     """Compute K_m(X, X) for every spec and store them as a bank at ``path``.
+
+    ``computed=True``: a computed bank (issue 31): no kernel is stored, only the standardised features,
+    the specs and each kernel's statistics and checksum (one streaming pass now); every pass computes
+    the kernels again from the features inside its tasks (``shards.fill_block``: the same bytes a
+    stored bank holds). For many kernels over few rows (one or a few kernels per feature at genomics
+    scale), where the kernels cost more to store than to compute. Not with ``rank``.
 
     ``rank=None``: a dense bank, every K_m stored n x n. ``rank=r``: a factor bank, every kernel
     stored as L_m (n x r) with K~_m = L_m L_m^T, by ``method`` "nystrom" (r landmarks chosen by
@@ -97,6 +104,10 @@ def build_bank(
     X = validate_features(X, "X")
     specs = _validate_specs(specs, X.shape[1])
     factor = None if rank is None else factor_math.settings(rank, method, landmarks, tol, seed, X.shape[0])
+    if computed and factor is not None:
+        raise InvalidInputError("computed=True computes every kernel from the features in each pass and stores "
+                                "none; rank= stores factors: choose one (computed=True for many kernels over few rows, "
+                                "rank=r for many rows)")
     if normalize not in NORMALIZATIONS:
         raise InvalidInputError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
     dt = validate_dtype(dtype)
@@ -107,12 +118,12 @@ def build_bank(
 
     mean, scale = _standardisation(X) if standardize else (None, None)
     Xs = X if mean is None else (X - mean) / scale
-    fingerprint = _fingerprint(X, specs, normalize, dt.name, standardize, rows, factor)
+    fingerprint = _fingerprint(X, specs, normalize, dt.name, standardize, rows, factor, computed)
     storage = storage_for(path, storage_options)  # a folder, or s3://bucket/prefix
     action = refuse_target(storage, overwrite, fingerprint)  # refused input leaves everything as it was, the lock file too
     # a bank that would not fit its disk is refused here, before the lock file or anything else is written
     check_fits(storage, len(specs), X.shape[0], dt.name, None if factor is None else factor.rank, n_features=X.shape[1],
-               chunk_mb=chunk_mb, shard_mb=shard_mb, action=action)
+               chunk_mb=chunk_mb, shard_mb=shard_mb, action=action, computed=computed)
     # one writer per bank (``writer_lock``; ``objlock`` on an object store, whose writes go through the fenced URL)
     with storage.writer("build", wait) as target:
         action = prepare_path(target, overwrite=overwrite, fingerprint=fingerprint)
@@ -129,7 +140,7 @@ def build_bank(
             if factor is not None:
                 attrs["factor"] = json_attr(factor.to_attrs())
             kw = dict(specs=specs, n=X.shape[0], dtype=dt, attrs=attrs, X=Xs, chunk_mb=chunk_mb, shard_mb=shard_mb,
-                      rank=None if factor is None else factor.rank)
+                      rank=None if factor is None else factor.rank, computed=bool(computed))
             target.create_group(replace=action == "replace", **kw)
 
         bank = KernelBank.open(target)
@@ -185,7 +196,8 @@ def _standardisation(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mean, np.where(scale > 1e-12 * np.maximum(1.0, np.abs(mean)), scale, 1.0)
 
 
-def _fingerprint(X: np.ndarray, specs, normalize, dtype: str, standardize: bool, rows, factor=None) -> str:
+def _fingerprint(X: np.ndarray, specs, normalize, dtype: str, standardize: bool, rows, factor=None,
+                 computed: bool = False) -> str:
     h = hashlib.sha256()
     h.update(repr(X.shape).encode())
     h.update(np.ascontiguousarray(X).tobytes())
@@ -194,6 +206,8 @@ def _fingerprint(X: np.ndarray, specs, normalize, dtype: str, standardize: bool,
     h.update(np.asarray(rows, dtype=np.int64).tobytes())
     if factor is not None:  # dense banks keep the fingerprint they always had
         h.update(repr(sorted(((k, v) for k, v in vars(factor).items()))).encode())
+    if computed:
+        h.update(b"computed")
     return h.hexdigest()
 
 

@@ -52,6 +52,11 @@ PER_KERNEL_FLOATS = ("trace", "fro", "lambda_max", "norm_factor")
 FACTOR_META = ("rank", "landmarks", "transform", "approx_error", "exact_trace")
 
 
+#: How a bank holds its kernels: every K_m stored (n x n), its factor L_m stored (n x r), or nothing
+#: stored and every kernel computed from the features X in each pass ("computed", issue 31).
+REPRESENTATIONS = ("dense", "factor", "computed")
+
+
 def data_array_name(representation: str) -> str:
     """The array holding the kernels as stored: ``gram`` (dense) or ``factor``."""
     return "factor" if representation == "factor" else "gram"
@@ -102,12 +107,14 @@ def create_bank_group(
     shard_mb: float,
     fill=None,
     rank: int | None = None,
+    computed: bool = False,
     replace: bool = False,
 ) -> None:
     """Create the bank's group and arrays in a temporary sibling folder and rename it into place,
     so ``path`` either does not exist or holds a well-formed bank. ``fill(group)`` may write data
     (``from_arrays``) before the rename. ``rank``: None for a dense bank (``gram``), r for a factor
-    bank (``factor`` (M, n, r) and the arrays of ``FACTOR_META``). ``replace``: an existing store
+    bank (``factor`` (M, n, r) and the arrays of ``FACTOR_META``). ``computed``: no data array at
+    all, a computed bank (its kernels computed from ``X`` in every pass). ``replace``: an existing store
     at ``path`` is swapped out for the new one (``runtime.atomic.swap_into_place``) and then
     removed; without it only a missing or empty folder is replaced."""
     M = len(specs)
@@ -116,9 +123,11 @@ def create_bank_group(
     tmp = path.with_name(f".{path.name}.partial-{uuid.uuid4().hex[:8]}")
     try:
         group = zarr.open_group(tmp, mode="w")
-        group.create_array(data_array_name("dense" if rank is None else "factor"), shape=(M, n, width),
-                           chunks=(per_chunk, n, width), shards=(per_shard, n, width), dtype=dtype, compressors=None,
-                           fill_value=0, dimension_names=("kernel", "i", "j" if rank is None else "rank"))
+        representation = "computed" if computed else "dense" if rank is None else "factor"
+        if not computed:
+            group.create_array(data_array_name(representation), shape=(M, n, width), chunks=(per_chunk, n, width),
+                               shards=(per_shard, n, width), dtype=dtype, compressors=None, fill_value=0,
+                               dimension_names=("kernel", "i", "j" if rank is None else "rank"))
         if rank is not None:
             meta_chunks = (per_shard,)  # one chunk per shard: the driver rewrites only finished shards' chunks
             group.create_array("rank", data=np.zeros(M, dtype=np.int32), chunks=(M,))
@@ -141,7 +150,7 @@ def create_bank_group(
             **({} if X is None else {"X_checksum": checksum(np.asarray(group["X"][:]))}),  # X_train checks it
             "mklscale": {"kind": "kernel_bank", "schema_version": SCHEMA_VERSION},
             "n": int(n), "M": int(M), "dtype": dtype.name,
-            "representation": "dense" if rank is None else "factor", "rank": None if rank is None else int(rank),
+            "representation": representation, "rank": None if rank is None else int(rank),
             "layout": {"kernels_per_chunk": per_chunk, "kernels_per_shard": per_shard},
         })
         if fill is not None:

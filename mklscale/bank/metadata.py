@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from mklscale.bank.group import FACTOR_META, PER_KERNEL_FLOATS, data_array_name
+from mklscale.bank.group import FACTOR_META, PER_KERNEL_FLOATS, REPRESENTATIONS, data_array_name
 from mklscale.bank.inputs import DTYPES, NORMALIZATIONS
 from mklscale.bank.spec import KernelSpec
 from mklscale.errors import BankCorruptError
@@ -25,7 +25,7 @@ from mklscale.errors import BankCorruptError
 class BankMetadata:
     attrs: dict
     specs: list[KernelSpec]
-    data: zarr.Array
+    data: zarr.Array | None  # None for a computed bank
 
 
 def read_metadata(path: Path, group: zarr.Group) -> BankMetadata:
@@ -46,8 +46,8 @@ def read_metadata(path: Path, group: zarr.Group) -> BankMetadata:
     if attrs.get("normalize", "missing") not in NORMALIZATIONS:
         raise fail(f"attribute normalize is {attrs.get('normalize', 'missing')!r}, not one of {NORMALIZATIONS}")
     representation = attrs.get("representation") or "dense"
-    if representation not in ("dense", "factor"):
-        raise fail(f"attribute representation is {representation!r}, not 'dense' or 'factor'")
+    if representation not in REPRESENTATIONS:
+        raise fail(f"attribute representation is {representation!r}, not one of {', '.join(REPRESENTATIONS)}")
     width = n
     if representation == "factor":
         width = attrs.get("rank")
@@ -80,11 +80,18 @@ def read_metadata(path: Path, group: zarr.Group) -> BankMetadata:
             raise fail(f"the array {name!r} holds {arr.dtype}, but the attributes say {np.dtype(dtype).name}")
         return arr
 
-    data = array(data_array_name(representation), (M, n, width), attrs["dtype"])
-    shards = getattr(data, "shards", None) or (per_shard,)  # unsharded (not written by mklscale): chunks only
-    if shards[0] != per_shard or data.chunks[0] != per_chunk:
-        raise fail(f"the array {data.basename!r} is stored {shards[0]} kernels per "
-                   f"shard in chunks of {data.chunks[0]}, but attribute layout says {per_shard} and {per_chunk}")
+    data = None
+    if representation == "computed":  # kernels computed from X in every pass: no data array, X required
+        if "X" not in group:
+            raise fail("the computed bank holds no features X to compute its kernels from")
+        if data_array_name("dense") in group:
+            raise fail("the computed bank holds a stored kernel array 'gram' (a computed bank stores none)")
+    else:
+        data = array(data_array_name(representation), (M, n, width), attrs["dtype"])
+        shards = getattr(data, "shards", None) or (per_shard,)  # unsharded (not written by mklscale): chunks only
+        if shards[0] != per_shard or data.chunks[0] != per_chunk:
+            raise fail(f"the array {data.basename!r} is stored {shards[0]} kernels per "
+                       f"shard in chunks of {data.chunks[0]}, but attribute layout says {per_shard} and {per_chunk}")
     complete = values(array("complete", (M,), bool))
     values(array("checksum", (M,), np.uint32))
     if "meta_checksum" in group:  # banks written before it existed have none

@@ -76,7 +76,8 @@ def compute_shards(bank, specs: Sequence[KernelSpec], Xs: np.ndarray, shards: li
             # workers run in other folders: they get a folder's path as the driver resolves it
             with contextlib.closing(runner(client, bank.storage.worker_location, specs, Xs,
                                            bank.normalize, bank.dtype.name,
-                                           layout, shards, expected, _factor_of(bank))) as results:
+                                           layout, shards, expected, _factor_of(bank),
+                                           bank.stores_kernels)) as results:
                 for first, stats in results:
                     writer.record(first, stats)
                     if compiling:
@@ -121,8 +122,11 @@ def _check_arithmetic(bank) -> None:
 # ---- the task --------------------------------------------------------------------------------------
 def build_shard(path: str, specs_json: str, Xs: np.ndarray, normalize, dtype: str, s: int,
                 layout: tuple[int, int], expected: np.ndarray | None = None,
-                factor: dict | None = None) -> tuple[int, dict]:
+                factor: dict | None = None, store: bool = True) -> tuple[int, dict]:
     """Compute, normalise and write the kernels of shard s; return (first kernel, statistics).
+
+    ``store=False``: a computed bank's (``KernelBank.stores_kernels``): the kernels are computed for
+    their statistics and checksums only, and never written (passes compute them again, ``fill_block``).
 
     ``factor``: a factor bank's settings (``FactorSettings`` fields): the shard's factors L_m are
     computed instead (``factor.build_factor``, seeded by the global kernel index) and the
@@ -145,19 +149,30 @@ def build_shard(path: str, specs_json: str, Xs: np.ndarray, normalize, dtype: st
         return _build_factor_shard(path, specs, Xs, normalize, np.dtype(dtype), s, layout, expected,
                                    factor_math.FactorSettings(**factor), stats)
     with _BLOCKS.block(len(specs), Xs.shape[0], Xs.shape[0], np.dtype(dtype)) as block:
-        for first, stop in _base_groups(specs):
-            group = specs[first:stop]
-            cols = slice(None) if group[0].features is None else list(group[0].features)
-            kind = _compute.SQDIST if group[0].base_key[0] == "sqdist" else _compute.DOT
-            stats["norm_factor"][first:stop] = _compute.fill_grams(
-                Xs[:, cols], kind, np.array([_kernel_params(sp) for sp in group]), _NORM_CODES[normalize],
-                block[first:stop])
+        stats["norm_factor"][:] = fill_block(specs, Xs, normalize, block)
         for k in range(len(specs)):
             stats["trace"][k], stats["fro"][k], stats["lambda_max"][k], stats["checksum"][k] = kernel_stats(block[k])
         _check_reproduced(s, s * per_shard, stats["checksum"], expected)
-        with _off_the_worker_pool():
-            _write_shard(path, s, block, per_chunk, per_shard)
+        if store:
+            with _off_the_worker_pool():
+                _write_shard(path, s, block, per_chunk, per_shard)
     return s * per_shard, stats
+
+
+def fill_block(specs: Sequence[KernelSpec], Xs: np.ndarray, normalize, out: np.ndarray) -> np.ndarray:
+    """Kernels ``specs`` on the standardised rows Xs, normalised, into ``out`` (len(specs), n, n) of the
+    bank's dtype; returns their normalisation factors. Consecutive kernels that share a pairwise base
+    (same family kind and feature subset) are filled in one sweep that computes each row of the base
+    once (``_compute.fill_grams``). The bytes depend on each kernel's spec and Xs only, never on its
+    neighbours: a build stores them, a computed bank's passes compute the same bytes again."""
+    factors = np.empty(len(specs))
+    for first, stop in _base_groups(specs):
+        group = specs[first:stop]
+        cols = slice(None) if group[0].features is None else list(group[0].features)
+        kind = _compute.SQDIST if group[0].base_key[0] == "sqdist" else _compute.DOT
+        factors[first:stop] = _compute.fill_grams(Xs[:, cols], kind, np.array([_kernel_params(sp) for sp in group]),
+                                                  _NORM_CODES[normalize], out[first:stop])
+    return factors
 
 
 def _build_factor_shard(path: str, specs: list[KernelSpec], Xs: np.ndarray, normalize, dtype: np.dtype, s: int,
@@ -274,7 +289,7 @@ _kernel_params = factor_math.kernel_params  # (family code, a, p) of ``_compute.
 
 
 def _run_threaded(client, path, specs, Xs, normalize, dtype, layout, shards, expected,
-                  factor) -> Iterator[tuple[int, dict]]:
+                  factor, store) -> Iterator[tuple[int, dict]]:
     """Dask's threaded scheduler; results are handed to the driver as each task finishes.
 
     The tasks run on a pool of this call's own. When the build stops early (a task failed, or the
@@ -293,7 +308,7 @@ def _run_threaded(client, path, specs, Xs, normalize, dtype, layout, shards, exp
         return build_shard(*args)
 
     dsk = {("shard", s): (task, path, specs_to_json(specs[s * S:(s + 1) * S]), Xs, normalize, dtype, s, layout,
-                          expected[s], factor)
+                          expected[s], factor, store)
            for s in shards}
     # posttask runs in the scheduling thread; results reach the driver through a queue.
     results = _ThreadedResults()
@@ -344,7 +359,7 @@ class _ThreadedResults:
 
 
 def _run_distributed(client, path, specs, Xs, normalize, dtype, layout, shards, expected,
-                     factor) -> Iterator[tuple[int, dict]]:
+                     factor, store) -> Iterator[tuple[int, dict]]:
     from distributed import wait
 
     S = layout[1]
@@ -353,7 +368,7 @@ def _run_distributed(client, path, specs, Xs, normalize, dtype, layout, shards, 
     X_future = client.scatter(Xs, broadcast=True)
     futures = [
         client.submit(build_shard, path, specs_to_json(specs[s * S:(s + 1) * S]), X_future, normalize, dtype, s, layout,
-                      expected[s], factor, key=f"mklscale-build-{os.path.basename(str(path))}-{s}-{os.getpid()}-{time.monotonic_ns()}", pure=False)
+                      expected[s], factor, store, key=f"mklscale-build-{os.path.basename(str(path))}-{s}-{os.getpid()}-{time.monotonic_ns()}", pure=False)
         for s in shards
     ]
     watch = SchedulerWatch(client, f"the build of {path}")

@@ -53,12 +53,12 @@ def _blocks(nbytes: int) -> int:
 
 def bank_bytes(M: int, n: int, dtype: str = "float32", rank: int | None = None, *, n_features: int = 0,
                n_cross: int = 0, layout: tuple[int, int] | None = None, chunk_mb: float = 16,
-               shard_mb: float = 64) -> int:
+               shard_mb: float = 64, computed: bool = False) -> int:
     """Bytes the files of a built bank of M kernels over n rows occupy (``group`` has the layout).
 
     - data: one file per shard of ``kernels_per_shard`` kernels, each n x n (dense) or n x r (a factor
       bank, ``rank`` r), the last inner chunk zero-padded to ``kernels_per_chunk`` kernels, plus the
-      shard index (``shard_format``); ``layout`` (kernels per chunk, per shard) as recorded in a bank's
+      shard index (``shard_format``); none for a ``computed`` bank (its kernels are never stored); ``layout`` (kernels per chunk, per shard) as recorded in a bank's
       attributes, else ``group.layout_for(chunk_mb, shard_mb)`` as a build makes it;
     - per kernel: trace, fro, lambda_max, norm_factor (float64), checksum, meta_checksum, complete, the
       spec's JSON;
@@ -81,7 +81,8 @@ def bank_bytes(M: int, n: int, dtype: str = "float32", rank: int | None = None, 
         return full * _blocks(file_bytes(per_shard)) + (_blocks(file_bytes(last)) if last else 0)
 
     tail = index_nbytes(per_chunk, per_shard)
-    total = BLOCK + per_shard_file(lambda k: -(-k // per_chunk) * per_chunk * n * width * item + tail)
+    total = BLOCK + (0 if computed else per_shard_file(lambda k: -(-k // per_chunk) * per_chunk * n * width * item
+                                                                 + tail))
     per_kernel = {name: 8 for name in PER_KERNEL_FLOATS} | {"checksum": 4, "meta_checksum": 4, "complete": 1,
                                                             "spec": SPEC_BYTES}
     if rank is not None:
@@ -149,7 +150,7 @@ class BankTooLargeError(InvalidInputError):
 def check_fits(path: str | os.PathLike, M: int, n: int, dtype: str = "float32", rank: int | None = None, *,
                n_features: int = 0, n_cross: int = 0, chunk_mb: float = 16, shard_mb: float = 64,
                action: str | None = None, overwrite: bool = False, cap: int | None = None,
-               spelling: str = "function") -> None:
+               spelling: str = "function", computed: bool = False) -> None:
     """Raise BankTooLargeError when a bank (``bank_bytes`` of these arguments) to be written at ``path``
     does not fit, before anything is written.
 
@@ -172,7 +173,7 @@ def check_fits(path: str | os.PathLike, M: int, n: int, dtype: str = "float32", 
     if M < 1 or n < 1 or (rank is not None and rank < 1):
         return  # input the build refuses with its own message
     total = bank_bytes(M, n, dtype, rank, n_features=n_features, n_cross=n_cross, chunk_mb=chunk_mb,
-                       shard_mb=shard_mb)
+                       shard_mb=shard_mb, computed=computed)
     to_write = _to_write(storage, total, action, overwrite)
     if to_write == 0:
         return

@@ -52,6 +52,7 @@ from mklscale.bank.metadata import read_metadata
 from mklscale.bank.inputs import DTYPES, NORMALIZATIONS, check_gram, validate_dtype, validate_features
 from mklscale.bank.normalize import cross_kernels, normalize_block
 from mklscale.bank.shard_format import write_shard_file
+from mklscale.bank.shards import fill_block
 from mklscale.bank.size import check_fits
 from mklscale.bank.spec import KernelSpec
 from mklscale.bank.stats import checksum, kernel_stats, meta_checksums
@@ -92,14 +93,25 @@ class KernelBank:
         #: "dense" (every K_m stored, n x n) or "factor" (L_m stored, n x r, K~_m = L_m L_m^T);
         #: banks written before factor banks existed have no such attribute and are dense.
         self.representation: str = attrs.get("representation") or "dense"
-        self._data: zarr.Array = meta.data
+        self._data: zarr.Array | None = meta.data  # None: a computed bank stores no kernels
         self._mode = "r"
+        self._Xs: np.ndarray | None = None  # a computed bank's features, read and checked once
+
+    @property
+    def stores_kernels(self) -> bool:
+        """False for a computed bank (``build_bank(..., computed=True)``): it holds the standardised
+        features, the specs and each kernel's statistics and checksum; its kernels are computed from
+        the features whenever they are read (``shards.fill_block``: the bytes a stored bank holds)."""
+        return self._data is not None
 
     @property
     def gram(self) -> zarr.Array:
         """The (M, n, n) zarr array of a dense bank."""
         if self.representation == "factor":
             raise InvalidInputError(self._factor_message("has no `gram` array"))
+        if not self.stores_kernels:
+            raise InvalidInputError(f"bank {self.path} is a computed bank: it stores no kernels; read them with "
+                                    "bank.kernel(m) / bank.kernels(idx), which compute them from its features")
         return self._data
 
     @property
@@ -229,6 +241,7 @@ class KernelBank:
 
     def __repr__(self) -> str:
         factor = "" if self.rank is None else f", representation='factor', rank={self.rank}"
+        factor = factor if self.stores_kernels else ", representation='computed'"
         return f"KernelBank({str(self.path)!r}, M={self.M}, n={self.n}, dtype={self.dtype}, normalize={self.normalize}{factor})"
 
     @property
@@ -350,7 +363,7 @@ class KernelBank:
         not stored) unless ``materialize``: then K~_m = L_m L_m^T in float64, up to 1 GiB."""
         m = self._check_index(m)
         if self.representation != "factor":
-            return self._data[m]
+            return self._stored([m])[0]
         if not materialize:
             raise InvalidInputError(self._factor_message("stores no n x n kernels"))
         if self.n * self.n * 8 > self.MATERIALIZE_LIMIT:
@@ -370,7 +383,23 @@ class KernelBank:
         idx = [self._check_index(m) for m in idx]
         if not idx:
             return np.empty((0,) + self.block_shape, self.dtype)
+        if not self.stores_kernels:
+            return self.compute_kernels(idx)
         return self._data.get_orthogonal_selection((np.asarray(idx), slice(None), slice(None)))
+
+    def compute_kernels(self, idx: Sequence[int], out: np.ndarray | None = None) -> np.ndarray:
+        """Kernels idx (in the order given) computed from the bank's stored features with its
+        normalisation, as (len(idx), n, n) of the bank's dtype (into ``out`` when given): the bytes a
+        build stores (``shards.fill_block``), whatever the bank stores."""
+        if self._Xs is None:
+            Xs = self.X_train  # checked against its crc32c
+            if Xs is None:
+                raise SpecError(f"bank {self.path} holds no features to compute its kernels from")
+            self._Xs = np.ascontiguousarray(Xs, dtype=np.float64)
+        if out is None:
+            out = np.empty((len(idx), self.n, self.n), self.dtype)
+        fill_block([self.specs[int(m)] for m in idx], self._Xs, self.normalize, out)
+        return out
 
     # ---- factor banks -------------------------------------------------------------------------
     def _require_factor(self, what: str) -> None:
@@ -499,6 +528,8 @@ class KernelBank:
         damaged. Unwritten chunks read as zeros (zarr's fill value).
         """
         first, stop = self.shard_range(s)
+        if not self.stores_kernels:
+            return self.compute_kernels(range(first, stop))
         if not self.plain_layout:
             return self._data[first:stop]
         shape = self.block_shape
@@ -520,8 +551,9 @@ class KernelBank:
         """True when the shard files have the plain byte layout of ``shard_format`` (raw
         little-endian inner chunks, the index at the end with a crc32c; every bank ``build_bank``
         or ``from_arrays`` writes): then they can be read directly, as ``read_shard`` and the
-        engine's reader (``mklscale.engine.reader``) do, instead of through zarr."""
-        return shard_format.is_plain(self._data, self.dtype)
+        engine's reader (``mklscale.engine.reader``) do, instead of through zarr. False for a
+        computed bank (no shards)."""
+        return self.stores_kernels and shard_format.is_plain(self._data, self.dtype)
 
     def to_xarray(self):
         """A lazily indexed xarray DataArray (kernel, i, j) with per-kernel coordinates; a factor
@@ -529,6 +561,9 @@ class KernelBank:
         import dask.array as da
         import xarray as xr
 
+        if not self.stores_kernels:
+            raise InvalidInputError(f"bank {self.path} is a computed bank: it stores no kernels to view lazily; "
+                                    "compute the ones you need with bank.kernels(idx)")
         data = da.from_zarr(self._data)
         coords = {
             "kernel": np.arange(self.M),
@@ -565,7 +600,7 @@ class KernelBank:
         """Re-read the group's metadata (attributes written through another handle)."""
         self._group = self.storage.open_group(self._mode)
         self._attrs = self._group.attrs.asdict()
-        self._data = self._group[data_array_name(self.representation)]
+        self._data = self._group[data_array_name(self.representation)] if self.stores_kernels else None
 
     @property
     def group(self) -> zarr.Group:

@@ -35,7 +35,6 @@ from mklscale.engine import tasks, validate
 from mklscale.engine.cache import BlockCache, parse_bytes
 from mklscale.engine.contract import Counters, KernelEngine
 from mklscale.engine.plan import TASK_BYTES, blocks_of, split_by_shard, tree_pairs
-from mklscale.engine.reader import KernelReader
 from mklscale.engine.runner import Runner, Shared
 from mklscale.errors import BankIncompleteError, InvalidInputError
 
@@ -413,7 +412,7 @@ class Engine(KernelEngine):
         where = dict(zip(uniq.tolist(), first.tolist()))
         rows = np.array([where[m] for m in missing.tolist()], dtype=np.int64)
         if missing.size:
-            with KernelReader(self.bank) as reader:
+            with self.kernel_representation.reader(self.bank) as reader:
                 for pos, count, r0, r1, block in reader.pieces(missing):
                     out[rows[pos:pos + count], r0:r1] = block
         rest = np.setdiff1d(np.arange(len(idx)), first)

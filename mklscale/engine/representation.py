@@ -45,6 +45,7 @@ The operations, for a stored block B of kernel K (U (k, n) rows u_j, T (n, n), w
     choose(dense, low_rank, dense_fits) ``dense`` where solvers combine these kernels as (n, n)
                                         matrices, else ``low_rank`` (a LowRank F F^T of the factors)
     dense_block(B)                      (n, n) float64 K
+    reader(bank)                        what reads stored blocks in the driver (``Engine.blocks``)
 
 A third representation (kernels computed from the features inside each pass, never stored) is one
 more subclass: its own ``tasks`` module and block operations; its held blocks and combinations can
@@ -58,9 +59,10 @@ from types import ModuleType
 
 import numpy as np
 
-from mklscale.engine import factor_tasks, tasks
+from mklscale.engine import computed_tasks, factor_tasks, tasks
 from mklscale.engine import factor_kernels as F
 from mklscale.engine import kernels as K
+from mklscale.engine.reader import KernelReader
 from mklscale.errors import InvalidInputError
 
 #: Kernels widened to float64 at once in the held-factor products (bounds the transient copy).
@@ -110,6 +112,10 @@ class Representation(ABC):
 
     def __repr__(self) -> str:
         return f"<{self.name} kernels>"
+
+    def reader(self, bank):
+        """What reads the bank's blocks (``KernelReader``'s interface: ``pieces``, ``read_rows``)."""
+        return KernelReader(bank)
 
     # ---- one stored block, driver side ------------------------------------------------------------
     @abstractmethod
@@ -434,8 +440,20 @@ class Factor(Representation):
         return L @ L.T
 
 
-DENSE, FACTOR = Dense(), Factor()
-_BY_NAME = {r.name: r for r in (DENSE, FACTOR)}
+class Computed(Dense):
+    """K_m computed from the bank's features inside every pass, never stored (issue 31): the blocks
+    are the dense (n, n) kernels, computed by ``computed_tasks.ComputedReader`` wherever a stored
+    bank's are read, so every operation on them is ``Dense``'s."""
+
+    name = "computed"
+    tasks = computed_tasks
+
+    def reader(self, bank):
+        return computed_tasks.ComputedReader(bank)
+
+
+DENSE, FACTOR, COMPUTED = Dense(), Factor(), Computed()
+_BY_NAME = {r.name: r for r in (DENSE, FACTOR, COMPUTED)}
 
 
 def of(name: str) -> Representation:

@@ -1,7 +1,8 @@
 """Per-task functions: what one Dask task does with a group of kernels of one shard.
 
 A task receives the bank's path (never its data), reopens the bank through a small per-process
-cache, streams its kernels through ``KernelReader`` and returns one result per kernel, in the
+cache, streams its kernels through ``KernelReader`` (``reader_class``: a computed bank's
+``computed_tasks.ComputedReader``, which computes them) and returns one result per kernel, in the
 order of its ``kernels`` argument (ascending global indices). The driver places results by kernel
 index, so nothing depends on which worker ran a task or how often (Dask reruns tasks lost with a
 worker).
@@ -82,14 +83,14 @@ def _scratch(k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
     return np.zeros((k, n)), np.zeros((8, 16))
 
 
-def quad_task(path: str, kernels: np.ndarray, U: np.ndarray) -> np.ndarray:
+def quad_task(path: str, kernels: np.ndarray, U: np.ndarray, reader_class=KernelReader) -> np.ndarray:
     """(len(kernels), k): q[m, j] = u_j^T K_m u_j for the k vectors U (k, n)."""
     bank = open_bank(path)
     k, n = U.shape
     Ut = np.ascontiguousarray(U.T)
     out = np.empty((len(kernels), k))
     V, S = _scratch(k, n)
-    with KernelReader(bank) as reader:
+    with reader_class(bank) as reader:
         stream, row_block = quad_sweep(reader.source, k)
         for pos, count, r0, r1, block in reader.pieces(kernels):
             if r0 == 0 and r1 == n:
@@ -103,13 +104,13 @@ def quad_task(path: str, kernels: np.ndarray, U: np.ndarray) -> np.ndarray:
     return out
 
 
-def quad_each_task(path: str, kernels: np.ndarray, U: np.ndarray) -> np.ndarray:
+def quad_each_task(path: str, kernels: np.ndarray, U: np.ndarray, reader_class=KernelReader) -> np.ndarray:
     """(len(kernels),): q_m = u_m^T K_m u_m with one vector per kernel, U (len(kernels), n)."""
     bank = open_bank(path)
     n = bank.n
     out = np.empty(len(kernels))
     V, S = _scratch(1, n)
-    with KernelReader(bank) as reader:
+    with reader_class(bank) as reader:
         stream, row_block = quad_sweep(reader.source, 1)
         for pos, count, r0, r1, block in reader.pieces(kernels):
             for c in range(count):
@@ -122,13 +123,14 @@ def quad_each_task(path: str, kernels: np.ndarray, U: np.ndarray) -> np.ndarray:
     return out
 
 
-def matvec_task(path: str, kernels: np.ndarray, U: np.ndarray, each: bool = False) -> np.ndarray:
+def matvec_task(path: str, kernels: np.ndarray, U: np.ndarray, each: bool = False,
+                reader_class=KernelReader) -> np.ndarray:
     """K_m u for the task's kernels: (len, k, n) for shared vectors U (k, n), or (len, n) with
     ``each`` (U (len, n): one vector per kernel)."""
     bank = open_bank(path)
     n = bank.n
     out = np.empty((len(kernels), 1 if each else U.shape[0], n))
-    with KernelReader(bank) as reader:
+    with reader_class(bank) as reader:
         for pos, count, r0, r1, block in reader.pieces(kernels):
             for c in range(count):
                 vecs = U[pos + c: pos + c + 1] if each else U
@@ -136,27 +138,27 @@ def matvec_task(path: str, kernels: np.ndarray, U: np.ndarray, each: bool = Fals
     return out[:, 0] if each else out
 
 
-def matvec_each_task(path: str, kernels: np.ndarray, U: np.ndarray) -> np.ndarray:
+def matvec_each_task(path: str, kernels: np.ndarray, U: np.ndarray, reader_class=KernelReader) -> np.ndarray:
     """(len(kernels), n): K_m u_m with one vector per kernel, U (len(kernels), n)."""
-    return matvec_task(path, kernels, U, each=True)
+    return matvec_task(path, kernels, U, each=True, reader_class=reader_class)
 
 
-def frob_task(path: str, kernels: np.ndarray, T: np.ndarray) -> np.ndarray:
+def frob_task(path: str, kernels: np.ndarray, T: np.ndarray, reader_class=KernelReader) -> np.ndarray:
     """(len(kernels),): <K_m, T>_F."""
     bank = open_bank(path)
     out = np.zeros(len(kernels))
-    with KernelReader(bank) as reader:
+    with reader_class(bank) as reader:
         for pos, count, r0, _, block in reader.pieces(kernels):
             for c in range(count):
                 out[pos + c] = K.frob_rows(block[c], r0, T, out[pos + c])
     return out
 
 
-def combine_task(path: str, kernels: np.ndarray, weights: np.ndarray) -> np.ndarray:
+def combine_task(path: str, kernels: np.ndarray, weights: np.ndarray, reader_class=KernelReader) -> np.ndarray:
     """(n, n): sum_m weights[m] K_m over the task's kernels, added in order."""
     bank = open_bank(path)
     out = np.zeros((bank.n, bank.n))
-    with KernelReader(bank) as reader:
+    with reader_class(bank) as reader:
         for pos, count, r0, _, block in reader.pieces(kernels):
             for c in range(count):
                 K.axpy_rows(block[c], r0, float(weights[pos + c]), out)
@@ -168,7 +170,8 @@ def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return a + b
 
 
-def gram_task(path: str, rows_kernels: np.ndarray, cols_kernels: np.ndarray, upper: bool, budget: int) -> np.ndarray:
+def gram_task(path: str, rows_kernels: np.ndarray, cols_kernels: np.ndarray, upper: bool, budget: int,
+              reader_class=KernelReader) -> np.ndarray:
     """(len(rows), len(cols)): <K_a, K_b>_F, reading the same row panel of every kernel at once
     (at most ``budget`` bytes of panels). With ``upper`` (same kernel set) only b >= a is filled."""
     bank = open_bank(path)
@@ -176,7 +179,7 @@ def gram_task(path: str, rows_kernels: np.ndarray, cols_kernels: np.ndarray, upp
     kernels = np.asarray(rows_kernels) if upper else np.concatenate([rows_kernels, cols_kernels])
     rows = int(max(1, min(n, budget // max(1, len(kernels) * n * dt.itemsize))))
     G = np.zeros((len(rows_kernels), len(cols_kernels)))
-    with KernelReader(bank) as reader:
+    with reader_class(bank) as reader:
         for r0 in range(0, n, rows):
             r1 = min(n, r0 + rows)
             panel = np.empty((len(kernels), r1 - r0, n), dt)

@@ -109,7 +109,7 @@ def _read_grams(pipe: Pipeline, n: int):
     path = pipe.bank["grams"]
     if KernelBank.is_bank(path):
         bank = KernelBank.open(path)
-        if bank.representation != "dense":
+        if bank.representation == "factor":
             raise ConfigError(f"{where}: {path} is a factor bank; grams takes dense Gram matrices (an .npy, or a dense "
                               "bank)")
         grams = np.asarray(bank.kernels(range(len(bank))))
