@@ -201,6 +201,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     b.add_argument("--rank", type=int, default=None, help="a factor bank: every kernel stored as L (n x RANK), "
                    "K~ = L L^T (default: dense, n x n)")
+    b.add_argument("--computed", action="store_true",
+                   help="a computed bank: store only the features and each kernel's statistics; every pass computes "
+                        "the kernels again (for many kernels over few rows, e.g. --family per_feature)")
     # factor defaults: bank.factor.FactorSettings and MAX_ERROR (their one spelling), filled in by _cmd_build
     b.add_argument("--method", default=None, help="factor banks: nystrom (the default) or cholesky (pivoted, to --tol)")
     b.add_argument("--landmarks", default=None, help="factor banks, nystrom: kmeans++ (the default) or uniform")
@@ -585,10 +588,11 @@ def _cmd_build(args) -> int:
     kernels = _kernels(args)
     X = _load_features(args)
     check_fits(args.out, count_kernels(kernels, X.shape[1]), X.shape[0], args.dtype, args.rank,
-               n_features=X.shape[1], overwrite=args.overwrite, spelling="cli-build")
+               n_features=X.shape[1], overwrite=args.overwrite, spelling="cli-build", computed=args.computed)
     specs = families.resolve(kernels, X.shape[1])
     normalize = None if args.normalize == "none" else args.normalize
-    kw = dict(normalize=normalize, dtype=args.dtype, overwrite=args.overwrite, progress=not args.quiet)
+    kw = dict(normalize=normalize, dtype=args.dtype, overwrite=args.overwrite, progress=not args.quiet,
+              computed=args.computed)
     factor = {"method": args.method, "landmarks": args.landmarks, "tol": args.tol, "max_error": args.max_error}
     given = {k: v for k, v in factor.items() if v is not None}
     if args.rank is not None:
@@ -668,8 +672,10 @@ def _cmd_info(args) -> int:
         print(json.dumps(info, indent=2))
         return 0
     print(f"{info['path']}\n  kernels: {info['M']} ({info['complete']} complete)  n: {info['n']}  dtype: {info['dtype']}"
-          f"  normalize: {info['normalize']}\n  size: {info['bytes'] / 1e9:.3f} GB in {info['n_shards']} shard(s), "
-          f"{info['layout']['kernels_per_chunk']} kernel(s) per chunk, {info['layout']['kernels_per_shard']} per shard")
+          f"  normalize: {info['normalize']}\n  size: {info['bytes'] / 1e9:.3f} GB "
+          + (f"in {info['n_shards']} shard(s), {info['layout']['kernels_per_chunk']} kernel(s) per chunk, "
+             f"{info['layout']['kernels_per_shard']} per shard" if bank.stores_kernels else
+             f"of kernels, none stored (passes compute them in tasks of {info['layout']['kernels_per_shard']})"))
     print("  families: " + ", ".join(f"{k}={v}" for k, v in info["families"].items()))
     if bank.rank is not None:
         err, st = info["approx_error"], info["factor"]
@@ -680,7 +686,9 @@ def _cmd_info(args) -> int:
                   f"max {err['max']:.3g}")
             print("  worst: " + ", ".join(f"[{w['kernel']}] {w['name']} {w['error']:.3g}" for w in err["worst"]))
     else:
-        print("  representation: dense")
+        print("  representation: " + ("dense" if bank.stores_kernels else
+                                      f"computed (no kernel stored: computed from the {bank.group['X'].shape[1]} "
+                                      "features in every pass)"))
     lam = bank.lambda_max
     for m in range(min(len(bank), 5)):
         print(f"  [{m}] {bank.specs[m].name}  lambda_max={lam[m]:.4g}")

@@ -52,8 +52,21 @@ def _factor_bank(path):
     return build_bank(X, specs, path, rank=5, chunk_mb=0.001, shard_mb=0.002, progress=False, max_error=1.0)
 
 
+COMPUTED_CASES = ["computed32", "rows-computed"]
+
+
+def _computed_bank(path):
+    """A float32 computed bank (issue 31: kernels computed from X in every pass) of per-feature Gaussian and
+    linear kernels and a Gaussian on a feature pair, in tiny virtual shards."""
+    from mklscale.bank import build_bank, families
+
+    X = np.random.default_rng(11).standard_normal((N, 3))
+    specs = families.resolve(["per_feature", {"family": "interactions", "pairs": [[0, 2]], "widths": [1.0]}], 3)
+    return build_bank(X, specs[:M], path, computed=True, chunk_mb=0.005, shard_mb=0.01, progress=False)
+
+
 @pytest.fixture(scope="module", params=["memory", "zarr64", "zarr32", "rows-memory", "rows-zarr", "kernels-memory",
-                                        *FACTOR_CASES, *ZARR_FACTOR_CASES])
+                                        *FACTOR_CASES, *ZARR_FACTOR_CASES, *COMPUTED_CASES])
 def case(request, tmp_path_factory):
     """(engine, the float64 Gram matrices it represents, whether a kernels=None call is a pass)."""
     grams = _grams()
@@ -72,6 +85,13 @@ def case(request, tmp_path_factory):
         grams = _materialise(np.asarray(bank.factors(np.arange(M)), dtype=np.float64))
         with Engine(bank, threads=1, cache_bytes="1KB") as engine:
             yield (RowSubsetEngine(engine, ROWS), grams[:, ROWS][:, :, ROWS]) if kind == "rows-factor-zarr" \
+                else (engine, grams)
+        return
+    if kind in COMPUTED_CASES:
+        bank = _computed_bank(tmp_path_factory.mktemp(kind) / "bank")
+        grams = np.asarray(bank.kernels(range(M)), dtype=np.float64)  # the float32 kernels, computed
+        with Engine(bank, threads=1, cache_bytes="1KB") as engine:
+            yield (RowSubsetEngine(engine, ROWS), grams[:, ROWS][:, :, ROWS]) if kind == "rows-computed" \
                 else (engine, grams)
         return
     if kind == "memory":
@@ -145,9 +165,10 @@ def test_frobenius_combine_and_gram_of_kernels(case):
 def test_blocks_are_the_callers_own_copies(case, keep):
     engine, grams = case
     B = engine.blocks([1, 0], keep=keep)
-    cols = engine.n if engine.representation == "dense" else engine.rank
+    factors = engine.kernel_representation.blocks_are_factors
+    cols = engine.rank if factors else engine.n
     assert B.shape == (2, engine.n, cols) and B[0].nbytes == engine.block_nbytes
-    stored = lambda b: b if engine.representation == "dense" else _materialise(np.asarray(b, dtype=np.float64))
+    stored = lambda b: _materialise(np.asarray(b, dtype=np.float64)) if factors else b
     _close(stored(B), grams[[1, 0]])
     B[:] = 0.0
     _close(stored(engine.blocks([1], keep=keep)), grams[[1]])
@@ -157,7 +178,7 @@ def test_combine_factors_is_a_factor_of_the_combination(case):
     engine, grams = case
     w = np.zeros(engine.M)
     w[[0, engine.M - 1]] = (0.3, 1.7)
-    if engine.representation == "dense":
+    if not engine.kernel_representation.blocks_are_factors:
         assert engine.rank is None
         with pytest.raises(InvalidInputError, match="combine"):
             engine.combine_factors(w)

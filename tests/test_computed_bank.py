@@ -1,0 +1,140 @@
+"""Computed banks (issue 31): kernels computed from the stored features inside every pass, never stored.
+
+A computed bank and a stored bank of the same specs hold the same kernels bit for bit (one function
+computes both, ``shards.fill_block``), so every engine operation and every solver gives the same
+bits on both, in threads and on a cluster of worker processes; the computed bank stores the features
+and metadata only; its integrity is checked (verify, the passes' checksums); it resumes; the CLI
+builds and describes it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from mklscale.bank import KernelBank, build_bank, families
+from mklscale.bank.storage.local import disk_usage
+from mklscale.cli import main
+from mklscale.engine import Engine
+from mklscale.errors import BankCorruptError, InvalidInputError
+from mklscale.solvers.registry import fit_solver
+
+LAYOUT = dict(chunk_mb=0.2, shard_mb=0.5)  # 120 x 120 float32 kernels: 3 per chunk, 9 per shard
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(120, 8))
+    y = np.sign(np.sin(2 * X[:, 0]) + X[:, 1] * X[:, 2] + 0.1 * rng.normal(size=120))
+    specs = families.resolve(["per_feature", {"family": "interactions", "pairs": [[1, 2], [3, 4]]}], 8)
+    return X, y, specs
+
+
+@pytest.fixture(scope="module")
+def banks(data, tmp_path_factory):
+    X, _, specs = data
+    folder = tmp_path_factory.mktemp("banks")
+    stored = build_bank(X, specs, folder / "stored", progress=False, **LAYOUT)
+    computed = build_bank(X, specs, folder / "computed", progress=False, computed=True, **LAYOUT)
+    return stored, computed
+
+
+def test_families_for_feature_selection():
+    specs = families.resolve("per_feature", 3)
+    assert [s.name for s in specs[:4]] == ["gaussian(width=0.5)[0]", "gaussian(width=1)[0]", "gaussian(width=2)[0]",
+                                           "linear()[0]"] and len(specs) == 12
+    assert len(families.resolve({"family": "per_feature", "widths": [1.0], "linear": False}, 5)) == 5
+    pairs = families.resolve({"family": "interactions", "pairs": [[2, 0]], "widths": [1.0]}, 3)
+    assert [s.features for s in pairs] == [(0, 2)]
+    for bad, message in [({"family": "interactions"}, "needs pairs"),
+                         ({"family": "interactions", "pairs": [[1, 1]]}, "two different"),
+                         ({"family": "per_feature", "linear": "yes"}, "true or false")]:
+        with pytest.raises(Exception, match=message):
+            families.resolve(bad, 3)
+
+
+def test_a_computed_bank_holds_the_same_kernels_and_statistics_and_stores_none(banks):
+    stored, computed = banks
+    assert computed.stores_kernels is False and computed.representation == "computed"
+    M = len(stored)
+    assert np.array_equal(computed.kernels(range(M)), stored.kernels(range(M)))
+    for name in ("trace", "fro", "lambda_max", "norm_factor", "checksums"):
+        assert np.array_equal(getattr(computed, name), getattr(stored, name)), name
+    assert disk_usage(computed.path) < disk_usage(stored.path) / 5
+    assert not (computed.path / "gram").exists()
+    assert computed.verify().ok
+    with pytest.raises(InvalidInputError, match="computed bank"):
+        computed.gram
+    with pytest.raises(InvalidInputError, match="computed bank"):
+        computed.to_xarray()
+
+
+def test_every_pass_and_solver_gives_the_same_bits(banks, data):
+    stored, computed = banks
+    _, y, _ = data
+    rng = np.random.default_rng(1)
+    U, w = rng.normal(size=(3, stored.n)), rng.random(len(stored))
+    with Engine(stored, threads=2) as a, Engine(computed, threads=2) as b:
+        for name, op in [("quad_forms", lambda e: e.quad_forms(U)), ("matvecs", lambda e: e.matvecs(U[0])),
+                         ("combine", lambda e: e.combine(w)), ("gram_of_kernels", lambda e: e.gram_of_kernels()),
+                         ("frobenius", lambda e: e.frobenius(np.eye(stored.n))),
+                         ("blocks", lambda e: e.blocks([0, 5, 7]))]:
+            assert np.array_equal(op(a), op(b)), name
+        for solver, task in [("spicy", "classification"), ("smo", "classification"), ("pfbs", "regression"),
+                             ("gcd", "regression"), ("easymkl", "classification")]:
+            ra, rb = fit_solver(solver, a, y, task), fit_solver(solver, b, y, task)
+            assert np.array_equal(ra.weights, rb.weights) and ra.objective == rb.objective, solver
+
+
+def test_passes_on_worker_processes_compute_the_same_bits(banks, cluster_client):
+    stored, computed = banks
+    U = np.random.default_rng(2).normal(size=(2, stored.n))
+    with Engine(stored, threads=1) as a, Engine(computed, client=cluster_client) as b:
+        assert np.array_equal(a.quad_forms(U), b.quad_forms(U))
+
+
+def test_kernels_computed_differently_from_their_record_are_refused(data, tmp_path):
+    X, _, specs = data
+    bank = build_bank(X, specs, tmp_path / "c", progress=False, computed=True, **LAYOUT)
+    group = KernelBank.open(bank.path, mode="r+").group
+    sums = group["checksum"][:]
+    sums[4] ^= 1  # the record no longer matches what this mklscale computes for kernel 4
+    group["checksum"][:] = sums
+    with pytest.raises(BankCorruptError, match="kernel 4 .*computed here from its features"):
+        with Engine(KernelBank.open(bank.path), threads=1) as engine:
+            engine.quad_forms(np.ones(bank.n))
+    report = KernelBank.open(bank.path).verify(mark_bad=False)
+    assert 4 in report.bad_indices
+
+
+def test_a_computed_build_resumes_and_is_never_mixed_with_a_stored_one(data, tmp_path):
+    X, _, specs = data
+    bank = build_bank(X, specs, tmp_path / "c", progress=False, computed=True, **LAYOUT)
+    group = KernelBank.open(bank.path, mode="r+").group
+    flags = group["complete"][:]
+    flags[10:20] = False  # as if the build had stopped there
+    group["complete"][:] = flags
+    resumed = build_bank(X, specs, tmp_path / "c", progress=False, computed=True, **LAYOUT)
+    assert resumed.complete.all() and resumed.last_build_computed == 18  # the two shards holding 10..19
+    with pytest.raises(Exception, match="different data, kernel specs or settings"):
+        build_bank(X, specs, tmp_path / "c", progress=False, **LAYOUT)  # a stored bank over a computed one
+    with pytest.raises(InvalidInputError, match="computed=True .*rank"):
+        build_bank(X, specs, tmp_path / "f", progress=False, computed=True, rank=8)
+
+
+def test_the_cli_builds_and_describes_a_computed_bank(data, tmp_path, capsys):
+    X, _, _ = data
+    np.save(tmp_path / "X.npy", X)
+    out = tmp_path / "bank"
+    assert main(["bank", "build", "--features", str(tmp_path / "X.npy"), "--family", "per_feature", "--widths", "1",
+                 "--linear", "no", "--computed", "--out", str(out), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["bank", "info", str(out), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["representation"] == "computed" and info["M"] == 8 and info["complete"] == 8
+    assert main(["bank", "info", str(out)]) == 0
+    assert "computed (no kernel stored" in capsys.readouterr().out
+    assert main(["bank", "verify", str(out)]) == 0
