@@ -162,6 +162,9 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--rank", type=int, default=None,
                    help="store every kernel as a rank-R factor (Nystrom; for n in the tens of thousands) "
                         "instead of n x n; the model keeps only the kept kernels' landmarks")
+    f.add_argument("--computed", choices=("auto", "yes", "no"), default="auto",
+                   help="yes: store no kernel, compute them from the features in every pass; auto (default): only "
+                        "when a stored bank would not fit the cache's disk or cap; no: always stored")
     f.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="a solver parameter; VALUE is read as JSON when it parses, else as a string")
     f.add_argument("--cache-dir", type=Path, default=None, help="where banks are kept for reuse")
@@ -380,6 +383,7 @@ def _fit_estimator(args, task: str, kernels):
     if args.cv == 1 or args.cv < 0:
         raise InvalidInputError(f"--cv {args.cv}: give the number of folds (2 or more), or 0 for none")
     common = dict(kernels=kernels, solver=args.solver, solver_params=_params(args.param), rank=args.rank,
+                  computed={"auto": "auto", "yes": True, "no": False}[args.computed],
                   cache_dir=None if args.cache_dir is None else str(args.cache_dir), progress=not args.quiet)
     classification = task == "classification"
     if args.cv == 0:

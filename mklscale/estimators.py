@@ -65,6 +65,7 @@ from sklearn.utils.validation import check_array, check_is_fitted, check_random_
 
 from mklscale.bank import _compute, families
 from mklscale.bank.spec import KernelSpec, specs_to_json
+from mklscale.bank.size import BankTooLargeError, check_fits
 from mklscale.errors import BankCorruptError, InvalidInputError
 from mklscale.model import MKLModel
 from mklscale.runtime.checkpoint import Checkpoint, stop_on_signals
@@ -119,6 +120,13 @@ _PARAMETERS = """\
         L_m (n x r) with K~_m = L_m L_m^T by Nystrom on r k-means++ landmarks drawn per kernel
         (``build_bank(..., rank=r)``), for n in the tens of thousands; the solvers solve the same
         problem on the K~_m and the model keeps only the landmarks of the kept kernels.
+    computed : bool or "auto", default="auto"
+        True: a computed bank (``build_bank(..., computed=True)``): no kernel is stored, every pass
+        computes them from the features (for many kernels over few rows, e.g.
+        ``kernels="per_feature"`` on thousands of features). "auto": a stored bank, unless it would
+        not fit the cache's cap or disk (``size.check_fits``) and a computed one would: then a
+        computed one (same kernels, same results; each pass computes instead of reading).
+        False: always stored (a bank that does not fit is refused). With ``rank``: stored factors.
     cache_dir : str, path or None, default=None
         Where banks are kept for reuse by later fits on the same data and kernels (None:
         ``$MKLSCALE_CACHE`` or ``~/.cache/mklscale/banks``). The cache is kept under
@@ -163,6 +171,7 @@ class _MKLBase(BaseEstimator):
         "solver_params": [dict, None],
         "normalize": [StrOptions({"trace", "diag"}), None],
         "rank": [Interval(Integral, 1, None, closed="left"), None],
+        "computed": ["boolean", StrOptions({"auto"})],
         "cache_dir": [str, os.PathLike, None],
         "client": "no_validation",
         "progress": ["boolean"],
@@ -173,7 +182,7 @@ class _MKLBase(BaseEstimator):
     }
 
     def __init__(self, kernels="auto", solver="spicy", C="auto", solver_params=None, normalize="trace",
-                 rank=None, cache_dir=None, client=None, progress=False, verbose=False, random_state=None,
+                 rank=None, computed="auto", cache_dir=None, client=None, progress=False, verbose=False, random_state=None,
                  checkpoint_dir=None, checkpoint_every_s=60.0):
         self.kernels = kernels
         self.solver = solver
@@ -181,6 +190,7 @@ class _MKLBase(BaseEstimator):
         self.solver_params = solver_params
         self.normalize = normalize
         self.rank = rank
+        self.computed = computed
         self.cache_dir = cache_dir
         self.client = client
         self.progress = progress
@@ -224,16 +234,19 @@ class _MKLBase(BaseEstimator):
         params = self._check_solver()
         specs = families.resolve(self.kernels, X.shape[1], self._seed())
         factor = {} if self.rank is None else {"rank": int(self.rank), "seed": self._seed() or 0}
-        key = bank_key(X, specs, self.normalize, BANK_DTYPE, factor)
+        stored_key = bank_key(X, specs, self.normalize, BANK_DTYPE, factor)
+        computed = self._computed_bank(stored_key, len(specs), X.shape, factor)
+        key = bank_key(X, specs, self.normalize, BANK_DTYPE, {**factor, "computed": True}) if computed else stored_key
 
         def build(path, client):
             from mklscale.bank.build import build_bank
 
             return build_bank(X, specs, path, normalize=self.normalize, dtype=BANK_DTYPE, client=client,
-                              progress=bool(self.progress), **factor)
+                              progress=bool(self.progress), computed=computed, **factor)
 
         with _client(self.client) as client, \
-                self._cached_bank(key, len(specs), X.shape[0], build, client, X.shape[1], factor.get("rank")) as (bank, seconds):
+                self._cached_bank(key, len(specs), X.shape[0], build, client, X.shape[1], factor.get("rank"),
+                                  computed) as (bank, seconds):
             try:
                 self._solve(bank, y_targets, params, t0, client, build_seconds=seconds, resume=resume, y=y,
                             sample_weight=sample_weight)
@@ -274,23 +287,50 @@ class _MKLBase(BaseEstimator):
                         sample_weight=sample_weight)
         return self
 
+    def _computed_bank(self, stored_key: str, M: int, shape: tuple[int, int], factor: dict) -> bool:
+        """Whether this fit uses a computed bank (``computed``): "auto" when the stored one (cache key
+        ``stored_key``; one already complete in the cache always fits) would not fit the cache's cap or
+        disk; when the computed one would not fit either, BankTooLargeError names it."""
+        from mklscale.bank import cache as bank_cache
+
+        if self.computed != "auto":
+            if self.computed and factor:
+                raise InvalidInputError("computed=True computes the kernels in every pass and stores none; rank= "
+                                        "stores factors: choose one")
+            return bool(self.computed)
+        if factor:
+            return False
+        cache, limit = self._cache_place()
+        try:
+            check_fits(cache / bank_cache.name_for(stored_key), M, shape[0], BANK_DTYPE, None, n_features=shape[1],
+                       cap=limit, spelling="estimator")
+            return False
+        except BankTooLargeError:
+            return True  # _cached_bank checks the computed bank in turn
+
+    def _cache_place(self) -> tuple[Path, int | None]:
+        """(the bank cache's folder, its cap in bytes or None)."""
+        from mklscale.bank import cache as bank_cache
+
+        limit = bank_cache.max_bytes()  # a bad $MKLSCALE_CACHE_MAX fails before any work
+        return (Path(self.cache_dir) if self.cache_dir is not None else bank_cache.default_dir()), limit
+
     @contextlib.contextmanager
     def _cached_bank(self, key: str, M: int, n: int, build, client, n_features: int | None = None,
-                     rank: int | None = None):
+                     rank: int | None = None, computed: bool = False):
         """(bank, build seconds): the cached bank of ``key`` (``bank_key`` / ``precomputed_key``), made by
         ``build(path, client)`` if missing, marked in use (not evicted) until the context ends; the least
         recently used other banks are evicted over the cap. A bank to build that exceeds the cap
         ($MKLSCALE_CACHE_MAX) or its disk's free space raises BankTooLargeError (``size.check_fits``)
         before anything is written."""
         from mklscale.bank import cache as bank_cache
-        from mklscale.bank.size import check_fits
         from mklscale.bank.storage.writer_lock import bank_writer
 
-        limit = bank_cache.max_bytes()  # a bad $MKLSCALE_CACHE_MAX fails before any work
-        cache = Path(self.cache_dir) if self.cache_dir is not None else bank_cache.default_dir()
+        cache, limit = self._cache_place()
         name = bank_cache.name_for(key)
         # a bank over the cap or the disk's free space is refused before the cache folder or a lock file is made
-        check_fits(cache / name, M, n, BANK_DTYPE, rank, n_features=n_features, cap=limit, spelling="estimator")
+        check_fits(cache / name, M, n, BANK_DTYPE, rank, n_features=n_features, cap=limit, spelling="estimator",
+                   computed=computed)
         cache.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         with bank_cache.using(cache, name):
@@ -340,6 +380,7 @@ class _MKLBase(BaseEstimator):
             "seconds": time.perf_counter() - t0, "solve_seconds": time.perf_counter() - t_solve,
             "build_seconds": float(build_seconds), "bank": str(bank.path),
             "kernels_built": int(getattr(bank, "last_build_computed", 0)), "n_kernels": int(bank.M),
+            "bank_representation": bank.representation,
             "n_heads": len(results), "converged": message is None, "convergence_warning": message,
             "C": self.C_,
         }
@@ -577,10 +618,10 @@ class MKLClassifier(ClassifierMixin, _MKLBase):
                               "class_weight": [StrOptions({"balanced"}), dict, None]}
 
     def __init__(self, kernels="auto", solver="spicy", C="auto", solver_params=None, normalize="trace", rank=None,
-                 cache_dir=None, client=None, progress=False, verbose=False, random_state=None, checkpoint_dir=None,
-                 checkpoint_every_s=60.0, class_weight=None):
+                 computed="auto", cache_dir=None, client=None, progress=False, verbose=False, random_state=None,
+                 checkpoint_dir=None, checkpoint_every_s=60.0, class_weight=None):
         super().__init__(kernels=kernels, solver=solver, C=C, solver_params=solver_params, normalize=normalize,
-                         rank=rank, cache_dir=cache_dir, client=client, progress=progress, verbose=verbose,
+                         rank=rank, computed=computed, cache_dir=cache_dir, client=client, progress=progress, verbose=verbose,
                          random_state=random_state, checkpoint_dir=checkpoint_dir,
                          checkpoint_every_s=checkpoint_every_s)
         self.class_weight = class_weight
@@ -818,9 +859,9 @@ class _CrossValidated:
 
 
 def _cv_init(self, kernels, solver, Cs, cv, scoring, solver_params, normalize, rank, cache_dir, client, progress,
-             verbose, random_state, checkpoint_dir, checkpoint_every_s, **classifier):
+             verbose, random_state, checkpoint_dir, checkpoint_every_s, computed="auto", **classifier):
     _MKLBase.__init__(self, kernels=kernels, solver=solver, solver_params=solver_params, normalize=normalize,
-                      rank=rank, cache_dir=cache_dir, client=client, progress=progress, verbose=verbose,
+                      rank=rank, computed=computed, cache_dir=cache_dir, client=client, progress=progress, verbose=verbose,
                       random_state=random_state, checkpoint_dir=checkpoint_dir, checkpoint_every_s=checkpoint_every_s)
     del self.C   # the class attribute (C is chosen), not a parameter
     self.Cs, self.cv, self.scoring = Cs, cv, scoring
@@ -856,10 +897,11 @@ class MKLClassifierCV(_CrossValidated, MKLClassifier):
     _parameter_constraints = {**_CV_CONSTRAINTS, "class_weight": [StrOptions({"balanced"}), dict, None]}
 
     def __init__(self, kernels="auto", solver="spicy", Cs=10, cv=3, scoring=None, solver_params=None,
-                 normalize="trace", rank=None, cache_dir=None, client=None, progress=False, verbose=False,
-                 random_state=None, checkpoint_dir=None, checkpoint_every_s=60.0, class_weight=None):
+                 normalize="trace", rank=None, computed="auto", cache_dir=None, client=None, progress=False,
+                 verbose=False, random_state=None, checkpoint_dir=None, checkpoint_every_s=60.0, class_weight=None):
         _cv_init(self, kernels, solver, Cs, cv, scoring, solver_params, normalize, rank, cache_dir, client, progress,
-                 verbose, random_state, checkpoint_dir, checkpoint_every_s, class_weight=class_weight)
+                 verbose, random_state, checkpoint_dir, checkpoint_every_s, computed=computed,
+                 class_weight=class_weight)
 
 
 class MKLRegressorCV(_CrossValidated, MKLRegressor):
@@ -877,10 +919,10 @@ class MKLRegressorCV(_CrossValidated, MKLRegressor):
     _parameter_constraints = _CV_CONSTRAINTS
 
     def __init__(self, kernels="auto", solver="spicy", Cs=10, cv=3, scoring=None, solver_params=None,
-                 normalize="trace", rank=None, cache_dir=None, client=None, progress=False, verbose=False,
-                 random_state=None, checkpoint_dir=None, checkpoint_every_s=60.0):
+                 normalize="trace", rank=None, computed="auto", cache_dir=None, client=None, progress=False,
+                 verbose=False, random_state=None, checkpoint_dir=None, checkpoint_every_s=60.0):
         _cv_init(self, kernels, solver, Cs, cv, scoring, solver_params, normalize, rank, cache_dir, client, progress,
-                 verbose, random_state, checkpoint_dir, checkpoint_every_s)
+                 verbose, random_state, checkpoint_dir, checkpoint_every_s, computed=computed)
 
 
 def _caller_stacklevel() -> int:

@@ -138,3 +138,20 @@ def test_the_cli_builds_and_describes_a_computed_bank(data, tmp_path, capsys):
     assert main(["bank", "info", str(out)]) == 0
     assert "computed (no kernel stored" in capsys.readouterr().out
     assert main(["bank", "verify", str(out)]) == 0
+
+
+def test_a_pipeline_on_a_computed_bank_gives_the_stored_banks_results(tmp_path):
+    from mklscale.pipeline import run_pipeline
+
+    results = {}
+    for computed in ("false", "true"):
+        spec = tmp_path / f"p{computed}.toml"
+        spec.write_text(f'name = "sel"\nseed = 1\n[dataset]\nname = "breast_cancer"\nmax_train = 120\n[bank]\n'
+                        f'family = "per_feature"\nwidths = [1.0]\ncomputed = {computed}\n[[solver]]\nname = "spicy"\n'
+                        'solver = "spicy"\nC = 0.5\n[report]\nenabled = false\n')
+        results[computed] = run_pipeline(spec, out=tmp_path / f"run{computed}", quiet=True,
+                                         cluster={"kind": "local", "n_workers": 1, "processes": False})
+    assert results["true"]["bank"]["representation"] == "computed"
+    stored, computed = (results[k]["solvers"][0] for k in ("false", "true"))
+    assert stored["metrics"] == computed["metrics"] and stored["kernels"] == computed["kernels"]
+

@@ -82,7 +82,7 @@ def test_estimator_fit_refuses_a_bank_larger_than_the_cache_disk(small_disk, mon
     monkeypatch.setenv("MKLSCALE_CACHE_MAX", "none")
     X, y = _data()
     with pytest.raises(BankTooLargeError) as err:
-        MKLClassifier(kernels=THREE, solver="uniform", cache_dir=small_disk / "cache").fit(X, y)
+        MKLClassifier(kernels=THREE, solver="uniform", cache_dir=small_disk / "cache", computed=False).fit(X, y)
     msg = str(err.value)
     assert isinstance(err.value, InvalidInputError)
     total = bank_bytes(3, N, n_features=D)
@@ -92,6 +92,8 @@ def test_estimator_fit_refuses_a_bank_larger_than_the_cache_disk(small_disk, mon
     assert f"rank={r} (a factor bank, n x {r} per kernel) stores {human(bank_bytes(3, N, rank=r, n_features=D))}" in msg
     assert bank_bytes(3, N, rank=r, n_features=D) <= 512 * 1024 < bank_bytes(3, N, rank=2 * r, n_features=D)
     assert f"pass cache_dir= a folder on a disk with {human(total)} free" in msg
+    assert f"computed=True (no kernel stored: every pass computes them from the features) stores " \
+           f"{human(bank_bytes(3, N, n_features=D, computed=True))}" in msg
     assert "MKLSCALE_CACHE_MAX" not in msg
     assert _listing(small_disk) == []  # no cache folder, bank, partial store, lock or use file
     # the remedy it names works on the same disk
@@ -105,7 +107,7 @@ def test_estimator_fit_refuses_a_bank_over_the_cache_cap(tmp_path, monkeypatch):
     total = bank_bytes(3, N, n_features=D)
     monkeypatch.setenv("MKLSCALE_CACHE_MAX", "500kB")
     with pytest.raises(BankTooLargeError) as err:
-        MKLClassifier(kernels=THREE, solver="uniform", cache_dir=cache).fit(X, y)
+        MKLClassifier(kernels=THREE, solver="uniform", cache_dir=cache, computed=False).fit(X, y)
     msg = str(err.value)
     assert f"takes {human(total)}, more than the bank cache's cap MKLSCALE_CACHE_MAX=500kB" in msg
     assert re.search(r"Remedies: rank=\d+ \(a factor bank", msg)
@@ -122,6 +124,22 @@ def test_estimator_fit_refuses_a_bank_over_the_cache_cap(tmp_path, monkeypatch):
     monkeypatch.setenv("MKLSCALE_CACHE_MAX", "1kB")
     est = MKLClassifier(kernels=THREE, solver="uniform", cache_dir=cache).fit(X, y)
     assert est.fit_stats_["kernels_built"] == 0
+
+
+def test_estimator_fit_over_the_cap_builds_a_computed_bank_by_default(tmp_path, monkeypatch):
+    """computed="auto" (the default): a stored bank over the cap gives way to a computed one (features and
+    metadata only), with the same results; a bank that does not fit even computed is refused as one."""
+    X, y = _data()
+    monkeypatch.setenv("MKLSCALE_CACHE_MAX", "none")
+    stored = MKLClassifier(kernels=THREE, solver="uniform", cache_dir=tmp_path / "a").fit(X, y)
+    assert stored.fit_stats_["bank_representation"] == "dense"
+    monkeypatch.setenv("MKLSCALE_CACHE_MAX", "500kB")
+    computed = MKLClassifier(kernels=THREE, solver="uniform", cache_dir=tmp_path / "b").fit(X, y)
+    assert computed.fit_stats_["bank_representation"] == "computed" and computed.fit_stats_["kernels_built"] == 3
+    np.testing.assert_array_equal(computed.decision_function(X), stored.decision_function(X))
+    monkeypatch.setenv("MKLSCALE_CACHE_MAX", "1kB")
+    with pytest.raises(BankTooLargeError, match="a computed bank of 3 kernels"):
+        MKLClassifier(kernels=THREE, solver="uniform", cache_dir=tmp_path / "c").fit(X, y)
 
 
 def test_estimator_fit_that_fits_still_builds_and_its_bar_shows_the_size(tmp_path, monkeypatch, capsys):
@@ -162,10 +180,11 @@ def test_cli_fit_refuses_with_one_line_in_its_own_options(disk_16m, tmp_path, ca
     monkeypatch.setenv("MKLSCALE_CACHE_MAX", "none")
     small_disk = disk_16m
     X, y = _npy(tmp_path)
-    code = cli(["fit", "--features", str(X), "--labels", str(y), "--task", "classification",
+    code = cli(["fit", "--features", str(X), "--labels", str(y), "--task", "classification", "--computed", "no",
                 "--cache-dir", str(small_disk / "cache"), "--out", str(tmp_path / "model"), "--quiet"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and err.startswith("mklscale: error: a dense bank of ")
+    assert "--computed yes (no kernel stored" in err
     M, n = _size_in(err)
     assert n == 1000 and f"takes {human(bank_bytes(M, 1000, n_features=2))}" in err
     assert f"free on the disk holding {small_disk / 'cache'}" in err

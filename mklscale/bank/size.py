@@ -37,12 +37,14 @@ SUGGESTED_RANKS = (256, 128, 64, 32, 16)
 #: How each entry point spells the remedies: the factor-bank option ("{r}": the rank; None where a
 #: factor bank is not an option) and where a larger disk goes ("{need}": the size it needs).
 SPELLINGS = {
-    "estimator": {"rank": "rank={r}", "disk": "pass cache_dir= a folder on a disk with {need} free"},
-    "function": {"rank": "rank={r}", "disk": "give a path on a disk with {need} free"},
+    "estimator": {"rank": "rank={r}", "computed": "computed=True",
+                  "disk": "pass cache_dir= a folder on a disk with {need} free"},
+    "function": {"rank": "rank={r}", "computed": "computed=True", "disk": "give a path on a disk with {need} free"},
     "import": {"rank": None, "disk": "give a path on a disk with {need} free"},
-    "cli-fit": {"rank": "--rank {r}", "disk": "pass --cache-dir a folder on a disk with {need} free"},
-    "cli-build": {"rank": "--rank {r}", "disk": "give --out a path on a disk with {need} free"},
-    "pipeline": {"rank": "rank = {r} in [bank]",
+    "cli-fit": {"rank": "--rank {r}", "computed": "--computed yes", "disk": "pass --cache-dir a folder on a disk with {need} free"},
+    "cli-build": {"rank": "--rank {r}", "computed": "--computed",
+                  "disk": "give --out a path on a disk with {need} free"},
+    "pipeline": {"rank": "rank = {r} in [bank]", "computed": "computed = true in [bank]",
                  "disk": "put the run (--out) or [bank] path on a disk with {need} free"},
 }
 
@@ -132,6 +134,7 @@ class Oversize:
     mount: str            # that disk's mount point
     cap: int | None       # the cache cap, when the bank exceeds it
     cap_text: str         # $MKLSCALE_CACHE_MAX as set
+    computed: bool = False  # a computed bank (features and metadata only)
 
 
 class BankTooLargeError(InvalidInputError):
@@ -182,7 +185,7 @@ def check_fits(path: str | os.PathLike, M: int, n: int, dtype: str = "float32", 
     if over_disk or over_cap:
         found = Oversize(str(storage), int(M), int(n), np.dtype(dtype).name, None if rank is None else int(rank),
                          int(n_features), int(n_cross), total, to_write, free if over_disk else None,
-                         mount, cap if over_cap else None, cache.max_setting())
+                         mount, cap if over_cap else None, cache.max_setting(), bool(computed))
         raise BankTooLargeError(found, spelling)
 
 
@@ -207,7 +210,7 @@ def too_large_message(o: Oversize, spelling: str) -> str:
     for this data (a factor bank's rank, fewer kernels, fewer rows, a larger cap, a larger disk), worded
     for the entry point ``spelling`` (a key of ``SPELLINGS``)."""
     words = SPELLINGS[spelling]
-    kind = "dense" if o.rank is None else f"factor (rank {o.rank})"
+    kind = "computed" if o.computed else "dense" if o.rank is None else f"factor (rank {o.rank})"
     cross = f" with cross kernels of {o.n_cross} rows" if o.n_cross else ""
     head = f"a {kind} bank of {o.M} kernels over n = {o.n} rows ({o.dtype}){cross} takes {human(o.total)}"
     if o.to_write < o.total:
@@ -223,7 +226,7 @@ def too_large_message(o: Oversize, spelling: str) -> str:
 
     def size(**kw) -> int:
         args = {"M": o.M, "n": o.n, "dtype": o.dtype, "rank": o.rank, "n_features": o.n_features,
-                "n_cross": o.n_cross} | kw
+                "n_cross": o.n_cross, "computed": o.computed} | kw
         return bank_bytes(args.pop("M"), args.pop("n"), **args)
 
     remedies = []
@@ -232,6 +235,10 @@ def too_large_message(o: Oversize, spelling: str) -> str:
         what = "a factor bank" if o.rank is None else "a smaller rank"
         remedies.append(f"{words['rank'].format(r=ranks[0])} ({what}, n x {ranks[0]} per kernel) stores "
                         f"{human(size(rank=ranks[0]))}")
+    if words.get("computed") and o.rank is None and not o.computed and o.n_features \
+            and size(computed=True) <= room_bytes:
+        remedies.append(f"{words['computed']} (no kernel stored: every pass computes them from the features) stores "
+                        f"{human(size(computed=True))}")
     fit_M = _largest(lambda m: size(M=m) <= room_bytes, o.M - 1)
     if fit_M:
         each = (o.total - size(M=1)) / max(o.M - 1, 1)

@@ -35,7 +35,7 @@ def prepare_bank(pipe: Pipeline, data: Data, run_dir: Path, client, quiet: bool,
         return _import_grams(pipe, data, path, say, overwrite and not shared, stage)
     check_fits(path, count_kernels(cfg["kernels"], data.X_train.shape[1]), len(data.y_train), cfg["dtype"],
                (cfg.get("factor") or {}).get("rank"), n_features=data.X_train.shape[1],
-               overwrite=overwrite and not shared, spelling="pipeline")
+               overwrite=overwrite and not shared, spelling="pipeline", computed=cfg.get("computed", False))
     specs = families.resolve(cfg["kernels"], data.X_train.shape[1])
     if stage is not None:
         stage.doing, stage.bank = "building the bank", path
@@ -47,7 +47,8 @@ def prepare_bank(pipe: Pipeline, data: Data, run_dir: Path, client, quiet: bool,
         warnings.simplefilter("always", UserWarning)
         try:
             bank = build_bank(data.X_train, specs, path, normalize=normalize, dtype=cfg["dtype"], client=client,
-                              progress=not quiet, overwrite=overwrite and not shared, **factor)
+                              progress=not quiet, overwrite=overwrite and not shared,
+                              computed=cfg.get("computed", False), **factor)
         except BankMismatchError:
             remedy = ("remove it or give [bank] path another folder" if shared else
                       "pass --overwrite to mklscale run (run_pipeline: overwrite=True) to rebuild it, or choose "
@@ -57,6 +58,7 @@ def prepare_bank(pipe: Pipeline, data: Data, run_dir: Path, client, quiet: bool,
     for w in caught:
         summary(f"[{pipe.name}] bank: warning: {w.message}")
     info = {"path": str(path), "M": len(bank), "n": bank.n, "dtype": cfg["dtype"], "normalize": cfg["normalize"],
+            **({"representation": "computed"} if cfg.get("computed") else {}),
             **({} if not factor else {"representation": "factor", **factor,
                                       "approx_error_max": float(np.nanmax(bank.approx_error))}),
             "build_seconds": time.perf_counter() - t0, "kernels_computed": getattr(bank, "last_build_computed", None),

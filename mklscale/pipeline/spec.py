@@ -38,7 +38,8 @@ A pipeline is a TOML file (see ``pipelines/``)::
     family = "simplemkl"                # + that family's parameters, e.g. widths = [1, 2], features = "all";
                                         # every parameter is optional and a name means the same bank as
                                         # in Python and on the CLI (bank.families: auto, simplemkl,
-                                        # gaussian, polynomial, linear, random_subsets; "gaussian" is the
+                                        # gaussian, polynomial, linear, random_subsets, per_feature,
+                                        # interactions; "gaussian" is the
                                         # 24 SimpleMKL widths on all features and on each single one)
     normalize = "trace"                 # "trace" | "diag" | "none"
     dtype = "float32"
@@ -48,6 +49,8 @@ A pipeline is a TOML file (see ``pipelines/``)::
     landmarks = "kmeans++"              # factor banks, nystrom: "kmeans++" | "uniform"
     tol = 1e-6                          # factor banks, cholesky: relative residual trace
     max_error = 0.05                    # factor banks: warn above this relative trace error
+    computed = false                    # true: store the features only, compute the kernels in every
+                                        # pass (many kernels over few rows, e.g. family = "per_feature")
 
     [[solver]]                          # any number; each becomes one fitted model
     name = "spicy_l1"                   # unique label
@@ -129,6 +132,8 @@ _BANK = {
     "dtype": Field((str,), "float32", one_of("float32", "float64")),
     "path": Field((str,), "bank.zarr"),
     "rank": Field((int,), None, positive),
+    # kernels computed from the features in every pass, never stored (issue 31; not with rank)
+    "computed": Field((bool,), False),
     "method": Field((str,), FactorSettings.method, one_of(*METHODS)),
     "landmarks": Field((str,), FactorSettings.landmarks, one_of(*LANDMARK_RULES)),
     "tol": Field((float,), FactorSettings.tol, positive),
@@ -328,19 +333,23 @@ def _check_bank(table, where: str, source: Path | None = None) -> dict:
         raise ConfigError(f"{where}: {', '.join(k for k in _FACTOR_KEYS if k in table)} apply to factor banks only; "
                           "add rank = R (e.g. rank = 64) or remove them")
     factor = {} if fixed["rank"] is None else {k: fixed[k] for k in ("rank", *_FACTOR_KEYS)}
+    if fixed["computed"] and factor:
+        raise ConfigError(f"{where}: computed = true computes every kernel in each pass and stores none; rank stores "
+                          "factors: choose one (computed for many kernels over few rows, rank for many rows)")
     try:  # a URL scheme other than s3://, or storage options for a local path, are refused here
         bank_location(fixed["path"], fixed["storage_options"])
     except InvalidInputError as exc:
         raise ConfigError(f"{where}.path: {exc}") from None
     return {"kernels": kernels, "normalize": fixed["normalize"], "dtype": fixed["dtype"], "path": fixed["path"],
-            "factor": factor, "storage_options": fixed["storage_options"], "grams": None, "names": None}
+            "factor": factor, "computed": fixed["computed"], "storage_options": fixed["storage_options"], "grams": None,
+            "names": None}
 
 
 def _check_grams_bank(table: dict, where: str, source: Path | None) -> dict:
     """[bank] grams = "K.npy" (or a dense bank folder): the user's own Gram matrices over the dataset's rows,
     imported per split (``load_data``, ``prepare_bank``); no families, no factor settings."""
     fixed = check_table(table, _BANK, where)
-    clash = [k for k in ("family", "families", "rank", *_FACTOR_KEYS) if k in table]
+    clash = [k for k in ("family", "families", "rank", "computed", *_FACTOR_KEYS) if k in table]
     if clash:
         raise ConfigError(f"{where}: grams gives the kernels themselves; remove {', '.join(clash)} (families and factor "
                           "settings compute kernels from features)")
