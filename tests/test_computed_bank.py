@@ -49,7 +49,8 @@ def test_families_for_feature_selection():
     assert len(families.resolve({"family": "per_feature", "widths": [1.0], "linear": False}, 5)) == 5
     pairs = families.resolve({"family": "interactions", "pairs": [[2, 0]], "widths": [1.0]}, 3)
     assert [s.features for s in pairs] == [(0, 2)]
-    for bad, message in [({"family": "interactions"}, "needs pairs"),
+    assert len(families.resolve({"family": "interactions", "widths": [1.0]}, 4)) == 6  # "all": every pair
+    for bad, message in [({"family": "interactions", "pairs": []}, "needs pairs"),
                          ({"family": "interactions", "pairs": [[1, 1]]}, "two different"),
                          ({"family": "per_feature", "linear": "yes"}, "true or false")]:
         with pytest.raises(Exception, match=message):

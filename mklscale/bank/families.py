@@ -29,8 +29,9 @@ family             parameters (defaults)                           kernels, M
 ``per_feature``    widths ((0.5, 1, 2)), linear (true)             per feature: a Gaussian per width,
                                                                    then the linear kernel, on that one
                                                                    feature: d (len(widths) + 1)
-``interactions``   pairs (required: [[i, j], ...]), widths         a Gaussian per width on each given
-                   ((0.5, 1, 2))                                   pair of features: len(pairs) widths
+``interactions``   pairs ("all", or [[i, j], ...]), widths         a Gaussian per width on each pair of
+                   ((0.5, 1, 2))                                   features: len(pairs) widths; "all":
+                                                                   d (d - 1) / 2 pairs
 =================  ==============================================  ==================================
 
 - ``simplemkl`` is the SimpleMKL / SpicyMKL UCI recipe (SpicyMKL §6.1): Gaussian widths 0.1 0.25
@@ -91,7 +92,7 @@ FAMILY_DEFAULTS: dict[str, dict] = {
     "linear": {"features": "all+each"},
     "random_subsets": {"n_kernels": 100, "seed": None, "max_subset": None},
     "per_feature": {"widths": FEATURE_WIDTHS, "linear": True},
-    "interactions": {"pairs": None, "widths": FEATURE_WIDTHS},
+    "interactions": {"pairs": "all", "widths": FEATURE_WIDTHS},
 }
 #: The parameters each family takes (besides ``family`` itself).
 FAMILY_PARAMS: dict[str, tuple[str, ...]] = {f: tuple(p) for f, p in FAMILY_DEFAULTS.items()}
@@ -148,10 +149,14 @@ def per_feature(n_features: int, widths: Iterable[float] = FEATURE_WIDTHS, linea
     return out
 
 
-def interactions(pairs, widths: Iterable[float] = FEATURE_WIDTHS) -> list[KernelSpec]:
-    """The ``interactions`` family: a Gaussian of each width on each given pair of features [i, j]."""
+def interactions(pairs, widths: Iterable[float] = FEATURE_WIDTHS, n_features: int | None = None) -> list[KernelSpec]:
+    """The ``interactions`` family: a Gaussian of each width on each given pair of features [i, j];
+    ``pairs="all"``: every pair i < j of the ``n_features`` features."""
+    if isinstance(pairs, str) and pairs == "all" and n_features is not None:
+        pairs = [(i, j) for i in range(n_features) for j in range(i + 1, n_features)]
     if pairs is None or isinstance(pairs, (str, bytes)) or not len(pairs):
-        raise SpecError("the interactions family needs pairs: a list of feature pairs like [[0, 1], [2, 5]]")
+        raise SpecError("the interactions family needs pairs: \"all\" (every pair of at least two features) or a "
+                        "list of feature pairs like [[0, 1], [2, 5]]")
     out = []
     for pair in pairs:
         if isinstance(pair, (str, bytes)) or np.ndim(pair) != 1 or len(pair) != 2 or pair[0] == pair[1]:
@@ -248,7 +253,7 @@ def parameters(description, seed: int | None = None) -> tuple[str, dict]:
         if isinstance(params["seed"], bool) or not isinstance(params["seed"], (int, np.integer)) or params["seed"] < 0:
             raise SpecError(f"seed must be an integer >= 0, got {params['seed']!r}")
     else:  # the values on one feature (the feature sets depend on d; indices >= d fail when built)
-        _specs(family, {**params, "features": "all"}, 1)
+        _specs(family, {**params, "features": "all"}, 2 if family == "interactions" else 1)  # a pair needs two
         if "features" in params:
             feature_sets(params["features"], 1)
     return family, params
@@ -265,7 +270,7 @@ def _specs(family: str, params: dict, d: int) -> list[KernelSpec]:
     if family == "per_feature":
         return per_feature(d, params["widths"], params["linear"])
     if family == "interactions":
-        return interactions(params["pairs"], params["widths"])
+        return interactions(params["pairs"], params["widths"], d)
     sets = feature_sets(params["features"], d)
     if family == "gaussian":
         return [s for f in sets for s in gaussian(params["widths"], f)]
