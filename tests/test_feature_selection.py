@@ -1,0 +1,230 @@
+"""Feature selection from kernel weights (mklscale.feature_selection): the importance rule, the estimators'
+feature_importances_ / selected_features_ / feature_ranking, selection stability over subsamples and along the
+path.
+
+The synthetic problem: 10 features, the label depends on features 2 and 7 only (a sine and a square), one
+Gaussian width ladder per feature (``families.gaussian(widths, features=[j])``).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import mklscale
+from mklscale.bank import KernelSpec, families
+from mklscale.errors import InvalidInputError
+from mklscale.feature_selection import all_features_share, importances, ranked, stability, subsample
+
+D, INFORMATIVE = 10, [2, 7]
+NAMES = [f"gene{j}" for j in range(D)]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("banks")
+
+
+@pytest.fixture(scope="module")
+def planted():
+    """X (100 x 10) and labels that depend on features 2 and 7 only."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(100, D))
+    y = np.where(np.sin(2.0 * X[:, 2]) + X[:, 7] ** 2 - 1.0 > 0, "case", "control")
+    return X, y
+
+
+def per_feature(widths=(0.5, 2.0)) -> list[KernelSpec]:
+    return [s for j in range(D) for s in families.gaussian(widths, features=[j])]
+
+
+@pytest.fixture(scope="module")
+def fitted(planted, cache):
+    X, y = planted
+    clf = mklscale.MKLClassifier(kernels=per_feature(), cache_dir=cache)
+    return clf.fit(pd.DataFrame(X, columns=NAMES), y)
+
+
+# ---- the rule ------------------------------------------------------------------------------------------
+def test_importance_rule_splits_each_share_among_the_kernels_features():
+    features = [(0,), (1, 3), None]
+    weights = np.array([2.0, 1.0, 1.0])           # shares 1/2, 1/4, 1/4
+    imp = importances(features, weights, 4)
+    # feature 0: 1/2 + 1/16; 1 and 3: 1/8 + 1/16; 2: 1/16 (the all-features kernel's 1/4 over 4 features)
+    assert imp == pytest.approx([0.5 + 1 / 16, 1 / 8 + 1 / 16, 1 / 16, 1 / 8 + 1 / 16])
+    assert imp.sum() == pytest.approx(1.0)
+    assert all_features_share(features, weights, 4) == pytest.approx(0.25)
+    # two heads are averaged; a head with no kernel adds nothing; negative weights count by magnitude
+    two = importances([(0,), (1,)], np.array([[1.0, 0.0], [-1.0, 3.0]]), 2)
+    assert two == pytest.approx([(1 + 0.25) / 2, 0.75 / 2])
+    assert importances([(0,)], np.array([[0.0], [1.0]]), 3) == pytest.approx([0.5, 0, 0])
+    # a kernel listing every column counts as one over all features
+    assert all_features_share([(0, 1)], [1.0], 2) == 1.0
+
+
+def test_ranking_orders_by_importance_then_index_and_drops_zeros():
+    assert ranked(np.array([0.1, 0.0, 0.4, 0.1, 0.4])).tolist() == [2, 4, 0, 3]
+    assert ranked(np.zeros(3)).size == 0
+
+
+def test_the_rule_refuses_features_outside_the_data():
+    with pytest.raises(InvalidInputError, match="outside the 3 feature"):
+        importances([(0, 5)], [1.0], 3)
+    with pytest.raises(InvalidInputError, match="one subset per kept kernel"):
+        importances([(0,)], [1.0, 2.0], 3)
+
+
+# ---- estimators --------------------------------------------------------------------------------------------
+def test_the_two_informative_features_rank_first_by_name(fitted):
+    imp = fitted.feature_importances_
+    assert imp.shape == (D,) and np.all(imp >= 0) and imp.sum() == pytest.approx(1.0)
+    assert sorted(fitted.selected_features_[:2].tolist()) == INFORMATIVE
+    assert list(fitted.selected_features_) == list(np.flatnonzero(imp)[np.argsort(-imp[imp > 0], kind="stable")])
+    assert list(fitted.feature_names_in_) == NAMES
+    ranking = fitted.feature_ranking()
+    assert ranking.name == "importance" and ranking.index.name == "feature"
+    assert sorted(ranking.index[:2]) == ["gene2", "gene7"]
+    assert ranking.is_monotonic_decreasing and ranking.sum() == pytest.approx(1.0)
+    assert list(fitted.feature_ranking(top=1).index) == list(ranking.index[:1])
+
+
+def test_importances_follow_the_kept_kernels_weights(fitted):
+    """Recomputed by hand from kernel_weights_ (kernel names end in [feature name])."""
+    shares = fitted.kernel_weights_.abs() / fitted.kernel_weights_.abs().sum()
+    by_feature = shares.groupby([name.split("[")[1].rstrip("]") for name in shares.index]).sum()
+    for j, name in enumerate(NAMES):
+        assert fitted.feature_importances_[j] == pytest.approx(by_feature.get(name, 0.0))
+
+
+def test_select_from_model_reads_the_importances_and_a_saved_model_keeps_them(fitted, planted, tmp_path):
+    from sklearn.feature_selection import SelectFromModel
+
+    X, _ = planted
+    selector = SelectFromModel(fitted, prefit=True, threshold=1e-12)
+    assert selector.get_support(indices=True).tolist() == sorted(fitted.selected_features_)
+    assert selector.transform(X).shape == (100, fitted.selected_features_.size)
+    fitted.save(tmp_path / "model")
+    same = mklscale.load(tmp_path / "model")
+    assert same.feature_importances_ == pytest.approx(fitted.feature_importances_)
+    assert list(same.feature_ranking().index) == list(fitted.feature_ranking().index)
+
+
+def test_numpy_input_ranks_by_column_index(planted, cache):
+    X, y = planted
+    clf = mklscale.MKLClassifier(kernels=per_feature(), cache_dir=cache).fit(X, y)
+    assert not hasattr(clf, "feature_names_in_")
+    assert sorted(clf.feature_ranking().index[:2]) == INFORMATIVE
+
+
+def test_kernels_over_all_features_select_every_feature_and_say_so(planted, cache):
+    X, y = planted
+    clf = mklscale.MKLClassifier(kernels=families.gaussian([3.0]), cache_dir=cache).fit(X, y)
+    assert clf.feature_importances_ == pytest.approx(np.full(D, 1 / D))
+    assert clf.selected_features_.tolist() == list(range(D))
+    with pytest.warns(UserWarning, match="every feature ties"):
+        clf.feature_ranking()
+
+
+def test_multiclass_importances_average_the_heads(planted, cache):
+    X = planted[0][:, :4]
+    y = np.digitize(X[:, 0] + 0.5 * X[:, 1], [-0.5, 0.5])              # three classes
+    specs = [s for j in range(4) for s in families.gaussian([1.0], features=[j])]
+    clf = mklscale.MKLClassifier(kernels=specs, cache_dir=cache).fit(X, y)
+    assert clf.model_.n_heads == 3
+    W = clf.kernel_weights_.to_numpy()                      # classes x kept kernels
+    expected = np.zeros(4)
+    for k, spec in enumerate(clf.model_.specs):
+        expected[spec.features[0]] += np.mean(np.abs(W[:, k]) / np.abs(W).sum(axis=1))
+    assert clf.feature_importances_ == pytest.approx(expected)
+
+
+def test_precomputed_kernels_have_no_features(planted, cache):
+    X, y = planted
+    K = np.stack([s.compute(X) for s in per_feature()[:3]])
+    clf = mklscale.MKLClassifier(kernels="precomputed", cache_dir=cache).fit(K, y)
+    assert not hasattr(clf, "feature_importances_")
+    with pytest.raises(AttributeError, match="precomputed Gram matrices.*no input features"):
+        clf.feature_importances_
+    with pytest.raises(AttributeError, match="no input features"):
+        clf.selected_features_
+    with pytest.raises(InvalidInputError, match="no input features"):
+        mklscale.feature_stability(clf, K, y)
+
+
+def test_unfitted_estimator_has_no_importances():
+    from sklearn.exceptions import NotFittedError
+
+    with pytest.raises(NotFittedError):
+        mklscale.MKLClassifier().feature_importances_
+
+
+# ---- stability ----------------------------------------------------------------------------------------------
+def test_informative_features_are_selected_in_every_subsample(planted, cache):
+    X, y = planted
+    est = mklscale.MKLClassifier(kernels=per_feature(), cache_dir=cache)
+    st = mklscale.feature_stability(est, pd.DataFrame(X, columns=NAMES), y, n_resamples=6, random_state=1)
+    freq = st.frequency
+    assert freq.shape == (D,) and np.all((freq >= 0) & (freq <= 1))
+    assert st.fits.tolist() == [6] and st.n_resamples == 6 and st.fraction == 0.5
+    assert np.all(freq[INFORMATIVE] >= 5 / 6)
+    assert freq[INFORMATIVE].min() >= np.delete(freq, INFORMATIVE).max() - 1e-12
+    frame = st.to_frame()
+    assert sorted(frame.index[:2]) == ["gene2", "gene7"]
+    assert list(frame.columns[:2]) == ["frequency", "max_frequency"] and len(frame.columns) == 3
+    record = st.to_record(importance=np.full(D, 0.1))
+    assert record["n_resamples"] == 6 and sorted(record["names"][:2]) == ["gene2", "gene7"]
+    assert len(record["frequency_by_value"]) == 1 and record["all_feature_fits"] == [0]
+    json.dumps(record)                                       # plain JSON
+
+
+def test_along_the_path_the_informative_features_enter_first(planted, cache):
+    X, y = planted
+    est = mklscale.MKLClassifier(kernels=per_feature(), cache_dir=cache)
+    st = mklscale.feature_stability(est, X, y, n_resamples=0, Cs=5)
+    assert len(st.values) == 5 and st.fits.tolist() == [1] * 5 and st.fraction is None
+    by_value = st.frequency_by_value
+    assert set(np.unique(by_value)) <= {0.0, 1.0}
+    assert by_value[0].sum() == 0                            # C_max: no kernel kept
+    first = next(i for i in range(5) if by_value[i].any())   # the first value that keeps kernels
+    assert set(np.flatnonzero(by_value[first])) <= set(INFORMATIVE)
+    assert sorted(st.to_frame().index[:2]) == INFORMATIVE
+
+
+def test_subsamples_are_stratified_and_distinct():
+    y = np.array([0] * 10 + [1] * 30)
+    rows = subsample(y, 0.5, True, np.random.default_rng(0))
+    assert np.unique(rows).size == rows.size == 20 and np.sum(y[rows] == 0) == 5
+    with pytest.raises(InvalidInputError, match="leaves no row out"):
+        subsample(np.array([0, 0, 1, 1, 1]), 0.5, True, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({"n_resamples": -1}, "n_resamples must be an int >= 0"),
+    ({"n_resamples": 2.5}, "n_resamples must be an int >= 0"),
+    ({"fraction": 1.0}, "fraction must be a number in \\(0, 1\\)"),
+    ({"fraction": "half"}, "fraction must be a number"),
+    ({"Cs": []}, "Cs is empty"),
+    ({"Cs": [-1.0]}, "not a valid regularisation"),
+    ({"Cs": "many"}, "Cs must be None, an int or a list"),
+    ({"Cs": 0}, "Cs = 0 must be >= 1"),
+])
+def test_bad_stability_settings_are_clear_errors(planted, cache, kwargs, fragment):
+    X, y = planted
+    est = mklscale.MKLClassifier(kernels=per_feature(), cache_dir=cache)
+    with pytest.raises(InvalidInputError, match=fragment):
+        mklscale.feature_stability(est, X, y, **{"n_resamples": 2, **kwargs})
+
+
+def test_stability_needs_an_mklscale_estimator(planted):
+    from sklearn.svm import SVC
+
+    with pytest.raises(InvalidInputError, match="takes an mklscale estimator"):
+        mklscale.feature_stability(SVC(), *planted)
+
+
+def test_stability_of_a_bank_of_gram_matrices_is_refused(planted):
+    with pytest.raises(InvalidInputError, match="no features"):
+        stability("spicy", None, [KernelSpec.precomputed("a")], planted[1], "classification", [1.0])
