@@ -1,6 +1,6 @@
 """Feature selection from kernel weights (mklscale.feature_selection): the importance rule, the estimators'
 feature_importances_ / selected_features_ / feature_ranking, selection stability over subsamples and along the
-path.
+path, and the pipeline's ``stability = N`` record with its report figure.
 
 The synthetic problem: 10 features, the label depends on features 2 and 7 only (a sine and a square), one
 Gaussian width ladder per feature (``families.gaussian(widths, features=[j])``).
@@ -9,6 +9,7 @@ Gaussian width ladder per feature (``families.gaussian(widths, features=[j])``).
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -16,7 +17,7 @@ import pytest
 
 import mklscale
 from mklscale.bank import KernelSpec, families
-from mklscale.errors import InvalidInputError
+from mklscale.errors import ConfigError, InvalidInputError
 from mklscale.feature_selection import all_features_share, importances, ranked, stability, subsample
 
 D, INFORMATIVE = 10, [2, 7]
@@ -228,3 +229,74 @@ def test_stability_needs_an_mklscale_estimator(planted):
 def test_stability_of_a_bank_of_gram_matrices_is_refused(planted):
     with pytest.raises(InvalidInputError, match="no features"):
         stability("spicy", None, [KernelSpec.precomputed("a")], planted[1], "classification", [1.0])
+
+
+# ---- pipelines and the report ---------------------------------------------------------------------------------
+PIPELINE = {
+    "name": "fs",
+    "dataset": {"name": "breast_cancer", "test_fraction": 0.3, "max_train": 60},
+    "bank": {"families": [{"family": "gaussian", "widths": [2.0], "features": "each"},
+                          {"family": "gaussian", "widths": [5.0], "features": "all"}]},
+    "solver": [{"name": "spicy", "solver": "spicy", "C": 0.05, "loss": "logistic", "stability": 3}],
+    "report": {"enabled": True},
+}
+
+
+@pytest.mark.parametrize("change, fragment", [
+    ({"stability": -1}, "must be between 0 (off) and 1000"),
+    ({"stability": 0, "stability_fraction": 0.3}, "stability_fraction applies only with stability"),
+    ({"stability_fraction": 1.5}, "must be in (0, 1)"),
+])
+def test_bad_stability_in_a_pipeline_is_a_config_error(change, fragment):
+    from mklscale.pipeline import load_pipeline
+
+    spec = json.loads(json.dumps(PIPELINE))
+    spec["solver"][0].update(change)
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(spec)
+    assert fragment in str(info.value)
+
+
+def test_stability_with_gram_matrices_is_a_config_error(tmp_path):
+    from mklscale.pipeline import load_pipeline
+
+    spec = {**json.loads(json.dumps(PIPELINE)), "dataset": {"labels": "y.npy"}, "bank": {"grams": "K.npy"}}
+    with pytest.raises(ConfigError, match="Gram matrices without features"):
+        load_pipeline(spec)
+
+
+def test_a_pipeline_records_feature_stability_and_the_report_draws_it(tmp_path, cluster_client):
+    from matplotlib.image import imread
+
+    from mklscale.pipeline import run_pipeline
+
+    address = {"kind": "address", "address": cluster_client.scheduler.address}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        results = run_pipeline(PIPELINE, out=tmp_path / "run", cluster=address, quiet=True)
+    entry = results["solvers"][0]
+    fs = entry["feature_stability"]
+    assert fs["n_resamples"] == 3 and fs["fraction"] == 0.5 and fs["fits"] == [3]
+    assert fs["values"] == [pytest.approx(entry["params"]["C"])]
+    assert all(0 <= f <= 1 for f in fs["frequency"]) and fs["frequency"] == sorted(fs["frequency"], reverse=True)
+    names = results["dataset"]["feature_names"]
+    assert fs["names"] == [names[j] for j in fs["features"]] and fs["n_features"] == len(names) == 30
+    written = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert written["solvers"][0]["feature_stability"] == fs
+    page = (tmp_path / "run" / "report" / "index.html").read_text()
+    assert "<h2>Feature selection</h2>" in page and 'src="stability-00-spicy.png"' in page
+    assert f"<td>{fs['names'][0]}</td>" in page
+    assert ("kept a kernel over all features" in page) == (sum(fs["all_feature_fits"]) > 0)
+    pixels = imread(tmp_path / "run" / "report" / "stability-00-spicy.png")[..., :3]
+    assert pixels.shape[1] > 600 and (pixels.std(axis=2) > 0.1).mean() > 0.005   # coloured bars drawn
+
+
+def test_a_resumed_run_keeps_a_finished_solver_only_with_the_same_stability():
+    from mklscale.pipeline.fits import _recorded_stability, _requested_stability
+
+    entry = {"stability": 3, "stability_fraction": 0.5}
+    assert _requested_stability(entry) == _recorded_stability({"feature_stability": {"n_resamples": 3, "fraction": 0.5}})
+    assert _requested_stability({**entry, "stability": 4}) != _recorded_stability(
+        {"feature_stability": {"n_resamples": 3, "fraction": 0.5}})
+    assert _requested_stability({"stability": 0, "stability_fraction": 0.5}) == _recorded_stability({}) == (0, None)
+    assert _recorded_stability({"feature_stability": {"error": "x"}}) == (0, None)
