@@ -42,6 +42,11 @@ ridges (sgd, gcd, regression baselines) ``lam = (1e-3, 1e-2, 1e-1, 1, 10) / n_tr
 and pfbs' tau as (0.1, 0.03, 0.01, 0.003) times the value above which no kernel is kept.
 
 ``load(path)`` (``mklscale.load``) reads a saved model back as a fitted estimator.
+
+Feature selection (:mod:`mklscale.feature_selection`): ``feature_importances_`` (each input feature's
+share of the kept kernels' weight), ``selected_features_``, ``feature_ranking()`` (by the DataFrame's
+column names), and ``feature_stability(estimator, X, y)`` (how often each feature is selected over
+subsample refits or along the C path).
 """
 
 from __future__ import annotations
@@ -460,7 +465,7 @@ class _MKLBase(BaseEstimator):
         features (``features=None``, e.g. the Gaussians of ``kernels="auto"``) counts for every feature,
         s / d each: it never changes the order of the features, but it makes every feature's importance
         non-zero, so every feature is selected. To select features, use kernels on feature subsets
-        (``families.gaussian(widths, features="each")``, "random_subsets"). As scikit-learn's
+        (``kernels={"family": "gaussian", "features": "each"}``, "random_subsets"). As scikit-learn's
         ``feature_importances_``, ``SelectFromModel(est, prefit=True)`` reads it. A model fitted on
         precomputed kernels has no features: AttributeError (``hasattr`` is False).
         """
@@ -623,6 +628,13 @@ class MKLClassifier(ClassifierMixin, _MKLBase):
         ``gaussian(width=2)[mean radius]`` (``KernelSpec.label``).
     selected_kernels_ : list of str
         Names of the kept kernels.
+    feature_importances_ : ndarray of shape (n_features_in_,)
+        Each input feature's importance: the kept kernels' shares of the weight, each split evenly
+        among the kernel's features, averaged over the heads; sums to 1 (a kernel over all features
+        counts for every feature). ``feature_ranking()`` lists them by name, the most important first;
+        ``mklscale.feature_stability`` says how often each is selected over subsample refits.
+    selected_features_ : ndarray of int
+        The features with non-zero importance, the most important first.
     fit_stats_ : dict
         passes, bytes_read, seconds, solve_seconds, build_seconds, bank (path), kernels_built (0
         when the bank came from the cache), n_kernels, n_heads, converged (every head) and
@@ -729,7 +741,8 @@ class MKLRegressor(RegressorMixin, _MKLBase):
     Attributes
     ----------
     As MKLClassifier without ``classes_``; ``result_`` is one MKLResult and ``kernel_weights_`` a
-    pandas Series of the kept kernels.
+    pandas Series of the kept kernels (``feature_importances_``, ``selected_features_`` and
+    ``feature_ranking()`` as there, from the one head).
     """
 
     _task = "regression"

@@ -34,7 +34,9 @@ select features, use banks of kernels on feature subsets (per-feature families, 
 - or, with ``n_resamples = 0``, along the path over the values on all training rows (one fit per value).
 
 All fits run on ONE bank: a subsample is a row view of it (``RowSubsetEngine``), nothing is rebuilt.
-The frequency of feature j is (fits that select j) / (fits); per value and over all values.
+The frequency of feature j is (fits that select j) / (fits); per value and over all values. Features are
+listed by frequency, ties by their importance averaged over the fits (along a path, a feature that enters
+early has the higher frequency).
 """
 
 from __future__ import annotations
@@ -136,6 +138,7 @@ class FeatureStability:
     values : the regularisation values, from the most to the least regularised (``parameter`` names it).
     counts : (n_values, d) fits at each value that selected each feature; fits : (n_values,) fits per value.
     all_feature_fits : (n_values,) fits that kept a kernel over all features (those select every feature).
+    importance_sums : (n_values, d) the features' importances summed over the fits at each value.
     n_resamples : subsamples (0: one fit per value on all rows, "along the path"); fraction : of each class's rows.
     """
 
@@ -144,6 +147,7 @@ class FeatureStability:
     counts: np.ndarray
     fits: np.ndarray
     all_feature_fits: np.ndarray
+    importance_sums: np.ndarray
     n_resamples: int
     fraction: float | None
     seed: int
@@ -169,18 +173,25 @@ class FeatureStability:
         """(d,): the largest frequency over the values (stability selection's score, Meinshausen-Buehlmann)."""
         return self.frequency_by_value.max(axis=0)
 
+    @property
+    def mean_importance(self) -> np.ndarray:
+        """(d,): the features' importance averaged over all fits (0 in the fits that did not select them)."""
+        return self.importance_sums.sum(axis=0) / max(int(self.fits.sum()), 1)
+
     def order(self) -> np.ndarray:
-        """Every feature index, the most often selected first (then by the largest per-value frequency, then index)."""
+        """Every feature index, the most often selected first; ties by the mean importance, then the index."""
         d = np.arange(self.n_features)
-        return np.lexsort((d, -self.max_frequency, -self.frequency))
+        return np.lexsort((d, -self.mean_importance, -self.frequency))
 
     def to_frame(self):
         """A pandas DataFrame indexed by feature (its name, or column index), the most often selected first:
-        ``frequency``, ``max_frequency`` and one column per value (``<parameter>=<value>``)."""
+        ``frequency``, ``max_frequency``, ``mean_importance`` and one column per value (``<parameter>=<value>``:
+        the frequency at that value)."""
         import pandas as pd
 
         order = self.order()
-        columns = {"frequency": self.frequency[order], "max_frequency": self.max_frequency[order]}
+        columns = {"frequency": self.frequency[order], "max_frequency": self.max_frequency[order],
+                   "mean_importance": self.mean_importance[order]}
         for i, v in enumerate(self.values):
             columns[f"{self.parameter}={v:.4g}"] = self.frequency_by_value[i, order]
         index = pd.Index([self.feature_names[j] for j in order], name="feature")
@@ -199,6 +210,7 @@ class FeatureStability:
             "n_features": self.n_features, "n_selected": int(np.count_nonzero(self.frequency > 0)),
             "features": [int(j) for j in order], "names": [str(self.feature_names[j]) for j in order],
             "frequency": [float(self.frequency[j]) for j in order],
+            "mean_importance": [float(self.mean_importance[j]) for j in order],
             "frequency_by_value": [[float(self.frequency_by_value[i, j]) for j in order]
                                    for i in range(len(self.values))],
             "importance": None if importance is None else [float(importance[j]) for j in order],
@@ -262,6 +274,7 @@ def stability(name: str, engine, specs: Sequence, y, task: str, values, params: 
     counts = np.zeros((len(values), d), dtype=np.int64)
     fits = np.zeros(len(values), dtype=np.int64)
     wide = np.zeros(len(values), dtype=np.int64)
+    importance_sums = np.zeros((len(values), d))
     rng = np.random.default_rng(seed)
     draws = [None] if n_resamples == 0 else [subsample(y, float(fraction), classification, rng)
                                               for _ in range(int(n_resamples))]
@@ -279,9 +292,10 @@ def stability(name: str, engine, specs: Sequence, y, task: str, values, params: 
             kept = [features[m] for m in active]
             imp = importances(kept, weights, d) if active.size else np.zeros(d)
             counts[i] += imp > 0
+            importance_sums[i] += imp
             fits[i] += 1
             wide[i] += any(f is None or len(f) == d for f in kept)
     return FeatureStability(values=[float(v) for v in values], parameter=reg.name, counts=counts, fits=fits,
-                            all_feature_fits=wide, n_resamples=int(n_resamples),
+                            all_feature_fits=wide, importance_sums=importance_sums, n_resamples=int(n_resamples),
                             fraction=None if n_resamples == 0 else float(fraction), seed=int(seed),
                             feature_names=names_of(d, feature_names), seconds=time.perf_counter() - t0)

@@ -33,7 +33,7 @@ Schema version 1 (:data:`SCHEMA_VERSION`):
   values (the C the refits used, the chosen one), n_resamples, fraction, seed, fits (per value),
   all_feature_fits (fits that kept a kernel over all features, which selects every feature),
   n_features, n_selected (features selected at least once), features / names / frequency /
-  frequency_by_value / importance (importance in the fitted model) of the (at most 1000) most often
+  frequency_by_value / mean_importance (over the fits) / importance (in the fitted model) of the (at most 1000) most often
   selected features, most often first, seconds}, or {error} when it could not run.
 
 ``feature_stability`` was added to schema version 1 without a new version: it is optional, and readers

@@ -174,7 +174,8 @@ def test_informative_features_are_selected_in_every_subsample(planted, cache):
     assert freq[INFORMATIVE].min() >= np.delete(freq, INFORMATIVE).max() - 1e-12
     frame = st.to_frame()
     assert sorted(frame.index[:2]) == ["gene2", "gene7"]
-    assert list(frame.columns[:2]) == ["frequency", "max_frequency"] and len(frame.columns) == 3
+    assert list(frame.columns) == ["frequency", "max_frequency", "mean_importance", f"C={st.values[0]:.4g}"]
+    assert frame["mean_importance"].sum() == pytest.approx(1.0) and frame["frequency"].is_monotonic_decreasing
     record = st.to_record(importance=np.full(D, 0.1))
     assert record["n_resamples"] == 6 and sorted(record["names"][:2]) == ["gene2", "gene7"]
     assert len(record["frequency_by_value"]) == 1 and record["all_feature_fits"] == [0]
