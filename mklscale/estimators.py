@@ -1163,7 +1163,8 @@ def feature_stability(estimator, X, y, n_resamples: int = 20, fraction: float = 
     - ``n_resamples=0``: one fit per value on all rows, along the warm-started path (cheaper);
       ``Cs=None``: the CV estimators' grid ``Cs_``, else the solver's 10-value "auto" grid.
 
-    ``Cs``: None, an int (that many values of the "auto" grid) or a list of values. ``random_state``: the
+    ``Cs``: None, an int (that many values of the "auto" grid) or a list of values. A ``class_weight`` of
+    the estimator weighs every refit as it weighs the fit. ``random_state``: the
     subsamples' seed (default: the estimator's ``random_state``, else 0). The frequency of feature j is
     (fits that selected j) / (fits). Kernels over all features select every feature (see
     ``feature_importances_``): use kernels on feature subsets.
@@ -1188,6 +1189,7 @@ def feature_stability(estimator, X, y, n_resamples: int = 20, fraction: float = 
     params.pop(registry.c_parameter(est.solver, est._task, params), None)
     y = column_or_1d(np.asarray(y), warn=False)
     classes = getattr(est, "classes_", None)
+    sample_weight = est._row_weights(y, None)      # class_weight, as the fit applied it
     heads = head_targets(y, classes) if classes is not None else [np.asarray(y, dtype=np.float64)]
     if random_state is None:
         seed = est._seed() or 0
@@ -1201,7 +1203,8 @@ def feature_stability(estimator, X, y, n_resamples: int = 20, fraction: float = 
         values = _stability_values(est, engine, heads, params, Cs, n_resamples)
         return stability(est.solver, engine, engine.bank.specs, y, est._task, values, params, classes=classes,
                          n_features=int(est.n_features_in_), n_resamples=int(n_resamples), fraction=fraction,
-                         seed=seed, feature_names=getattr(est, "feature_names_in_", None))
+                         seed=seed, feature_names=getattr(est, "feature_names_in_", None),
+                         sample_weight=sample_weight)
 
 
 def _stability_values(est, engine, heads, params: dict, Cs, n_resamples: int) -> list[float]:

@@ -246,13 +246,14 @@ def check_settings(n_resamples, fraction) -> None:
 
 def stability(name: str, engine, specs: Sequence, y, task: str, values, params: dict | None = None, classes=None,
               n_features: int | None = None, n_resamples: int = 20, fraction: float = 0.5, seed: int = 0,
-              feature_names=None) -> FeatureStability:
+              feature_names=None, sample_weight=None) -> FeatureStability:
     """Selection frequency of every feature over refits of solver ``name`` on ``engine`` (module docstring).
 
     ``specs``: the bank's KernelSpecs (all M of them); ``y``: labels (with the sorted ``classes``) or real
     targets of the engine's rows; ``values``: the regularisation values (any order: each path runs from
     the most to the least regularised); ``params``: the solver's other parameters; ``n_features``: d
-    (default: from the specs' largest index).
+    (default: from the specs' largest index); ``sample_weight``: (n,) per-row weights of the solver's fit
+    (a subsample's fits take its rows' weights), for the solvers that take them.
     """
     check_settings(n_resamples, fraction)
     features = [s.features for s in specs]
@@ -285,7 +286,8 @@ def stability(name: str, engine, specs: Sequence, y, task: str, values, params: 
         at = values
         if rows is not None:      # the same point of the subsample's own path (module docstring)
             at = [v * float(reg.scale(view, targets, task, dict(params or {}))) / full_scale for v in values]
-        path = registry.fit_path(name, view, targets, task, at, params)
+        weights = None if sample_weight is None else np.asarray(sample_weight)[slice(None) if rows is None else rows]
+        path = registry.fit_path(name, view, targets, task, at, params, sample_weight=weights)
         for i, results in enumerate(path):
             active = np.unique(np.concatenate([r.active for r in results])).astype(np.int64)
             weights = np.array([r.weights[active] for r in results])

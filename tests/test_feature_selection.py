@@ -301,3 +301,24 @@ def test_a_resumed_run_keeps_a_finished_solver_only_with_the_same_stability():
         {"feature_stability": {"n_resamples": 3, "fraction": 0.5}})
     assert _requested_stability({"stability": 0, "stability_fraction": 0.5}) == _recorded_stability({}) == (0, None)
     assert _recorded_stability({"feature_stability": {"error": "x"}}) == (0, None)
+
+
+def test_class_weight_reaches_every_refit(planted, cache, monkeypatch):
+    from mklscale.solvers import registry
+
+    X, y = planted
+    seen = []
+    fit_path = registry.fit_path
+
+    def spy(*args, sample_weight=None, **kwargs):
+        seen.append(sample_weight)
+        return fit_path(*args, sample_weight=sample_weight, **kwargs)
+
+    monkeypatch.setattr(registry, "fit_path", spy)
+    est = mklscale.MKLClassifier(kernels=per_feature(), solver="uniform", class_weight="balanced", cache_dir=cache)
+    st = mklscale.feature_stability(est, X, y, n_resamples=2)
+    assert len(seen) == 2 and all(w is not None and w.size == 50 for w in seen)
+    counts = {c: np.sum(y == c) for c in np.unique(y)}
+    assert st.fits.tolist() == [2]
+    # "balanced" weights of the whole training set (n / (2 n_c)), each subsample taking its rows' weights
+    assert np.allclose(sorted(set(np.round(seen[0], 12))), sorted({100 / (2 * n) for n in counts.values()}))
