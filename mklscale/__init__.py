@@ -14,9 +14,11 @@ except PackageNotFoundError:                    # a source tree used without ins
 # ``import mklscale`` stays cheap.
 _LAZY = {"MKLClassifier": "mklscale.estimators", "MKLRegressor": "mklscale.estimators",
          "MKLClassifierCV": "mklscale.estimators", "MKLRegressorCV": "mklscale.estimators",
-         "MKLModel": "mklscale.model", "load": "mklscale.estimators"}
+         "MKLModel": "mklscale.model", "load": "mklscale.estimators",
+         "feature_stability": "mklscale.estimators"}
 
-__all__ = ["MKLClassifier", "MKLClassifierCV", "MKLModel", "MKLRegressor", "MKLRegressorCV", "__version__", "load"]
+__all__ = ["MKLClassifier", "MKLClassifierCV", "MKLModel", "MKLRegressor", "MKLRegressorCV", "__version__", "feature_stability",
+           "load"]
 
 
 def __getattr__(name):

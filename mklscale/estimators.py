@@ -42,6 +42,11 @@ ridges (sgd, gcd, regression baselines) ``lam = (1e-3, 1e-2, 1e-1, 1, 10) / n_tr
 and pfbs' tau as (0.1, 0.03, 0.01, 0.003) times the value above which no kernel is kept.
 
 ``load(path)`` (``mklscale.load``) reads a saved model back as a fitted estimator.
+
+Feature selection (:mod:`mklscale.feature_selection`): ``feature_importances_`` (each input feature's
+share of the kept kernels' weight), ``selected_features_``, ``feature_ranking()`` (by the DataFrame's
+column names), and ``feature_stability(estimator, X, y)`` (how often each feature is selected over
+subsample refits or along the C path).
 """
 
 from __future__ import annotations
@@ -486,6 +491,63 @@ class _MKLBase(BaseEstimator):
                                     "it); drop the rows whose weight is 0")
         return w
 
+    # ---- feature selection --------------------------------------------------------------------
+    @property
+    def feature_importances_(self) -> np.ndarray:
+        """(n_features_in_,) each input feature's importance, read off the kept kernels' weights.
+
+        For each head h (one, or one per class for one-vs-rest) the share of kept kernel m is
+        s_{h,m} = |w_{h,m}| / sum_k |w_{h,k}|; a kernel on the feature subset F_m gives s_{h,m} / |F_m|
+        to each of its features, and the heads are averaged::
+
+            importance_j = (1/H) sum_h sum_{m : j in F_m} s_{h,m} / |F_m|
+
+        so the importances are >= 0 and sum to 1 (``mklscale.feature_selection``). A kernel over all
+        features (``features=None``, e.g. the Gaussians of ``kernels="auto"``) counts for every feature,
+        s / d each: it never changes the order of the features, but it makes every feature's importance
+        non-zero, so every feature is selected. To select features, use kernels on feature subsets
+        (``kernels={"family": "gaussian", "features": "each"}``, "random_subsets"). As scikit-learn's
+        ``feature_importances_``, ``SelectFromModel(est, prefit=True)`` reads it. A model fitted on
+        precomputed kernels has no features: AttributeError (``hasattr`` is False).
+        """
+        check_is_fitted(self, "model_")
+        try:
+            return self.model_.feature_importances()
+        except InvalidInputError as exc:
+            raise AttributeError(str(exc)) from None
+
+    @property
+    def selected_features_(self) -> np.ndarray:
+        """Indices of the input features with non-zero importance (``feature_importances_``), the most
+        important first (ties: the lower index first). Every feature when a kept kernel uses all features."""
+        from mklscale.feature_selection import ranked
+
+        return ranked(self.feature_importances_)
+
+    def feature_ranking(self, top: int | None = None):
+        """The selected features and their importances as a pandas Series (name "importance"), the most
+        important first, indexed by feature: its name when fitted on a DataFrame (``feature_names_in_``),
+        else its column index; ``top``: only the first ``top``. Warns (UserWarning) when kept kernels over
+        all features carry part of the weight: their share is on every feature, so every feature is
+        listed and only kernels on feature subsets set the order (all tied when no such kernel is kept)."""
+        import pandas as pd
+
+        from mklscale.feature_selection import all_features_share, names_of
+
+        importance = self.feature_importances_
+        order = self.selected_features_[:top] if top is not None else self.selected_features_
+        shared = all_features_share([s.features for s in self.model_.specs], self.model_.weights, importance.size)
+        if shared > 0:
+            tie = " (no kept kernel uses a feature subset: every feature ties)" if shared >= 1 - 1e-12 else ""
+            warnings.warn(f"kept kernels over all {importance.size} features carry {100 * shared:.3g}% of the weight: "
+                          f"it is spread evenly ({100 * shared / importance.size:.3g}% on every feature), so every feature "
+                          f"is selected and only kernels on feature subsets order them{tie}. To select features, use "
+                          "kernels on feature subsets (e.g. kernels={'family': 'gaussian', 'features': 'each'})",
+                          UserWarning, stacklevel=2)
+        names = names_of(importance.size, getattr(self, "feature_names_in_", None))
+        return pd.Series(importance[order], index=pd.Index([names[j] for j in order], name="feature"),
+                         name="importance")
+
     @property
     def _precomputed(self) -> bool:
         return isinstance(self.kernels, str) and self.kernels == PRECOMPUTED
@@ -607,6 +669,13 @@ class MKLClassifier(ClassifierMixin, _MKLBase):
         ``gaussian(width=2)[mean radius]`` (``KernelSpec.label``).
     selected_kernels_ : list of str
         Names of the kept kernels.
+    feature_importances_ : ndarray of shape (n_features_in_,)
+        Each input feature's importance: the kept kernels' shares of the weight, each split evenly
+        among the kernel's features, averaged over the heads; sums to 1 (a kernel over all features
+        counts for every feature). ``feature_ranking()`` lists them by name, the most important first;
+        ``mklscale.feature_stability`` says how often each is selected over subsample refits.
+    selected_features_ : ndarray of int
+        The features with non-zero importance, the most important first.
     fit_stats_ : dict
         passes, bytes_read, seconds, solve_seconds, build_seconds, bank (path), kernels_built (0
         when the bank came from the cache), n_kernels, n_heads, converged (every head) and
@@ -713,7 +782,8 @@ class MKLRegressor(RegressorMixin, _MKLBase):
     Attributes
     ----------
     As MKLClassifier without ``classes_``; ``result_`` is one MKLResult and ``kernel_weights_`` a
-    pandas Series of the kept kernels.
+    pandas Series of the kept kernels (``feature_importances_``, ``selected_features_`` and
+    ``feature_ranking()`` as there, from the one head).
     """
 
     _task = "regression"
@@ -1115,6 +1185,94 @@ def estimator_from_model(model: MKLModel, doc: dict):
     est.fit_stats_ = fitted.get("fit_stats_", {})
     _set_model_attributes(est, model)
     return est
+
+
+def feature_stability(estimator, X, y, n_resamples: int = 20, fraction: float = 0.5, Cs=None, random_state=None):
+    """How often each feature is selected when ``estimator`` is refitted on subsamples of (X, y), or along
+    its regularisation path: a :class:`mklscale.feature_selection.FeatureStability` (``frequency`` per
+    feature, ``frequency_by_value`` per value of C, ``to_frame()`` a pandas DataFrame, the most often
+    selected feature first, indexed by the DataFrame's column names when X is one).
+
+    A feature is selected by a fit when its importance is non-zero (``feature_importances_``: some kept
+    kernel uses it). ``estimator`` (fitted or not; a clone is fitted on X, y first, so its bank is built or
+    taken from the cache, and C is chosen as its ``fit`` chooses it) gives the kernels, solver and
+    parameters. Then, on that one bank (row views, nothing rebuilt):
+
+    - ``n_resamples`` > 0 (stability selection, Meinshausen and Buehlmann 2010): each of ``n_resamples``
+      subsamples draws ``fraction`` of every class's rows without replacement and fits at each value of
+      ``Cs`` taken relative to the subsample's own scale (``feature_selection.stability``);
+      ``Cs=None``: the fitted ``C_`` alone;
+    - ``n_resamples=0``: one fit per value on all rows, along the warm-started path (cheaper);
+      ``Cs=None``: the CV estimators' grid ``Cs_``, else the solver's 10-value "auto" grid.
+
+    ``Cs``: None, an int (that many values of the "auto" grid) or a list of values. A ``class_weight`` of
+    the estimator weighs every refit as it weighs the fit. ``random_state``: the
+    subsamples' seed (default: the estimator's ``random_state``, else 0). The frequency of feature j is
+    (fits that selected j) / (fits). Kernels over all features select every feature (see
+    ``feature_importances_``): use kernels on feature subsets.
+    """
+    from mklscale.bank.cache import using
+    from mklscale.bank.store import KernelBank
+    from mklscale.feature_selection import check_settings, stability
+
+    if not isinstance(estimator, _MKLBase):
+        raise InvalidInputError(f"feature_stability takes an mklscale estimator (MKLClassifier, MKLRegressor or their CV "
+                                f"versions); got {type(estimator).__name__}")
+    if estimator._precomputed:
+        raise InvalidInputError("kernels='precomputed': the Gram matrices have no input features, so no feature is "
+                                "selected; give an estimator whose kernels are computed from features")
+    check_settings(n_resamples, fraction)
+    est = clone(estimator)
+    est.fit(X, y)
+    params = est._check_solver()
+    seed_param = registry.info(est.solver).seed_param
+    if seed_param and seed_param not in params and est._seed() is not None:
+        params[seed_param] = est._seed()
+    params.pop(registry.c_parameter(est.solver, est._task, params), None)
+    y = column_or_1d(np.asarray(y), warn=False)
+    classes = getattr(est, "classes_", None)
+    sample_weight = est._row_weights(y, None)      # class_weight, as the fit applied it
+    heads = head_targets(y, classes) if classes is not None else [np.asarray(y, dtype=np.float64)]
+    if random_state is None:
+        seed = est._seed() or 0
+    elif isinstance(random_state, (int, np.integer)) and not isinstance(random_state, bool):
+        seed = int(random_state)
+    else:
+        seed = int(check_random_state(random_state).randint(2**31 - 1))
+    path = Path(est.fit_stats_["bank"])
+    with _client(est.client) as client, using(path.parent, path.name), \
+            _engine_on(KernelBank.open(path), None, client, bool(est.progress)) as engine:
+        values = _stability_values(est, engine, heads, params, Cs, n_resamples)
+        return stability(est.solver, engine, engine.bank.specs, y, est._task, values, params, classes=classes,
+                         n_features=int(est.n_features_in_), n_resamples=int(n_resamples), fraction=fraction,
+                         seed=seed, feature_names=getattr(est, "feature_names_in_", None),
+                         sample_weight=sample_weight)
+
+
+def _stability_values(est, engine, heads, params: dict, Cs, n_resamples: int) -> list[float]:
+    """The values of C ``feature_stability`` fits at (its docstring), checked for the solver."""
+    reg = registry.regularisation(est.solver, est._task, params)
+    if Cs is None:
+        if n_resamples > 0:
+            return [float(est.C_)]
+        if hasattr(est, "Cs_"):
+            return [float(v) for v in est.Cs_]
+        return reg.grid(engine, heads, est._task, params, 10)[0]
+    if isinstance(Cs, (int, np.integer)) and not isinstance(Cs, bool):
+        if Cs < 1:
+            raise InvalidInputError(f"Cs = {Cs} must be >= 1 (the number of values of the solver's grid) or a list")
+        return reg.grid(engine, heads, est._task, params, int(Cs))[0]
+    try:
+        values = [float(v) for v in np.asarray(Cs, dtype=np.float64).reshape(-1)]
+    except (TypeError, ValueError):
+        raise InvalidInputError(f"Cs must be None, an int or a list of numbers; got {Cs!r}") from None
+    if not values:
+        raise InvalidInputError("Cs is empty; give at least one value, an int or None")
+    for v in values:
+        problem = reg.check(v, est.solver)
+        if problem:
+            raise InvalidInputError(f"Cs: {problem}")
+    return reg.order(values)
 
 
 def load(path):

@@ -69,6 +69,7 @@ from mklscale.bank.spec import KernelSpec
 from mklscale.bank.inputs import validate_features
 from mklscale.bank.normalize import cross_kernels
 from mklscale.errors import InvalidInputError, MKLScaleError, ModelFileError
+from mklscale.feature_selection import importances
 from mklscale.model_checks import TASKS, check_model
 from mklscale.model_factor import FactorTerms
 from mklscale.runtime.atomic import fsync_dir, output_error, swap_into_place
@@ -227,6 +228,18 @@ class MKLModel:
                             "features": None if spec.features is None else list(spec.features),
                             "weight": float(self.weights[h, k]), "head": head})
         return out
+
+    def feature_importances(self) -> np.ndarray:
+        """(d,) each input feature's importance: the weight shares of the kept kernels that use it, each
+        split evenly among the kernel's features, averaged over the heads (the rule:
+        ``mklscale.feature_selection.importances``; a kernel over all features counts for every feature).
+        A model without features (imported Gram matrices) raises InvalidInputError."""
+        if self.n_features is None or any(s.family == "precomputed" for s in self.specs):
+            raise InvalidInputError("this model was fitted on precomputed Gram matrices (kernels='precomputed' or a bank "
+                                    "imported with KernelBank.from_arrays): its kernels have no input features, so it "
+                                    "has no feature importances; the weight of each kernel is in kernel_weights_ / "
+                                    "kernel_entries()")
+        return importances([s.features for s in self.specs], self.weights, int(self.n_features))
 
     def __repr__(self) -> str:
         """One line: task, classes and heads, representation, the kept kernels (count, the largest

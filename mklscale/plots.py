@@ -388,6 +388,54 @@ def weight_heatmap(solvers: Mapping[str, Sequence[Mapping]], ax=None, max_kernel
     return ax
 
 
+# ---- feature selection stability ---------------------------------------------------------------------
+
+def feature_stability(record: Mapping, ax=None, title: str | None = None, top: int = 30):
+    """How often each feature was selected over refits (a results.json ``feature_stability`` record, or
+    ``FeatureStability.to_record()``): horizontal bars of the selection frequency (0 to 1) of the ``top``
+    most often selected features, the most often first, each bar annotated with the feature's importance
+    in the model fitted on all rows (%, where recorded and non-zero). With several regularisation values, a heatmap of
+    features x values (frequency per value) instead, the most regularised value first.
+    """
+    names = [str(n) for n in record.get("names") or []][:top]
+    freq = [number(f) for f in record.get("frequency") or []][:len(names)]
+    by_value = record.get("frequency_by_value") or []
+    values = [number(v) for v in record.get("values") or []]
+    importance = record.get("importance") or []
+    several = len(values) > 1 and len(by_value) == len(values)
+    height = 1.4 + ROW_HEIGHT * max(len(names), 2)
+    ax = _new_axes((FIG_WIDTH, min(height, 30.0)), ax)
+    fits = sum(int(f) for f in record.get("fits") or [] if number(f) is not None)
+    resamples = record.get("n_resamples")
+    how = f"{fits} fits on {resamples} subsamples" if resamples else f"{fits} fits along the path"
+    total = record.get("n_selected")
+    shown = f", the {len(names)} most often selected of {total} shown" if total is not None and len(names) < total else ""
+    ax.set_title((title or "feature selection frequency") + f" ({how}{shown})", fontsize="medium")
+    if not names:
+        return _empty(ax, "no feature was selected")
+    y = np.arange(len(names))
+    if several:
+        grid = np.array([[number(row[j]) if j < len(row) else np.nan for row in by_value] for j in range(len(names))],
+                        dtype=float)
+        image = ax.imshow(grid, cmap="Blues", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
+        ax.set_xticks(range(len(values)), [f"{v:.3g}" for v in values], rotation=30, ha="right", fontsize="small")
+        ax.set_xlabel(f"{record.get('parameter') or 'C'} (most regularised first)")
+        ax.figure.colorbar(image, ax=ax, label="selection frequency")
+    else:
+        ax.barh(y, freq, height=0.7, color=_colors(1)[0])
+        for yi, j in zip(y, range(len(names))):
+            imp = number(importance[j]) if j < len(importance) else None
+            if imp is not None and imp > 0:      # features the fitted model does not use stay unlabelled
+                ax.annotate(f"{100 * imp:.2g}%", (freq[j] or 0.0, yi), xytext=(3, 0), textcoords="offset points",
+                            va="center", fontsize="x-small", color="0.3")
+        ax.set_xlim(0.0, 1.15)
+        ax.set_xlabel("selection frequency" + (" (labels: importance in the fitted model)" if importance else ""))
+        ax.grid(True, axis="x", alpha=0.3)
+    ax.set_yticks(y, names, fontsize="small")
+    ax.set_ylim(len(names) - 0.5, -0.5)
+    return ax
+
+
 def _kernel_shares(kernels: Sequence[Mapping]) -> dict[str, float]:
     """{kernel name: share of the weight of all heads together} for one solver's kept kernels."""
     weights: dict[str, float] = {}

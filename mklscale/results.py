@@ -28,7 +28,16 @@ Schema version 1 (:data:`SCHEMA_VERSION`):
   reached and what to change; null when converged), model (the model folder relative to the run
   directory, or null), cv (the cross-validation curve and the chosen value when C was a list or
   "auto", else null; see :func:`mklscale.plots.selection_table`), null_model {metric, solver, null,
-  at_least_null} and constant_predictor {constant, value}.
+  at_least_null} and constant_predictor {constant, value}; with ``stability = N`` in the [[solver]],
+  feature_stability (``FeatureStability.to_record``, :mod:`mklscale.feature_selection`): {parameter,
+  values (the C the refits used, the chosen one), n_resamples, fraction, seed, fits (per value),
+  all_feature_fits (fits that kept a kernel over all features, which selects every feature),
+  n_features, n_selected (features selected at least once), features / names / frequency /
+  frequency_by_value / mean_importance (over the fits) / importance (in the fitted model) of the (at most 1000) most often
+  selected features, most often first, seconds}, or {error} when it could not run.
+
+``feature_stability`` was added to schema version 1 without a new version: it is optional, and readers
+of version 1 ignore fields they do not know.
 
 Only ``schema_version`` and ``solvers`` are required of a file a reader opens; every other field may be
 missing. Non-finite floats are the strings "inf" / "-inf" / "nan" (``solvers.result.json_safe``).

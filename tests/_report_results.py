@@ -121,3 +121,24 @@ def build_results(run_dir, n_train: int = 60, n_test: int = 40, specs=None, name
     }
     (run_dir / "results.json").write_text(json.dumps(results, indent=1))
     return results
+
+
+def stability_record(run_dir, results: dict, values=(0.5,), n_resamples: int = 3) -> dict:
+    """A real ``feature_stability`` record for the spicy_l1 entry of ``results``: SpicyMKL (logistic) refitted
+    on ``n_resamples`` subsamples of the run's bank at each of ``values`` (``feature_selection.stability``)."""
+    from mklscale.bank import KernelBank
+    from mklscale.datasets import load
+    from mklscale.engine import Engine
+    from mklscale.feature_selection import importances, stability
+
+    bank = KernelBank.open(run_dir / "bank.zarr")
+    ds = load("breast_cancer")
+    y = ds.y[np.random.default_rng(0).permutation(len(ds.y))[:bank.n]]
+    d = int(ds.X.shape[1])
+    with Engine(bank, threads=1) as engine:
+        st = stability("spicy", engine, bank.specs, y, "classification", list(values), {"loss": "logistic"},
+                       classes=[-1, 1], n_features=d, n_resamples=n_resamples, feature_names=ds.feature_names)
+    kept = results["solvers"][0]["kernels"]
+    imp = importances([None if k["features"] is None else tuple(k["features"]) for k in kept],
+                      [k["weight"] for k in kept], d)
+    return json_safe(st.to_record(imp))

@@ -11,7 +11,7 @@ import re
 import numpy as np
 import pytest
 
-from _report_results import DESCRIPTION, build_results
+from _report_results import DESCRIPTION, build_results, stability_record
 
 from mklscale.errors import InvalidInputError
 from mklscale.report import write_report
@@ -237,6 +237,45 @@ def test_unconverged_solver_is_flagged_next_to_its_name(tmp_path):
     assert '<td>stuck <span class="not-converged">NOT CONVERGED</span></td>' in page    # in the metrics table
     assert page.count("NOT CONVERGED") == 4  # not for the converged solver nor the failed one
     assert "<h3>fine <small>(uniform)</small></h3>" in page
+
+
+def test_feature_stability_gets_a_section_a_figure_and_a_table(run_dir, small_results, tmp_path):
+    """A solver with a feature_stability record (real refits on the run's bank): the Feature selection
+    section, its figure (bars of the frequencies, the most often selected feature on top), the table of
+    features by name, and the note that kernels over all features select every feature."""
+    from matplotlib.image import imread
+
+    from mklscale import plots
+
+    record = stability_record(run_dir, small_results)
+    assert all(0.0 <= f <= 1.0 for f in record["frequency"]) and record["fits"] == [3]
+    small_results["solvers"][0]["feature_stability"] = record
+    index = write_report(_copy_run(small_results, tmp_path), quiet=True)
+    page = index.read_text()
+    assert "<h2>Feature selection</h2>" in page and 'src="stability-00-spicy_l1.png"' in page
+    assert f"<td>{record['names'][0]}</td>" in page
+    assert ("kept a kernel over all features" in page) == (sum(record["all_feature_fits"]) > 0)
+    pixels = imread(index.parent / "stability-00-spicy_l1.png")[..., :3]
+    assert pixels.shape[0] > 150 and pixels.shape[1] > 600 and (pixels.std(axis=2) > 0.1).mean() > 0.005
+    ax = plots.feature_stability(record, top=5)
+    bars = [p.get_width() for p in ax.patches]
+    assert bars == pytest.approx(record["frequency"][:len(bars)]) and 0 < len(bars) <= 5
+    assert [t.get_text() for t in ax.get_yticklabels()] == record["names"][:len(bars)]
+
+
+def test_stability_over_several_values_is_a_heatmap_and_a_failure_is_shown(run_dir, small_results):
+    from mklscale import plots
+    from mklscale.report import render_html
+
+    record = stability_record(run_dir, small_results, values=(1.0, 0.3), n_resamples=2)
+    ax = plots.feature_stability(record)
+    grid = np.asarray(ax.images[0].get_array())
+    assert grid.shape == (min(len(record["names"]), 30), 2) and np.all((grid >= 0) & (grid <= 1))
+    assert [float(t.get_text()) for t in ax.get_xticklabels()] == pytest.approx(record["values"], rel=1e-2)
+    assert plots.feature_stability({"names": []}).texts[0].get_text() == "no feature was selected"
+    failed = {**small_results["solvers"][0], "feature_stability": {"error": "InvalidInputError: <no rows>"}}
+    page = render_html({**small_results, "solvers": [failed]}, None)
+    assert "feature stability failed: InvalidInputError: &lt;no rows&gt;" in page
 
 
 def test_matplotlib_is_a_runtime_dependency():

@@ -6,8 +6,8 @@ binary), driven through the ``playwright`` package of the ``test`` extra with th
 test skips, saying what to install. Full-page screenshots are saved in the test's tmp folder.
 
 The results hold six weighting solvers (the real runs of tests/_report_results.py under more
-names, weights rescaled), a long failure message, model selection, confusion matrices and the
-uniform baseline: what made the page overflow its column before.
+names, weights rescaled), a long failure message, model selection, confusion matrices, a feature
+stability section and the uniform baseline: what made the page overflow its column before.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import shutil
 
 import pytest
 
-from _report_results import DESCRIPTION, build_results
+from _report_results import DESCRIPTION, build_results, stability_record
 
 from mklscale.report import write_report
 
@@ -72,6 +72,7 @@ def crowded_report(tmp_path_factory):
     spicy["cv"] = {"parameter": "C", "grid": [0.01, 0.1, 1.0, 10.0], "mean": [0.6, 0.8, 0.85, 0.84],
                    "std": [0.05, 0.04, 0.03, 0.02], "chosen": 1.0, "folds": 5, "metric": "accuracy"}
     spicy["confusion_matrix"] = {"labels": [-1.0, 1.0], "counts": [[12, 3], [2, 23]]}
+    spicy["feature_stability"] = stability_record(run, results)
     results["dataset"]["null_model"] = {"kind": "majority_class", "label": 1, "test_accuracy": 0.625}
     broken["error"] = "InvalidInputError: " + "a very long message without spaces_" * 12
     results["solvers"] = [spicy, ovr, pfbs, *extra, uniform, broken]
@@ -89,8 +90,9 @@ def test_report_renders_within_the_page_in_chromium(browser, crowded_report, tmp
     page.wait_for_load_state("load")
 
     images = page.evaluate("Array.from(document.images).map(i => [i.getAttribute('src'), i.complete, i.naturalWidth])")
-    # metrics, model selection, convergence, heatmap, 6 weights (none for uniform), 2 paths (pfbs and its twin)
-    assert len(images) == 12
+    # metrics, model selection, convergence, heatmap, 6 weights (none for uniform), a feature stability figure,
+    # 2 paths (pfbs and its twin)
+    assert len(images) == 13
     assert all(complete and natural > 0 for _, complete, natural in images), images
     assert failed == []
 

@@ -28,6 +28,7 @@ from mklscale.pipeline.console import say_solver, summary
 from mklscale.pipeline.data import Data
 from mklscale.pipeline.spec import Pipeline
 from mklscale.results import write_json_atomic
+from mklscale.solvers import registry
 from mklscale.solvers.result import json_safe
 
 
@@ -77,6 +78,7 @@ def run_solver(entry: dict, engine, data: Data, run_dir: Path, client, quiet: bo
                                   f"delete it to run {name} again on --resume") from None
         same_cv = (previous.get("cv") or {}).get("folds", entry["cv_folds"]) == entry["cv_folds"]
         if model_selection.requested_params(previous) == json_safe(requested) and same_cv \
+                and _recorded_stability(previous) == _requested_stability(entry) \
                 and (run_dir / str(previous.get("model"))).is_dir():
             summary(f"[{name}] finished before the interruption; kept")
             return previous
@@ -117,6 +119,8 @@ def run_solver(entry: dict, engine, data: Data, run_dir: Path, client, quiet: bo
         record["confusion_matrix"] = _confusion(estimator, data)
     record.update(_null_model_check(estimator, data, record["metrics"]))
     record.update(_result_summary(estimator, bank, data.feature_names))
+    if entry.get("stability"):
+        record["feature_stability"] = _feature_stability(entry, estimator, engine, data, seed)
     model_dir = run_dir / "models" / name
     try:
         estimator.save(model_dir)
@@ -140,6 +144,47 @@ def _cross_validate(entry: dict, engine, data: Data, run_dir: Path, say, seed: i
         state.unlink(missing_ok=True)
     return model_selection.select(entry, req, engine, data.task, data.y_train, data.classes, seed, state, resume,
                                   say)
+
+
+def _requested_stability(entry: dict) -> tuple:
+    """(subsamples, fraction) a [[solver]] entry asks for; (0, None) without stability."""
+    n = int(entry.get("stability") or 0)
+    return (n, float(entry["stability_fraction"])) if n else (0, None)
+
+
+def _recorded_stability(record: dict) -> tuple:
+    """(subsamples, fraction) a finished results entry's feature_stability ran with; (0, None) without one."""
+    fs = record.get("feature_stability") or {}
+    n = int(fs.get("n_resamples") or 0)
+    return (n, fs.get("fraction")) if n else (0, None)
+
+
+def _feature_stability(entry: dict, estimator, engine, data: Data, seed: int) -> dict:
+    """The ``feature_stability`` record of a [[solver]] with ``stability = N``: how often each feature is
+    selected by refits at the chosen C on N subsamples of the training rows (``feature_selection.stability``,
+    on the run's engine: row views, nothing rebuilt), with each feature's importance in the fitted model.
+    A bank without features (imported Gram matrices), or a failure, records {"error": why}."""
+    from mklscale.feature_selection import stability
+
+    try:
+        importance = estimator.feature_importances_
+    except AttributeError as exc:
+        return {"error": str(exc)}
+    params = dict(entry["params"])
+    params.pop(registry.c_parameter(entry["solver"], data.task, params), None)
+    try:
+        st = stability(entry["solver"], engine, engine.bank.specs, data.y_train, data.task, [estimator.C_], params,
+                       classes=data.classes if data.task == "classification" else None, n_features=importance.size,
+                       n_resamples=entry["stability"], fraction=entry["stability_fraction"], seed=seed,
+                       feature_names=data.feature_names)
+    except MKLScaleError as exc:
+        summary(f"[{entry['name']}] feature stability FAILED: {type(exc).__name__}: {exc}")
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    record = st.to_record(importance)
+    top = ", ".join(f"{name} {freq:.2f}" for name, freq in zip(record["names"][:5], record["frequency"][:5]))
+    summary(f"[{entry['name']}] feature stability over {st.n_resamples} subsamples ({st.seconds:.1f} s): "
+            f"{record['n_selected']} of {st.n_features} features ever selected; most often: {top or 'none'}")
+    return record
 
 
 def _null_model_check(estimator, data: Data, metrics: dict) -> dict:

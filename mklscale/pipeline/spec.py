@@ -59,6 +59,11 @@ A pipeline is a TOML file (see ``pipelines/``)::
                                         # [0.01, 0.1] or "auto": chosen by k-fold CV on the training
                                         # rows (mklscale.model_selection; also tau / lam by their names)
     cv_folds = 3                        # folds of that CV (only with a list or "auto")
+    stability = 20                      # optional (0: off): refit at the chosen C on 20 subsamples of the
+                                        # training rows and record how often each feature is selected
+                                        # (results.json feature_stability, a figure in the report;
+                                        # mklscale.feature_selection; banks built from features only)
+    stability_fraction = 0.5            # the share of each class's training rows a subsample draws
     loss = "logistic"                   # every other key is a parameter of that solver
 
     [[path]]                            # optional: PFBS regularisation paths (square loss)
@@ -100,6 +105,8 @@ from mklscale.errors import ConfigError, InvalidInputError
 
 #: the most values a [[path]] may have (each is a solve; a billion would run for ever)
 MAX_TAUS = 10_000
+#: the most subsamples a [[solver]]'s stability may fit (each is a solve)
+MAX_RESAMPLES = 1000
 _TOP = {
     "name": Field((str,)),
     "description": Field((str,), ""),
@@ -145,7 +152,13 @@ _FACTOR_KEYS = ("method", "landmarks", "tol", "max_error")
 _SOLVER_FIXED = {"name": Field((str,)), "solver": Field((str,)),
                  "C": Field((float, list, str), None, model_selection.check_grid),
                  "cv_folds": Field((int,), model_selection.DEFAULT_FOLDS,
-                                   lambda v: None if v >= 2 else f"must be >= 2, got {v!r}")}
+                                   lambda v: None if v >= 2 else f"must be >= 2, got {v!r}"),
+                 # feature selection stability: refits on subsamples of the training rows (mklscale.feature_selection)
+                 "stability": Field((int,), 0, lambda v: None if 0 <= v <= MAX_RESAMPLES else
+                                    f"must be between 0 (off) and {MAX_RESAMPLES} subsamples, got {v}"),
+                 "stability_fraction": Field((float,), 0.5, lambda v: None if 0 < v < 1 else
+                                             f"must be in (0, 1), the share of each class's rows a subsample "
+                                             f"draws; got {v}")}
 _PATH = {
     "name": Field((str,)),
     "mu": Field((float,), 1e-4, lambda v: None if v >= 0 else "must be >= 0"),
@@ -194,6 +207,9 @@ def load_pipeline(spec: str | os.PathLike | dict) -> Pipeline:
     paths = [check_table(entry, _PATH, f"{where} [[path]] #{i + 1}") for i, entry in enumerate(top["path"])]
     if not solvers and not paths:
         raise ConfigError(f"{where} has no [[solver]] and no [[path]] entry; add at least one")
+    if bank["grams"] is not None and any(s["stability"] for s in solvers):
+        raise ConfigError(f"{where}: stability counts how often each input feature is selected, and [bank] grams gives "
+                          "Gram matrices without features; remove stability from the [[solver]] entries")
     names = [s["name"] for s in solvers] + [p["name"] for p in paths]
     duplicates = sorted(n for n, c in collections.Counter(names).items() if c > 1)
     if duplicates:
@@ -388,6 +404,9 @@ def _check_solver(table, where: str) -> dict:
     for key, value in params.items():
         check_value(value, Field(_PARAM_TYPES), f"{where}.{key}")
     entry = {**fixed, "params": params}
+    if "stability_fraction" in table and not fixed["stability"]:
+        raise ConfigError(f"{where}: stability_fraction applies only with stability = N (N > 0 subsamples); add "
+                          "stability or remove stability_fraction")
     if model_selection.request(entry, where) is None and "cv_folds" in table:
         raise ConfigError(f"{where}: cv_folds applies only when C (or the solver's tau / lam) is a list of values "
                           'or "auto"; give a grid or remove cv_folds')
