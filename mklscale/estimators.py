@@ -1178,10 +1178,17 @@ def estimator_from_model(model: MKLModel, doc: dict):
     if issubclass(cls, MKLClassifier):
         est.classes_ = model.classes
     fitted = doc.get("fitted") or {}
-    if fitted.get("n_features_in_") is not None:
-        est.n_features_in_ = int(fitted["n_features_in_"])
-    if fitted.get("feature_names_in_") is not None:
-        est.feature_names_in_ = np.asarray(fitted["feature_names_in_"], dtype=object)
+    fitted = fitted if isinstance(fitted, dict) else {"n_features_in_": "not a table"}
+    n_in, names_in = fitted.get("n_features_in_"), fitted.get("feature_names_in_")
+    if (n_in is not None and (isinstance(n_in, bool) or not isinstance(n_in, int))) \
+            or (names_in is not None and (not isinstance(names_in, list) or not all(isinstance(f, str) for f in names_in)
+                                          or (n_in is not None and len(names_in) != n_in))):
+        raise ModelFileError("model.json's fitted attributes (n_features_in_, feature_names_in_) are not a number of "
+                             "columns and one name per column; it was damaged or edited: refit the model")
+    if n_in is not None:
+        est.n_features_in_ = n_in
+    if names_in is not None:
+        est.feature_names_in_ = np.asarray(names_in, dtype=object)
     est.fit_stats_ = fitted.get("fit_stats_", {})
     _set_model_attributes(est, model)
     return est
