@@ -99,7 +99,7 @@ class Hosts:
             self._start_s3()
             self._start(
                 "sched", [str(BIN / "dask"), "scheduler", "--host", self.net.hosts["sched"], "--port",
-                          str(SCHEDULER_PORT), "--no-dashboard"], package=False)
+                          str(SCHEDULER_PORT), "--no-dashboard"])  # it unpickles graphs: mklscale too
             self.wait_port("sched", SCHEDULER_PORT)
             for w in self.workers:
                 self.start_worker(w)

