@@ -128,6 +128,13 @@ class Hosts:
         return {"AWS_ENDPOINT_URL": self.s3_endpoint, "AWS_ACCESS_KEY_ID": self.access_key,
                 "AWS_SECRET_ACCESS_KEY": self.secret_key, "AWS_REGION": "us-east-1"}
 
+    def write_cluster_config(self, path: str | Path) -> Path:
+        """A cluster config (kind = "address") for ``mklscale run --cluster`` on the driver host."""
+        path = Path(path)
+        path.write_text(f'# the scheduler of `python cluster/hosts.py up` (run {self.net.run})\nkind = "address"\n'
+                        f'address = "{self.scheduler_address}"\ntimeout_s = 30\nmin_workers = {self.n_workers}\n')
+        return path
+
     # ---- processes --------------------------------------------------------------------------------
     def _env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         return {"PATH": f"{BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/tmp",
@@ -283,8 +290,9 @@ def _up(args) -> int:
     try:
         with Hosts(args.workers, nthreads=args.nthreads, worker_rate=args.rate, logs=args.logs) as hosts:
             env = " ".join(f"{k}={v}" for k, v in hosts.s3_env().items())
+            config = hosts.write_cluster_config(hosts.logs / "address.toml")
             print(f"scheduler: {hosts.scheduler_address}\ns3: {hosts.s3_endpoint} (bucket {hosts.bucket})\n"
-                  f"workers: {', '.join(hosts.workers)}\nlogs: {hosts.logs}\n"
+                  f"workers: {', '.join(hosts.workers)}\nlogs: {hosts.logs}\ncluster config: {config}\n"
                   f"driver host: ip netns exec {hosts.net.ns('driver')} env {env} COMMAND\n"
                   "Ctrl-C tears everything down.", flush=True)
             while True:

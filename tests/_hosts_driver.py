@@ -3,8 +3,9 @@ the hosts' scheduler and does one step on an s3:// bank, writing its results to 
 plus a .json of facts about the run).
 
     build   the workers build the bank straight into S3 (shards PUT from the worker hosts)
-    pass    quad_forms and combine, one kernel per task; ``--fault-after K`` prints ``FAULT`` on
+    pass    quad_forms, one kernel per task; ``--fault-after K`` prints ``FAULT`` on
             stdout once K pass tasks have finished, so the test can hit a host mid-pass
+    combine the combined kernel of all kernels
     fit     MKLClassifier(solver="spicy").fit_bank on the bank
     look    what each worker sees: its mklscale, its /tmp, whether the driver's files show
 """
@@ -65,7 +66,7 @@ def _look(driver_file):
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("steps", nargs="+", choices=["build", "pass", "fit", "look"])
+    p.add_argument("steps", nargs="+", choices=["build", "pass", "combine", "fit", "look"])
     p.add_argument("--scheduler", required=True)
     p.add_argument("--bank", required=True)
     p.add_argument("--out", required=True)
@@ -124,10 +125,14 @@ def pass_(client, args, X, y, specs, facts, arrays):
         facts["end"] = time.time()
     stop.set()
     facts["ran_on"] = sorted({t["worker"] for t in stream.data})
+
+
+def combine(client, args, X, y, specs, facts, arrays):
+    engine = Engine(args.bank, client=client, cache_bytes=0, task_bytes=args.n * args.n * 4)
     arrays["combined"] = engine.combine(np.linspace(0, 1, args.m))
 
 
-STEPS = {"look": look, "build": build, "fit": fit, "pass": pass_}
+STEPS = {"look": look, "build": build, "fit": fit, "pass": pass_, "combine": combine}
 
 if __name__ == "__main__":
     main()
