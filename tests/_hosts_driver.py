@@ -1,10 +1,12 @@
 """The driver side of tests/test_hosts.py: run on the driver host (``Hosts.driver``), it connects to
-the hosts' scheduler and does one step on an s3:// bank, writing its results to ``--out`` (an .npz,
+the hosts' scheduler and does the steps named, in order, on an s3:// bank, writing its results to ``--out`` (an .npz,
 plus a .json of facts about the run).
 
     build   the workers build the bank straight into S3 (shards PUT from the worker hosts)
     pass    quad_forms, one kernel per task; ``--fault-after K`` prints ``FAULT`` on
-            stdout once K pass tasks have finished, so the test can hit a host mid-pass
+            stdout once K tasks of the first step (build or pass) have finished, so the test can
+            hit a host mid-step
+    verify  KernelBank.verify on the bank (every kernel's checksum against its stored bytes)
     combine the combined kernel of all kernels
     fit     MKLClassifier(solver="spicy").fit_bank on the bank
     look    what each worker sees: its mklscale, its /tmp, whether the driver's files show
@@ -19,31 +21,44 @@ import threading
 import time
 
 import numpy as np
-from distributed import Client, get_task_stream
+from distributed import Client
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from mklscale.bank import build_bank, families
 from mklscale.engine import Engine
 
-PREFIX = "mklscale-quad_forms"
-
-
 class FinishedTasks(SchedulerPlugin):
-    """Counts the pass tasks the scheduler has seen finish."""
+    """Counts the tasks whose key starts with ``prefix`` that the scheduler has seen finish."""
 
     name = "mklh-finished"
 
-    def __init__(self):
+    def __init__(self, prefix: str):
+        self.prefix = prefix
         self.n = 0
 
     def transition(self, key, start, finish, *args, **kwargs):
         name = key[0] if isinstance(key, tuple) else key
-        if finish == "memory" and isinstance(name, str) and name.startswith(PREFIX):
+        if finish == "memory" and isinstance(name, str) and name.startswith(self.prefix):
             self.n += 1
 
 
 def _finished(dask_scheduler):
     return dask_scheduler.plugins[FinishedTasks.name].n
+
+
+def _signal_fault(client, prefix: str, after: int, facts: dict, stop: threading.Event) -> None:
+    """Print FAULT (for the test to strike) once ``after`` tasks named ``prefix...`` have finished."""
+    client.register_plugin(FinishedTasks(prefix))
+
+    def watch():
+        while not stop.is_set():
+            if client.run_on_scheduler(_finished) >= after:
+                facts["fault_at"] = time.time()
+                print("FAULT", flush=True)
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def data(n: int, m: int):
@@ -66,13 +81,14 @@ def _look(driver_file):
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("steps", nargs="+", choices=["build", "pass", "combine", "fit", "look"])
+    p.add_argument("steps", nargs="+", choices=["build", "verify", "pass", "combine", "fit", "look"])
     p.add_argument("--scheduler", required=True)
     p.add_argument("--bank", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--n", type=int, default=200)
     p.add_argument("--m", type=int, default=64)
-    p.add_argument("--fault-after", type=int, default=0)
+    p.add_argument("--fault-after", type=int, default=0,
+                   help="print FAULT once this many tasks of the first step have finished")
     p.add_argument("--workers", type=int, default=1, help="wait for this many workers first")
     args = p.parse_args()
     X, y, specs = data(args.n, args.m)
@@ -80,8 +96,15 @@ def main() -> None:
     arrays: dict = {}
     with Client(args.scheduler, timeout=30) as client:
         client.wait_for_workers(args.workers, timeout=120)
-        for step in args.steps:
-            STEPS[step](client, args, X, y, specs, facts, arrays)
+        stop = threading.Event()
+        if args.fault_after:
+            _signal_fault(client, "mklscale-build" if args.steps[0] == "build" else "mklscale-quad_forms",
+                          args.fault_after, facts, stop)
+        try:
+            for step in args.steps:
+                STEPS[step](client, args, X, y, specs, facts, arrays)
+        finally:
+            stop.set()
     np.savez(args.out + ".npz", **arrays)
     with open(args.out + ".json", "w") as f:
         json.dump(facts, f)
@@ -92,8 +115,16 @@ def look(client, args, X, y, specs, facts, arrays):
 
 
 def build(client, args, X, y, specs, facts, arrays):
+    facts["start"] = time.time()
     bank = build_bank(X, specs, args.bank, client=client, progress=False, **LAYOUT)
+    facts["end"] = time.time()
     arrays.update(checksums=bank.checksums, complete=bank.complete)
+
+
+def verify(client, args, X, y, specs, facts, arrays):
+    from mklscale.bank import KernelBank
+
+    facts["verify_ok"] = bool(KernelBank.open(args.bank).verify().ok)
 
 
 def fit(client, args, X, y, specs, facts, arrays):
@@ -106,25 +137,11 @@ def fit(client, args, X, y, specs, facts, arrays):
 def pass_(client, args, X, y, specs, facts, arrays):
     U = np.random.default_rng(3).normal(size=(2, args.n))
     engine = Engine(args.bank, client=client, cache_bytes=0, task_bytes=args.n * args.n * 4)
-    stop = threading.Event()
-    if args.fault_after:
-        client.register_plugin(FinishedTasks())
-
-        def watch():
-            while not stop.is_set():
-                if client.run_on_scheduler(_finished) >= args.fault_after:
-                    facts["fault_at"] = time.time()
-                    print("FAULT", flush=True)
-                    return
-                time.sleep(0.05)
-
-        threading.Thread(target=watch, daemon=True).start()
-    with get_task_stream(client) as stream:
-        facts["start"] = time.time()
-        arrays["quad"] = engine.quad_forms(U)
-        facts["end"] = time.time()
-    stop.set()
-    facts["ran_on"] = sorted({t["worker"] for t in stream.data})
+    client.get_task_stream(start=time.time())  # the scheduler records tasks from now on
+    facts["start"] = time.time()
+    arrays["quad"] = engine.quad_forms(U)  # (not inside get_task_stream: its exit would hide the pass's error)
+    facts["end"] = time.time()
+    facts["ran_on"] = sorted({t["worker"] for t in client.get_task_stream(start=facts["start"])})
 
 
 def combine(client, args, X, y, specs, facts, arrays):
@@ -132,7 +149,7 @@ def combine(client, args, X, y, specs, facts, arrays):
     arrays["combined"] = engine.combine(np.linspace(0, 1, args.m))
 
 
-STEPS = {"look": look, "build": build, "fit": fit, "pass": pass_, "combine": combine}
+STEPS = {"look": look, "build": build, "verify": verify, "fit": fit, "pass": pass_, "combine": combine}
 
 if __name__ == "__main__":
     main()
