@@ -98,12 +98,18 @@ def _kept_folders(hidden: list[str]) -> list[str]:
 
 class Hosts:
     """A scheduler host, an S3 host and ``workers`` worker hosts; a context manager that removes
-    them all on exit. ``worker_rate`` limits each worker host's link (tc tbf, e.g. '200mbit')."""
+    them all on exit. ``worker_rate`` limits each worker host's link (tc tbf, e.g. '200mbit');
+    ``s3_delay`` (seconds) delays everything the S3 server sends and receives, by a proxy on its host
+    (cluster/delay_proxy.py: this kernel has no netem)."""
 
     def __init__(self, workers: int = 2, *, nthreads: int = 1, worker_rate: str | None = None,
-                 memory_limit: str = "2GB", logs: str | Path | None = None, hide: tuple[str, ...] = ()):
+                 s3_delay: float = 0.0, memory_limit: str = "2GB", logs: str | Path | None = None,
+                 hide: tuple[str, ...] = ()):
         if not 1 <= workers <= 200:
             raise ValueError(f"workers must be 1..200, got {workers}")
+        if not 0.0 <= s3_delay <= 10.0:
+            raise ValueError(f"s3_delay must be 0..10 seconds, got {s3_delay}")
+        self.s3_delay = s3_delay
         netns.check_machine()
         netns.clean_stale()
         self.n_workers, self.nthreads, self.memory_limit = workers, nthreads, memory_limit
@@ -187,15 +193,24 @@ class Hosts:
         identities = ('{"identities": [{"name": "mklscale", "credentials": [{"accessKey": "%s", "secretKey": "%s"}],'
                       ' "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}' % (self.access_key, self.secret_key))
         addr = self.net.hosts["s3"]
+        # with a delay, the server listens one port up and the proxy takes its place
+        port = S3_PORT + 1 if self.s3_delay else S3_PORT
         weed = " ".join(shlex.quote(a) for a in [
             tool("weed"), "server", "-dir=/tmp/data", f"-ip={addr}", "-ip.bind=0.0.0.0", "-s3",
-            f"-s3.port={S3_PORT}", "-s3.config=/tmp/s3.json", "-s3.port.iceberg=0", "-s3.port.lance=0",
+            f"-s3.port={port}", "-s3.config=/tmp/s3.json", "-s3.port.iceberg=0", "-s3.port.lance=0",
             "-volume.max=0", "-master.volumeSizeLimitMB=256", "-metricsPort=0", "-volume.preStopSeconds=0"])
-        script = f"mkdir -p /tmp/data && printf '%s' {shlex.quote(identities)} > /tmp/s3.json && exec {weed}"
+        script = f"mkdir -p /tmp/data && printf '%s' {shlex.quote(identities)} > /tmp/s3.json && "
+        if self.s3_delay:
+            proxy = (Path(__file__).resolve().parent / "delay_proxy.py").read_text()  # the repo is hidden there
+            script += (f"{shlex.quote(sys.executable)} -c {shlex.quote(proxy)} {S3_PORT} {port} {self.s3_delay} "
+                       "& ")
+        script += f"exec {weed}"
         self._start("s3", ["sh", "-c", script], package=False)
 
     def start_worker(self, host: str) -> None:
         """Start ``host``'s ``dask worker`` (again, after a kill)."""
+        if host not in self.workers:
+            raise ValueError(f"{host!r} is not a worker host; workers: {', '.join(self.workers)}")
         self._start(host, [tool("dask"), "worker", self.scheduler_address, "--host", self.net.hosts[host],
                            "--name", host, "--nthreads", str(self.nthreads), "--memory-limit", self.memory_limit,
                            "--no-dashboard", "--local-directory", "/tmp/dask-worker"], env=self.s3_env())
@@ -203,6 +218,7 @@ class Hosts:
     def kill(self, host: str) -> None:
         """Power ``host`` off: SIGKILL every process in its namespace (its mount namespace goes with
         them); its network namespace and link stay, so ``start_worker`` can boot it again."""
+        self.net.known(host)
         ns = self.net.ns(host)
         for _ in range(50):
             pids = [int(p) for p in netns.ip("netns", "pids", ns, check=False).stdout.split()]
@@ -314,7 +330,8 @@ def _up(args) -> int:
     # SIGTERM as Ctrl-C: either way the `with` block removes everything
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
-        with Hosts(args.workers, nthreads=args.nthreads, worker_rate=args.rate, logs=args.logs) as hosts:
+        with Hosts(args.workers, nthreads=args.nthreads, worker_rate=args.rate, s3_delay=args.s3_delay,
+                   logs=args.logs) as hosts:
             env = " ".join(f"{k}={v}" for k, v in hosts.s3_env().items())
             config = hosts.write_cluster_config(hosts.logs / "address.toml")
             print(f"scheduler: {hosts.scheduler_address}\ns3: {hosts.s3_endpoint} (bucket {hosts.bucket})\n"
@@ -338,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--workers", type=int, default=2)
     up.add_argument("--nthreads", type=int, default=1)
     up.add_argument("--rate", help="each worker host's link rate (tc syntax, e.g. 200mbit)")
+    up.add_argument("--s3-delay", type=float, default=0.0, help="seconds added each way on the S3 server's link")
     up.add_argument("--logs", help="folder for the hosts' logs (default: a new temporary folder)")
     sub.add_parser("clean", help="remove the namespaces of runs whose process is gone")
     args = parser.parse_args(argv)

@@ -166,8 +166,15 @@ class Network:
         return address
 
     # ---- link faults -------------------------------------------------------------------------------
+    def known(self, host: str) -> str:
+        """``host``, or a ValueError naming the hosts there are."""
+        if host not in self.hosts:
+            raise ValueError(f"no host {host!r} in this run; hosts: {', '.join(self.hosts) or 'none'}")
+        return host
+
     def link(self, host: str, up: bool) -> None:
         """Take ``host``'s link down (a pulled cable: nothing passes) or bring it back up."""
+        self.known(host)
         ip("-n", self.switch, "link", "set", f"v-{host}", "up" if up else "down")
 
     def drop(self, host: str, probability: float | None) -> None:
@@ -175,6 +182,7 @@ class Network:
         up, as netem loss 100 %); None removes the rule. Needs iptables (netfilter)."""
         if not has_iptables():
             raise HostsUnavailable("packet loss needs iptables (netfilter); run cluster/setup_hosts.sh")
+        self.known(host)
         if probability is not None and not 0.0 < probability <= 1.0:
             raise ValueError(f"drop probability must be in (0, 1], got {probability}")
         ns = self.ns(host)
@@ -190,6 +198,7 @@ class Network:
     def rate(self, host: str, rate: str | None, burst: str = "64kb") -> None:
         """Limit ``host``'s link to ``rate`` (tc syntax, e.g. '200mbit') in both directions with tbf;
         None removes the limit."""
+        self.known(host)
         for ns, dev in ((self.ns(host), "eth0"), (self.switch, f"v-{host}")):
             if rate is None:
                 in_ns(ns, "tc", "qdisc", "del", "dev", dev, "root", check=False)
