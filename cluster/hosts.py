@@ -64,7 +64,9 @@ mount -t tmpfs -o mode=1777 tmpfs /tmp
 if [ -n "$MKLH_PACKAGE" ]; then mkdir -p /tmp/site && cp -a "$MKLH_PACKAGE" /tmp/site/; fi
 for d in $MKLH_HIDE; do if [ -d "$d" ]; then mount -t tmpfs -o mode=1777 tmpfs "$d"; fi; done
 n=3
-for d in $MKLH_KEEP; do mkdir -p "$d" && mount --no-canonicalize --bind "/proc/self/fd/$n" "$d"; eval "exec $n<&-"; n=$((n + 1)); done
+for d in $MKLH_KEEP; do
+    mkdir -p "$d" && mount --no-canonicalize --bind "/proc/self/fd/$n" "$d"; eval "exec $n<&-"; n=$((n + 1))
+done
 cd /tmp
 unset MKLH_PACKAGE MKLH_HIDE MKLH_KEEP
 exec "$@"
@@ -291,8 +293,8 @@ class Hosts:
 
     def wait_workers(self, n: int, timeout: float = 120) -> None:
         """Wait until ``n`` workers are connected to the scheduler."""
-        probe = ("import sys\nfrom distributed import Client\n"
-                 "with Client(sys.argv[1], timeout=30) as c:\n    c.wait_for_workers(int(sys.argv[2]), timeout=float(sys.argv[3]))\n")
+        probe = ("import sys\nfrom distributed import Client\nwith Client(sys.argv[1], timeout=30) as c:\n"
+                 "    c.wait_for_workers(int(sys.argv[2]), timeout=float(sys.argv[3]))\n")
         proc = self.driver([sys.executable, "-c", probe, self.scheduler_address, str(n), str(timeout)],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:

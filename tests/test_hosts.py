@@ -156,7 +156,8 @@ def test_worker_host_partitioned_mid_pass_and_healed_gives_identical_result(clus
 
 
 # ---- more faults (slow) ---------------------------------------------------------------------------------
-needs_iptables = pytest.mark.skipif(not netns.has_iptables(), reason="packet loss needs iptables: run cluster/setup_hosts.sh")
+needs_iptables = pytest.mark.skipif(not netns.has_iptables(),
+                                    reason="packet loss needs iptables: run cluster/setup_hosts.sh")
 
 
 def _same_quad(got, reference) -> None:
@@ -330,7 +331,8 @@ def test_mklscale_run_on_the_hosts_equals_a_local_cluster_run(cluster, tmp_path)
     assert ref.returncode == 0, ref_err
     got, want = (json.loads((tmp_path / d / "run" / "results.json").read_text()) for d in ("remote", "local"))
     assert got["cluster"]["kind"] == "address" and got["cluster"]["workers"] == 2
-    assert got["bank"]["path"] == f"s3://{cluster.bucket}/pipeline/bank.zarr" and not (tmp_path / "remote" / "run" / "bank.zarr").exists()
+    assert got["bank"]["path"] == f"s3://{cluster.bucket}/pipeline/bank.zarr"
+    assert not (tmp_path / "remote" / "run" / "bank.zarr").exists()
     assert got["solvers"][0]["status"] == "ok"
     assert _comparable(got) == _comparable(want)
 
