@@ -329,8 +329,13 @@ class Hosts:
 
 
 def _up(args) -> int:
-    # SIGTERM as Ctrl-C: either way the `with` block removes everything
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    # SIGTERM as Ctrl-C: either way the `with` block removes everything. SIGINT too, set here because
+    # a shell starts background jobs with SIGINT ignored, and Python then never raises KeyboardInterrupt
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)
     try:
         with Hosts(args.workers, nthreads=args.nthreads, worker_rate=args.rate, s3_delay=args.s3_delay,
                    logs=args.logs) as hosts:
