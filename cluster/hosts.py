@@ -352,7 +352,7 @@ def _up(args) -> int:
                 time.sleep(3600)
     except KeyboardInterrupt:
         print("torn down", file=sys.stderr)
-    except HostsUnavailable as exc:
+    except (HostsUnavailable, ValueError, RuntimeError) as exc:  # bad arguments, a host that failed to start
         print(f"cannot make hosts: {exc}", file=sys.stderr)
         return 2
     return 0

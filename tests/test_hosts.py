@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -418,7 +419,22 @@ def test_stale_runs_are_removed_and_live_ones_kept():
             netns.ip("netns", "del", ns, check=False)
 
 
-def test_bad_arguments_are_clear_errors(cluster):
+def test_without_root_making_hosts_says_why(tmp_path):
+    """What the tests' skip says on a machine without root: the harness refuses in one line."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to run the harness as another user")
+    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
+                           str(ROOT / "cluster" / "hosts.py"), "up", "--logs", str(tmp_path / "logs")],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == "cannot make hosts: making hosts needs root (network and mount namespaces); run as root"
+
+
+def test_bad_arguments_are_clear_errors(cluster, tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "cluster" / "hosts.py"), "up", "--workers", "0", "--logs",
+                           str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.strip() == "cannot make hosts: workers must be 1..200, got 0"
     with pytest.raises(ValueError, match="workers must be 1..200"):
         hostlab.Hosts(0)
     with pytest.raises(ValueError, match="s3_delay must be 0..10 seconds"):
