@@ -71,11 +71,11 @@ def data(n: int, m: int):
 LAYOUT = dict(shard_mb=0.16, chunk_mb=0.16)  # n = 200: one kernel per shard
 
 
-def _look(driver_file):
+def _look(driver_paths):
     import mklscale
 
     return {"mklscale": mklscale.__file__, "tmp": sorted(os.listdir("/tmp")),
-            "sees_driver_file": os.path.exists(driver_file), "s3": os.environ.get("AWS_ENDPOINT_URL"),
+            "sees": [p for p in driver_paths if os.path.exists(p)], "s3": os.environ.get("AWS_ENDPOINT_URL"),
             "bank_env": os.environ.get("AWS_ACCESS_KEY_ID") is not None}
 
 
@@ -111,7 +111,10 @@ def main() -> None:
 
 
 def look(client, args, X, y, specs, facts, arrays):
-    facts["workers"] = client.run(_look, args.out)
+    # files the driver has: this script (in the repository) and the folder its results go to
+    mine = [os.path.abspath(__file__), os.path.dirname(os.path.abspath(args.out))]
+    assert all(os.path.exists(p) for p in mine)
+    facts["workers"] = client.run(_look, mine)
 
 
 def build(client, args, X, y, specs, facts, arrays):

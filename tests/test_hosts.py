@@ -110,7 +110,7 @@ def test_workers_build_into_s3_then_pass_and_fit_equal_a_local_cluster(cluster, 
     for w in facts["workers"].values():
         assert w["mklscale"] == "/tmp/site/mklscale/__init__.py"
         assert set(w["tmp"]) == {"dask-worker", "site", *python_in_tmp}
-        assert not w["sees_driver_file"] and w["s3"] == cluster.s3_endpoint and w["bank_env"]
+        assert w["sees"] == [] and w["s3"] == cluster.s3_endpoint and w["bank_env"]
     assert {_host_of(cluster, w) for w in facts["ran_on"]} == {"w1", "w2"}
     for key in ("checksums", "quad", "combined", "weights"):
         np.testing.assert_array_equal(got[key], reference[key], err_msg=key)
