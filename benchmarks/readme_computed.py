@@ -43,7 +43,11 @@ def render_computed_scale() -> str:
             "among d - 10 noise features; per_feature kernels on a computed bank; SpicyMKL (logistic) to tol 1e-3 at "
             f"C = {r['C'] / r['C_max']:.2f} C_max. Seconds for creating the bank (one pass computing every kernel's "
             "statistics) and for the fit, the fit's passes, its gap, the kernels it keeps, the peak resident set, "
-            "and the rank of each relevant feature by the summed weight of its kernels (1 = first).\n\n"
+            "and the rank of each relevant feature by the summed weight of its kernels (1 = first). The relevant features "
+            "are, in order, sin(2 x0), x1 x2, x3^2, cos(x4), |x5|, x6 x7, sin(x8) x9: a product of two independent "
+            "centred features (x1 x2, x6 x7) or sin(x8) x9 has no marginal effect in either feature, so no per-feature "
+            "kernel can see them (a limit of every marginal method, HSIC Lasso's included; `interactions` kernels on "
+            "candidate pairs can); the features with a marginal effect are the ones to rank first.\n\n"
             + _table(["n", "d", "M", "create (s)", "fit (s)", "passes", "gap", "kept", "peak RSS (GB)",
                       "ranks of the 10 relevant features"], rows)
             + "\n\n" + _machine(r["machine"]) + "\n")

@@ -69,8 +69,9 @@ def compute_shards(bank, specs: Sequence[KernelSpec], Xs: np.ndarray, shards: li
     computed = 0
     todo = sum(len(range(*bank.shard_range(s))) for s in shards)
     compiling = bool(progress and todo) and will_compile(_ENTRY_POINTS["dense" if bank.rank is None else "factor"])
-    nbytes = bank_bytes(bank.M, bank.n, bank.dtype.name, bank.rank, n_features=Xs.shape[1], layout=layout)
-    what = f"{bank.M} kernels, {human(nbytes)}"
+    nbytes = bank_bytes(bank.M, bank.n, bank.dtype.name, bank.rank, n_features=Xs.shape[1], layout=layout,
+                        computed=not bank.stores_kernels)
+    what = f"{bank.M} kernels, {human(nbytes)}" + ("" if bank.stores_kernels else " stored: computed bank")
     with _progress(len(specs), len(specs) - todo, progress, what, compiling) as bar:
         try:
             # workers run in other folders: they get a folder's path as the driver resolves it
