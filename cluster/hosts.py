@@ -224,17 +224,7 @@ class Hosts:
         """Power ``host`` off: SIGKILL every process in its namespace (its mount namespace goes with
         them); its network namespace and link stay, so ``start_worker`` can boot it again."""
         self.net.known(host)
-        ns = self.net.ns(host)
-        for _ in range(50):
-            pids = [int(p) for p in netns.ip("netns", "pids", ns, check=False).stdout.split()]
-            if not pids:
-                break
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.1)
+        netns.kill_processes(self.net.ns(host))
         proc = self._procs.pop(host, None)
         if proc is not None:
             proc.wait(10)

@@ -93,8 +93,9 @@ def namespaces(prefix: str = FAMILY + "-") -> list[str]:
     return sorted(p.name for p in NETNS_DIR.glob(prefix + "*")) if NETNS_DIR.is_dir() else []
 
 
-def remove_namespace(ns: str) -> None:
-    """SIGKILL every process in ``ns`` (a host's power going off), then delete it."""
+def kill_processes(ns: str) -> None:
+    """SIGKILL every process in the network namespace ``ns`` (a host's power going off), until none is left
+    (at most about 5 s: processes forked meanwhile are killed in the next round)."""
     for _ in range(50):
         pids = [int(p) for p in ip("netns", "pids", ns, check=False).stdout.split()]
         if not pids:
@@ -105,6 +106,11 @@ def remove_namespace(ns: str) -> None:
             except ProcessLookupError:
                 pass
         time.sleep(0.1)
+
+
+def remove_namespace(ns: str) -> None:
+    """SIGKILL every process in ``ns``, then delete it."""
+    kill_processes(ns)
     ip("netns", "del", ns, check=False)
 
 

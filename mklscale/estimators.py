@@ -890,17 +890,7 @@ class _CrossValidated:
             if Cs < 1:
                 raise InvalidInputError(f"Cs = {Cs} must be >= 1 (the number of values to try) or a list of values")
             return reg.grid(engine, y_targets, self._task, params, int(Cs))
-        try:
-            values = [float(v) for v in np.asarray(Cs, dtype=np.float64).reshape(-1)]
-        except (TypeError, ValueError):
-            raise InvalidInputError(f"Cs must be an int or a list of numbers; got {Cs!r}") from None
-        if not values:
-            raise InvalidInputError("Cs is empty; give at least one value or an int")
-        for v in values:
-            problem = reg.check(v, self.solver)
-            if problem:
-                raise InvalidInputError(f"Cs: {problem}")
-        return reg.order(values), "given"
+        return _given_values(Cs, reg, self.solver, "an int or a list of numbers"), "given"
 
     def _folds(self, y, bank) -> np.ndarray:
         """The fold of every bank row: ``cv`` as an int (stratified and seeded) or a splitter's test sets."""
@@ -1269,14 +1259,20 @@ def _stability_values(est, engine, heads, params: dict, Cs, n_resamples: int) ->
         if Cs < 1:
             raise InvalidInputError(f"Cs = {Cs} must be >= 1 (the number of values of the solver's grid) or a list")
         return reg.grid(engine, heads, est._task, params, int(Cs))[0]
+    return _given_values(Cs, reg, est.solver, "None, an int or a list of numbers")
+
+
+def _given_values(Cs, reg, solver: str, accepted: str) -> list[float]:
+    """A list of values of C given by the user, each checked for the solver's regularisation ``reg``
+    (its registry row), in the row's order (from the most regularised)."""
     try:
         values = [float(v) for v in np.asarray(Cs, dtype=np.float64).reshape(-1)]
     except (TypeError, ValueError):
-        raise InvalidInputError(f"Cs must be None, an int or a list of numbers; got {Cs!r}") from None
+        raise InvalidInputError(f"Cs must be {accepted}; got {Cs!r}") from None
     if not values:
-        raise InvalidInputError("Cs is empty; give at least one value, an int or None")
+        raise InvalidInputError(f"Cs is empty; give at least one value (Cs is {accepted})")
     for v in values:
-        problem = reg.check(v, est.solver)
+        problem = reg.check(v, solver)
         if problem:
             raise InvalidInputError(f"Cs: {problem}")
     return reg.order(values)
