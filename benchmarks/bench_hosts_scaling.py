@@ -54,14 +54,13 @@ def drive(args) -> None:
     if args.what == "server":  # plain GETs of every shard object, 16 at a time, no Dask
         from concurrent.futures import ThreadPoolExecutor
 
-        from mklscale.bank.location import bank_location
-        from mklscale.bank.objstore import ObjectBank
+        from mklscale.bank.storage import storage_for
 
-        ob = ObjectBank(bank_location(args.bank))  # endpoint and credentials from the AWS_* variables
-        keys = [meta["path"] for meta in ob.list("gram/c/")]
+        store = storage_for(args.bank)  # endpoint and credentials from the AWS_* variables
+        keys = [key for key, _ in store.list() if key.startswith("gram/c/")]
         t0 = time.perf_counter()
         with ThreadPoolExecutor(16) as pool:
-            sizes = list(pool.map(lambda k: len(ob.get(k)), keys))
+            sizes = list(pool.map(lambda k: store.read(k).size, keys))
         seconds = time.perf_counter() - t0
         out = {"objects": len(keys), "bytes": sum(sizes), "seconds": seconds, "MBps": sum(sizes) / seconds / 1e6}
     else:
