@@ -112,6 +112,8 @@ def main() -> None:
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("--rate", default="200mbit", help="each worker host's link (tc syntax)")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--name", help="results/NAME.json (default bench_hosts_scaling[_quick]); e.g. the same run with "
+                                  "unlimited links (--rate 10gbit) as bench_hosts_unlimited: the machine's own floor")
     p.add_argument("--n", type=int)
     p.add_argument("--m", type=int)
     args = p.parse_args()
@@ -148,7 +150,7 @@ def main() -> None:
         c["speedup"] = one["pass"]["seconds"] / c["pass"]["seconds"] if one else None
         c["server_bound"] = c["workers"] * rate > results["server"]["MBps"] * 1e6
         c["meets_0.8N"] = None if c["speedup"] is None else c["speedup"] >= 0.8 * c["workers"]
-    name = "bench_hosts_scaling" + ("_quick" if args.quick else "")
+    name = args.name or "bench_hosts_scaling" + ("_quick" if args.quick else "")
     out = ROOT / "benchmarks" / "results" / f"{name}.json"
     out.write_text(json.dumps(results, indent=1))
     _plot(results, out.with_suffix(".png"))

@@ -435,3 +435,51 @@ def _render_scaling_physical() -> str:
                   "fit / (bank reads x reference)", "active", "test acc", "status"], rows)
         + f"\n\nEach fit ran in a fresh worker process, the page cache dropped just before it. {verdict}\n"
     )
+
+
+def render_hosts_scaling() -> str:
+    title = "\n## Passes across hosts (`python benchmarks/bench_hosts_scaling.py`)\n\n"
+    parts = []
+    for name, label in (("bench_hosts_scaling.json", "full"),
+                        ("bench_hosts_unlimited.json", "the same with unlimited links (--rate 10gbit --name "
+                         "bench_hosts_unlimited): what the 2 cores alone allow"),
+                        ("bench_hosts_scaling_quick.json", "quick (--quick; one shard, so one task a pass: no scaling "
+                         "to see, a smoke run)")):
+        r = _load(name)
+        if r is None:
+            continue
+        rows = [[c["workers"], f"{c['pass']['seconds']:.2f}", f"{c['speedup']:.2f}" if c["speedup"] else "-",
+                 f"{0.8 * c['workers']:.1f}", "yes" if c["server_bound"] else "no",
+                 "yes" if c["meets_0.8N"] else "no", f"{c['fit']['seconds']:.1f}", c["fit"].get("passes")]
+                for c in sorted(r["curve"], key=lambda c: c["workers"])]
+        s3 = r["server"]
+        parts.append(
+            f"**{label}**: M = {r['M']} Gaussian kernels at n = {r['n']} ({r['bank_MB']:.0f} MB float32) on S3 "
+            f"(SeaweedFS on a host of its own, link unlimited), every worker host's link limited to {r['rate']} "
+            f"({r['rate_MBps']:.0f} MB/s) with tc tbf; the server alone serves {s3['MBps']:.0f} MB/s ({s3['objects']} "
+            f"shard object(s), 16 concurrent GETs from the driver host). A `quad_forms` pass (median of {r['repeats']}) "
+            "and a SpicyMKL fit end to end per number of worker hosts; speed-up against one worker host; "
+            "'server-bound': N x link rate exceeds the server's throughput.\n\n"
+            + _table(["worker hosts", "pass (s)", "speed-up", "0.8 N", "server-bound", ">= 0.8 N", "fit (s)",
+                      "fit passes"], rows)
+            + "\n\n" + _machine(r["machine"]) + "\n")
+    faults = _table(["fault (tests/test_hosts.py)", "outcome the test asserts"], [
+        ["a worker host killed mid-pass (`test_worker_host_killed_mid_pass_...`)", "bit-identical result"],
+        ["a worker host's link down mid-pass, healed (`..._partitioned_mid_pass_and_healed_...`)", "bit-identical"],
+        ["a worker host cut off 30 s, 100 % loss (`..._partitioned_30s_by_packet_loss_...`, slow)",
+         "bit-identical; that worker exits after Dask's 30 s TCP timeout"],
+        ["a straggler with a 10x slower link (`test_straggler_host_...`, slow)", "bit-identical"],
+        ["a bank build while a worker host is partitioned (`test_bank_build_while_...`, slow)",
+         "identical checksums, verify passes"],
+        ["the S3 link with 5 % loss (`test_s3_link_with_5_percent_loss_...`, slow)", "build, pass and fit identical"],
+        ["the S3 link with 5 % loss and +200 ms round trip (a userspace delay: no netem here; slow)", "identical"],
+        ["the scheduler's host partitioned briefly, then for long (slow)",
+         "identical; then ClusterUnavailableError, exit 2"],
+        ["`mklscale run PIPELINE --cluster address.toml`, the bank built by the workers into S3",
+         "results.json equal to a LocalCluster run's"]])
+    if not parts:
+        return title + "not recorded yet\n\n" + faults + "\n"
+    return (title + "Hosts made on this one machine by cluster/hosts.py (network namespaces on a bridge, a private "
+            "mount namespace each): the scheduler, the S3 server and each `dask worker` on hosts of their own, "
+            "the bank built by the worker hosts into S3 (issue 33). All of them share this machine's 2 cores.\n\n"
+            + "\n".join(parts) + "\nFaults across hosts, each a test run by default or with `-m slow`:\n\n" + faults + "\n")
