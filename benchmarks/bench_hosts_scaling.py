@@ -13,7 +13,7 @@ whose link is unlimited); then for N = 8, 4, 2, 1 (worker hosts killed in betwee
 benchmarks/results/bench_hosts_scaling[_quick].json and a plot beside it.
 
 Target (issue 33): speed-up >= 0.8 N until the server's throughput is the limit, i.e. while
-N * rate < server throughput. NOT RUN YET: benchmarks must run alone on the machine.
+N * rate < server throughput. Run it alone on the machine (results: benchmarks/README.md).
 """
 
 from __future__ import annotations

@@ -108,6 +108,15 @@ def kill_processes(ns: str) -> None:
         time.sleep(0.1)
 
 
+_RATE_UNITS = {"kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8}
+
+
+def _burst_for(rate: str) -> str:
+    """tbf's bucket for ``rate`` (tc syntax): 20 ms of it, at least 64 kB."""
+    per_s = next((float(rate[:-len(u)]) * f for u, f in _RATE_UNITS.items() if rate.endswith(u)), 0.0)
+    return f"{max(64 * 1024, int(per_s * 0.020)) // 1024}kb"
+
+
 def remove_namespace(ns: str) -> None:
     """SIGKILL every process in ``ns``, then delete it."""
     kill_processes(ns)
@@ -201,10 +210,13 @@ class Network:
             # loopback stays: a host's own processes keep talking to each other
             in_ns(ns, "iptables", "-A", chain, "!", "-i" if chain == "INPUT" else "-o", "lo", *match, "-j", "DROP")
 
-    def rate(self, host: str, rate: str | None, burst: str = "64kb") -> None:
+    def rate(self, host: str, rate: str | None, burst: str | None = None) -> None:
         """Limit ``host``'s link to ``rate`` (tc syntax, e.g. '200mbit') in both directions with tbf;
-        None removes the limit."""
+        None removes the limit. ``burst`` (None: 20 ms of the rate, at least 64 kB): the bucket must
+        outlast the moments the kernel cannot release packets on time, or a busy machine (several
+        hosts on 2 cores) delivers far less than the rate."""
         self.known(host)
+        burst = burst or _burst_for(rate or "0kbit")
         for ns, dev in ((self.ns(host), "eth0"), (self.switch, f"v-{host}")):
             if rate is None:
                 in_ns(ns, "tc", "qdisc", "del", "dev", dev, "root", check=False)
