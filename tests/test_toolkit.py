@@ -20,7 +20,7 @@ def test_held_kernels_keep_compacts_in_place():
     """keep() drops kernels chunk by chunk without a second copy; products with the kept kernels
     are unchanged (float32 blocks, float64 accumulation)."""
     rng = np.random.default_rng(3)
-    n = 24
+    n = 96  # a kernel (36 kB) far above what other threads allocate meanwhile (tracemalloc sees them too)
     tracemalloc.start()  # before the kernels exist, so that freeing them is counted
     grams = rng.standard_normal((9, n, n)).astype(np.float32)
     held = HeldKernels(InMemoryEngine(grams[:1]))
