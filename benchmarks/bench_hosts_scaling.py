@@ -28,15 +28,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "cluster"), str(ROOT / "benchmarks")]
 
-RATE_UNITS = {"kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8}
-
 
 def rate_bytes(rate: str) -> float:
-    """'200mbit' -> bytes per second."""
-    for unit, factor in RATE_UNITS.items():
-        if rate.endswith(unit):
-            return float(rate[: -len(unit)]) * factor
-    raise SystemExit(f"--rate must end in kbit, mbit or gbit (tc syntax), got {rate!r}")
+    """--rate ('200mbit') in bytes per second (``netns.rate_bytes``); a bad one ends the run with its message."""
+    from netns import rate_bytes as parse
+
+    try:
+        return parse(rate)
+    except ValueError as exc:
+        raise SystemExit(f"--rate: {exc}") from None
 
 
 # ---- the driver host's side ----------------------------------------------------------------------

@@ -111,9 +111,20 @@ def kill_processes(ns: str) -> None:
 _RATE_UNITS = {"kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8}
 
 
+def rate_bytes(rate: str) -> float:
+    """Bytes per second of a tc rate in kbit, mbit or gbit ('200mbit' -> 25e6); ValueError otherwise."""
+    for unit, factor in _RATE_UNITS.items():
+        if rate.endswith(unit):
+            return float(rate[:-len(unit)]) * factor
+    raise ValueError(f"a rate must end in kbit, mbit or gbit (tc syntax), got {rate!r}")
+
+
 def _burst_for(rate: str) -> str:
-    """tbf's bucket for ``rate`` (tc syntax): 20 ms of it, at least 64 kB."""
-    per_s = next((float(rate[:-len(u)]) * f for u, f in _RATE_UNITS.items() if rate.endswith(u)), 0.0)
+    """tbf's bucket for ``rate`` (tc syntax): 20 ms of it, at least 64 kB (other units: 64 kB)."""
+    try:
+        per_s = rate_bytes(rate)
+    except ValueError:
+        per_s = 0.0
     return f"{max(64 * 1024, int(per_s * 0.020)) // 1024}kb"
 
 

@@ -41,7 +41,7 @@ class ComputedReader:
 
     source = "computed"
 
-    def __init__(self, bank, piece_bytes: int | None = None, source: str | None = None):
+    def __init__(self, bank, piece_bytes: int | None = None):
         self.bank = bank
         self.n = bank.n
         self.dtype = bank.dtype

@@ -19,7 +19,6 @@ import contextlib
 import glob
 import mmap
 import os
-import platform
 import shutil
 import sys
 import threading
@@ -36,7 +35,7 @@ from mklscale.bank.direct_io import pread_direct
 from mklscale.bank.fs_errors import require_writable
 from mklscale.bank.group import create_bank_group, open_bank_group, refuse_foreign
 from mklscale.bank.storage.base import RangeReader, Storage
-from mklscale.bank.storage.writer_lock import bank_writer, describe, holder, is_held
+from mklscale.bank.storage.writer_lock import bank_writer, by_this_process, describe, holder, is_held
 from mklscale.errors import BankCorruptError, BankMismatchError, InvalidInputError, NotABankError, ReadOnlyStoreError
 from mklscale.runtime.atomic import swap_into_place
 
@@ -282,7 +281,7 @@ class LocalStorage(Storage):
 
     def other_writer(self) -> str | None:
         info = holder(self.location)
-        if info is None or not is_held(self.location) or _mine(info):
+        if info is None or not is_held(self.location) or by_this_process(info):
             return None
         return describe(info)
 
@@ -370,10 +369,6 @@ def _mount_point(folder: Path) -> str:
     while here.parent != here and os.stat(here.parent).st_dev == dev:
         here = here.parent
     return str(here)
-
-
-def _mine(info: dict) -> bool:
-    return info.get("pid") == os.getpid() and info.get("host") == platform.node()
 
 
 def _sweep_leftovers(path: Path) -> None:

@@ -74,10 +74,6 @@ class MemoryStorage(KeyedStorage):
         data = self._data(key)
         return None if data is None else MemoryRange(data, f"{self.location}/{key}")
 
-    def read(self, key: str) -> np.ndarray | None:
-        data = self._data(key)
-        return None if data is None else data.copy()
-
     def put(self, key: str, data) -> None:
         from zarr.core.buffer import cpu
 

@@ -12,8 +12,6 @@ with every key-value backend (creation marker, overwrite, copies): ``keyed``. He
 
 from __future__ import annotations
 
-import os
-import platform
 import threading
 import time
 from contextlib import contextmanager
@@ -26,6 +24,7 @@ from mklscale.bank.storage.keyed import KeyedStorage
 from mklscale.bank.storage.location import ObjectURL
 from mklscale.bank.storage.base import RangeReader
 from mklscale.bank.storage.objstore import ObjectBank, describe_lock, lock_url, read_lock
+from mklscale.bank.storage.writer_lock import by_this_process
 from mklscale.errors import BankCorruptError, ObjectStoreError
 
 #: which ObjectRange's byte range the calling thread's prefetch window holds
@@ -132,9 +131,8 @@ class ObjectStorage(KeyedStorage):
             info = read_lock(ObjectBank(where), key)
         except ObjectStoreError:
             return None
-        if info is None or info.get("released") or float(info.get("expires", 0)) <= time.time():
-            return None
-        if info.get("pid") == os.getpid() and info.get("host") == platform.node():
+        if info is None or info.get("released") or float(info.get("expires", 0)) <= time.time() \
+                or by_this_process(info):
             return None
         return describe_lock(info)
 

@@ -88,11 +88,16 @@ def is_held(bank_path: str | os.PathLike) -> bool:
         os.close(fd)  # closing lets go of the probe's lock
 
 
+def by_this_process(info: dict) -> bool:
+    """Whether a writer lock's record ({pid, host, ...}: a folder's or an object store's) is this process's."""
+    return info.get("pid") == os.getpid() and info.get("host") == platform.node()
+
+
 def describe(info: dict | None) -> str:
     """'pid 123 on host node7 (build since 2026-...)' from ``holder``'s record."""
     if not info:
         return "another process (it wrote no details)"
-    mine = " (this process)" if info.get("pid") == os.getpid() and info.get("host") == platform.node() else ""
+    mine = " (this process)" if by_this_process(info) else ""
     return (f"pid {info.get('pid')} on host {info.get('host')}{mine} "
             f"({info.get('what', 'writing')} since {info.get('since', '?')})")
 
