@@ -38,7 +38,7 @@ def one_stage_optimum(grams, t, lam, nu):
     import cvxpy as cp
     th = cp.Variable(len(grams), nonneg=True)
     Kt = sum(th[i] * grams[i] for i in range(len(grams))) + lam * np.eye(len(t))
-    cons = [cp.sum(th) <= 1] if nu == 1 else [cp.norm(th, 2) <= 1]
+    cons = [cp.sum(th) <= 1] if nu == 1 else [cp.pnorm(th, nu) <= 1]
     prob = cp.Problem(cp.Minimize(0.5 * cp.matrix_frac(t, Kt)), cons)
     prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
     return float(prob.value), np.maximum(th.value, 0)

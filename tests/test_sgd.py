@@ -37,14 +37,14 @@ def test_sgd_finite_bank_close_to_optimum(tmp_path):
     lam = 0.1
     eng = engine_of(grams, tmp_path)
     J_star, _ = one_stage_optimum(grams, y - y.mean(), lam, nu=2)
-    short = sgd.fit(eng, y, lam=lam, nu=2, T=1000, refresh=50, seed=3)
-    res = sgd.fit(eng, y, lam=lam, nu=2, T=4000, refresh=50, seed=3)
+    short = sgd.fit(eng, y, lam=lam, nu=2, T=1000, refresh=50, seed=3, tol=None)
+    res = sgd.fit(eng, y, lam=lam, nu=2, T=4000, refresh=50, seed=3, tol=None)
     gap_short, gap = short.objective / J_star - 1.0, res.objective / J_star - 1.0
     assert -1e-9 <= gap_short <= 1e-2, gap_short
     assert -1e-9 <= gap <= 5e-3, gap
     assert gap < gap_short                                     # the trend: T -> 4T closes the gap
     assert res.params["averaged_iterates"] == 2000
-    full = sgd.fit(eng, y, lam=lam, nu=2, T=4000, refresh=50, seed=3, average_from=0.0)
+    full = sgd.fit(eng, y, lam=lam, nu=2, T=4000, refresh=50, seed=3, average_from=0.0, tol=None)
     assert full.params["averaged_iterates"] == 4000
     assert full.objective > res.objective                      # same draws, same last iterate
     assert full.params["objective_last"] == res.params["objective_last"]
@@ -59,6 +59,31 @@ def test_sgd_finite_bank_close_to_optimum(tmp_path):
     np.testing.assert_allclose((K + lam * np.eye(len(y))) @ res.dual_coef, y - res.bias, atol=1e-7)
     again = sgd.fit(eng, y, lam=lam, T=200, seed=3)
     assert np.array_equal(again.weights, sgd.fit(eng, y, lam=lam, T=200, seed=3).weights)
+    # T runs certify their returned iterate too: the suffix average's Frank-Wolfe gap bounds J - J*
+    assert res.converged and 0.0 <= gap * J_star / res.objective <= res.gap
+
+
+@pytest.mark.parametrize("nu", [2, 1, 3])
+def test_sgd_default_stops_at_a_certified_iterate(tmp_path, nu):
+    """The default tol: the solver stops at the first refresh whose iterate has relative Frank-Wolfe gap
+    <= tol, returns that iterate, and its gap bounds the truth (J* from cvxpy) -- before T."""
+    grams, _, y = small_grams(n=25, seed=0)
+    lam = 0.1
+    eng = engine_of(grams, tmp_path)
+    J_star, _ = one_stage_optimum(grams, y - y.mean(), lam, nu=nu)
+    res = sgd.fit(eng, y, lam=lam, nu=nu, T=1000, refresh=50, seed=3)
+    assert res.converged and res.gap <= sgd.DEFAULT_TOL
+    assert res.params["returned_iterate"] == "last" and res.params["blocks_read"] < 1000
+    assert res.history[-1]["certified_gap"] == res.gap
+    truth = res.objective / J_star - 1.0
+    assert -1e-9 <= truth * J_star / res.objective <= res.gap + 1e-12, (truth, res.gap)
+    # the returned model is alpha*(theta) of the returned weights
+    K = np.einsum("m,mij->ij", res.weights, grams)
+    np.testing.assert_allclose((K + lam * np.eye(len(y))) @ res.dual_coef, y - res.bias, atol=1e-7)
+    # a tolerance no iterate meets: all T iterations, the average returned, reported unconverged
+    tight = sgd.fit(eng, y, lam=lam, nu=nu, T=100, refresh=50, seed=3, tol=1e-12)
+    assert not tight.converged and tight.gap > 1e-12 and tight.params["returned_iterate"] == "average"
+    assert tight.params["blocks_read"] == 100
 
 
 def test_projection_onto_nu_ball():

@@ -119,8 +119,9 @@ def ridge_dual(K_theta, t: np.ndarray, lam: float) -> tuple[np.ndarray, float]:
     on a LowRank)."""
     if isinstance(K_theta, LowRank):
         return K_theta.ridge_dual(t, lam)
-    A = K_theta + lam * np.eye(t.size)
-    factor = scipy.linalg.cho_factor(A, lower=True, check_finite=False)
+    A = np.array(K_theta, dtype=np.float64, order="F")     # Fortran order: LAPACK factorises it in place
+    A.flat[::A.shape[0] + 1] += lam
+    factor = scipy.linalg.cho_factor(A, lower=True, overwrite_a=True, check_finite=False)
     alpha = scipy.linalg.cho_solve(factor, t, check_finite=False)
     return alpha, 0.5 * float(t @ alpha)
 
