@@ -112,6 +112,12 @@ _REMEDY = "lower max_working_set, or use SpicyMKL, which streams the bank and ho
 
 #: eps1 / n of the paper's experiments (§4.4).
 EPS1_PER_SAMPLE = 5e-4
+#: eps2 of (OPT_4): the paper's, kept for the paper's stopping test (tol=None), and the loosest default when
+#: the certified gap stops the run (eps2 = tol within these two): at tol = 1e-3 a stage solved to 5e-4
+#: instead of 5e-5 takes 2-3x fewer SMO steps on every shipped dataset with the same certified gap <= 1e-3
+#: and the same held-out accuracy (digits, 70 kernels, C = n: 569 000 steps against 1 362 000); at
+#: tol = 1e-5 the stages need the paper's precision, or the gap stalls above tol (tests/test_smo.py)
+EPS2_PAPER, EPS2_LOOSEST = 1e-4, 1e-3
 
 
 #: Continuation schedules (see the module docstring).
@@ -123,7 +129,7 @@ COLUMN_CACHE_BYTES = 512 * 2**20
 
 
 @single_blas_thread_for_small_n
-def fit(engine, y, C, eps1: float | None = None, eps2: float = 1e-4, mu: float = 0.5, d=None,
+def fit(engine, y, C, eps1: float | None = None, eps2: float | None = None, mu: float = 0.5, d=None,
         tol: float | None = 1e-3, continuation: str = "target", kappa_min: float = 1e-5,
         max_stages: int = 60, max_steps: int | None = None, max_working_set: int | None = None,
         drop_after: int = 2, seed: int = 0, verbose: bool = False, checkpoint=None, init=None) -> MKLResult:
@@ -135,7 +141,10 @@ def fit(engine, y, C, eps1: float | None = None, eps2: float = 1e-4, mu: float =
     y : (n,) labels in {-1, +1}, both present.
     C : SVM constant > 0.
     eps1 : eps1 of (OPT_3) (absolute); None gives the paper's 5e-4 n.
-    eps2 : eps2 of (OPT_3)/(OPT_4); each SMO stage is solved to eps2 / 2.
+    eps2 : eps2 of (OPT_3)/(OPT_4); each SMO stage is solved to eps2 / 2. None: when ``tol`` stops the run,
+        tol itself kept within [EPS2_PAPER, EPS2_LOOSEST] = [1e-4, 1e-3] (the certified gap decides; the stage
+        precision only has to let the gap fall to tol, and it is tightened by mu whenever the gap is all that
+        is missing); the paper's EPS2_PAPER with tol=None.
     mu : kappa <- mu kappa between stages, in (0, 1).
     d : (M,) positive per-kernel weights d_j of (P) (None: all 1).
     tol : stop when the relative duality gap certified over all kernels is <= tol (module docstring,
@@ -173,12 +182,14 @@ def fit(engine, y, C, eps1: float | None = None, eps2: float = 1e-4, mu: float =
     y = check.check_targets(y, n, classification=True, loss_name="hinge")
     C = check.check_positive("C", C)
     eps1 = EPS1_PER_SAMPLE * n if eps1 is None else check.check_positive("eps1", eps1)
+    tol = None if tol is None else check.check_positive("tol", tol)
+    if eps2 is None:
+        eps2 = EPS2_PAPER if tol is None else min(max(tol, EPS2_PAPER), EPS2_LOOSEST)
     eps2 = check.check_positive("eps2", eps2)
     mu = check.check_positive("mu", mu)
     if not mu < 1.0:
         raise InvalidInputError(f"mu must lie in (0, 1) (kappa <- mu kappa); got {mu}")
     d = _check_d(d, M)
-    tol = None if tol is None else check.check_positive("tol", tol)
     continuation = check.check_choice("continuation", continuation, CONTINUATIONS)
     kappa_min = check.check_positive("kappa_min", kappa_min)
     max_stages = check.check_count("max_stages", max_stages)
