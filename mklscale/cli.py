@@ -12,7 +12,7 @@
     mklscale bank build --dataset breast_cancer --family simplemkl --out bank.zarr
     mklscale bank build --features X.npy --family gaussian --widths 0.5 1 2 --kernel-features all --out bank.zarr
     mklscale bank build --features X.npy --family random_subsets --rank 64 [--method nystrom|cholesky]
-                        [--landmarks kmeans++|uniform] [--tol T] [--max-error E] --out bank.zarr
+                        [--landmarks kmeans++|uniform|rls] [--tol T] [--max-error E] --out bank.zarr
     mklscale bank info PATH
     mklscale bank verify PATH
     mklscale bank repair PATH [--quiet]
@@ -209,7 +209,7 @@ def _parser() -> argparse.ArgumentParser:
                         "the kernels again (for many kernels over few rows, e.g. --family per_feature)")
     # factor defaults: bank.factor.FactorSettings and MAX_ERROR (their one spelling), filled in by _cmd_build
     b.add_argument("--method", default=None, help="factor banks: nystrom (the default) or cholesky (pivoted, to --tol)")
-    b.add_argument("--landmarks", default=None, help="factor banks, nystrom: kmeans++ (the default) or uniform")
+    b.add_argument("--landmarks", default=None, help="factor banks, nystrom: kmeans++ (the default), uniform or rls (ridge leverage scores)")
     b.add_argument("--tol", type=float, default=None, help="factor banks, cholesky: relative residual trace to stop at")
     b.add_argument("--max-error", type=float, default=None, help="factor banks: warn when a kernel's relative trace "
                    "error (tr K - tr K~) / tr K exceeds this")

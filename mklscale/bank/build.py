@@ -69,7 +69,8 @@ def build_bank(
 
     ``rank=None``: a dense bank, every K_m stored n x n. ``rank=r``: a factor bank, every kernel
     stored as L_m (n x r) with K~_m = L_m L_m^T, by ``method`` "nystrom" (r landmarks chosen by
-    ``landmarks`` "kmeans++" or "uniform", from ``seed`` and the kernel's index) or "cholesky"
+    ``landmarks`` "kmeans++", "uniform" or "rls" (ridge leverage scores), from ``seed`` and the kernel's
+    index) or "cholesky"
     (pivoted incomplete Cholesky to relative residual trace ``tol`` or rank r); formulas in
     ``mklscale.bank.factor``. Normalisation applies to K~_m. A factor bank whose largest relative
     trace error (tr K - tr K~) / tr K exceeds ``max_error`` warns (UserWarning) naming the worst

@@ -8,8 +8,9 @@ an r x r transform T_m, and every factor row is
 for training rows (the build), the bank's ``cross_factor`` and model prediction alike.
 
 - Nystrom (Williams & Seeger 2001; Drineas & Mahoney 2005): r landmarks Z, chosen by k-means++
-  seeding (D^2 sampling, Arthur & Vassilvitskii 2007) on the kernel's own feature subset or
-  uniformly without replacement, both from ``np.random.default_rng([seed, m])`` (reproducible and
+  seeding (D^2 sampling, Arthur & Vassilvitskii 2007) on the kernel's own feature subset,
+  uniformly without replacement, or by ridge leverage scores ("rls": recursive RLS-Nystrom, Musco &
+  Musco 2017, ``_rls_landmarks``), all from ``np.random.default_rng([seed, m])`` (reproducible and
   resumable per kernel). W = k(Z, Z) = U diag(lam) U^T; eigenvalues <= eig_cutoff * max lam are
   dropped, T = U diag(lam^-1/2) (pseudo-inverse square root), so K~ = C W^+ C^T with C = k(X, Z).
 - Pivoted (incomplete) Cholesky (Fine & Scheinberg 2001; Bach & Jordan 2005): greedy pivots on the
@@ -41,7 +42,7 @@ from mklscale.bank.spec import KernelSpec
 from mklscale.errors import InvalidInputError
 
 METHODS = ("nystrom", "cholesky")
-LANDMARK_RULES = ("kmeans++", "uniform")
+LANDMARK_RULES = ("kmeans++", "uniform", "rls")
 #: Nystrom keeps eigenvalues of W above this fraction of the largest (recorded in the bank).
 EIG_CUTOFF = 1e-10
 
@@ -332,7 +333,7 @@ def build_factor(spec: KernelSpec, Xs: np.ndarray, m: int, st: FactorSettings, n
     kdiag = _kdiag(Xt, kind, fam, a, p)
     exact = float(_sum(kdiag))
     if st.method == "nystrom":
-        idx = _landmarks(Xt, m, st)
+        idx = _landmarks(spec, Xt, kdiag, m, st)
         C = _cross(spec, Xt, np.ascontiguousarray(Xt[:, idx]))
         T, rank = _nystrom_transform(C[:, idx], st.eig_cutoff, r)  # W = k(Z, Z), exactly symmetric
     else:
@@ -360,12 +361,69 @@ def build_factor(spec: KernelSpec, Xs: np.ndarray, m: int, st: FactorSettings, n
                         (exact - approx) / exact if exact > 0 else 0.0, exact)
 
 
-def _landmarks(Xt: np.ndarray, m: int, st: FactorSettings) -> np.ndarray:
+def _landmarks(spec: KernelSpec, Xt: np.ndarray, kdiag: np.ndarray, m: int, st: FactorSettings) -> np.ndarray:
     rng = np.random.default_rng([st.seed, m])
     n = Xt.shape[1]
     if st.landmarks == "uniform":
         return np.sort(rng.choice(n, size=st.rank, replace=False)).astype(np.int64)
+    if st.landmarks == "rls":
+        return _rls_landmarks(spec, Xt, kdiag, st.rank, rng)
     return _kmeanspp(Xt, rng.random(st.rank))
+
+
+def _rls_landmarks(spec: KernelSpec, Xt: np.ndarray, kdiag: np.ndarray, s: int, rng) -> np.ndarray:
+    """s landmarks sampled by approximate lambda-ridge leverage scores, recursive RLS-Nystrom (Musco &
+    Musco 2017, Algorithm 2, as their reference code runs it): over nested uniform halves of a random
+    permutation, from the smallest up, the landmarks S of the level below (with weights w) give every
+    point of the level its score
+
+        l_i = (1 / lam) (k_ii - k_iS (K_SS + lam W^-2)^-1 k_Si),   W = diag(w),
+        lam = (sum_j w_j^2 k_jj - sum of the top k eigenvalues of W K_SS W) / k,  k = ceil(s / (4 log s))
+
+    (lam: the ridge at which the effective dimension is about k); intermediate levels keep each point
+    with probability min(1, log(s) l_i) (weights 1 / sqrt(p_i)); the top level draws exactly s distinct
+    points with probabilities proportional to min(1, l_i). Kernel values k(., .) are the unnormalised
+    kernel's (normalisation rescales lam and K alike). Cost O(n s^2) per level, log2(n / s) levels."""
+    n = Xt.shape[1]
+    if s >= n:
+        return np.arange(n, dtype=np.int64)
+    oversample = math.log(max(s, 2))
+    k = math.ceil(s / (4.0 * oversample))
+    sizes = [n]
+    while sizes[-1] > s:                      # ceil(log2(n / s)) levels of uniform halves
+        sizes.append(math.ceil(sizes[-1] / 2))
+    perm = rng.permutation(n)
+    samp = np.arange(sizes[-1])               # positions in perm of the current landmarks
+    weights = np.ones(samp.size)
+    for level in range(len(sizes) - 2, -1, -1):
+        current = perm[: sizes[level]]
+        KS = _cross(spec, np.ascontiguousarray(Xt[:, current]), np.ascontiguousarray(Xt[:, perm[samp]])).T
+        SKS = KS[samp]
+        if k >= samp.size:
+            lam = 1e-5 * max(float(np.max(kdiag)), 1e-300)
+        else:
+            top = np.linalg.eigvalsh(weights[:, None] * SKS * weights[None, :])[-k:]
+            lam = max((float(np.sum(np.diag(SKS) * weights ** 2)) - float(np.sum(np.abs(top)))) / k,
+                      1e-10 * float(np.max(kdiag)))
+        A = SKS + np.diag(lam / weights ** 2)
+        quad = np.einsum("ij,ji->i", KS, np.linalg.solve(A, KS.T))
+        scores = np.maximum(kdiag[current] - quad, 0.0) / lam
+        if level > 0:
+            levs = np.minimum(1.0, oversample * scores)
+            samp = np.flatnonzero(rng.random(current.size) < levs)
+            if samp.size == 0:                # (rare) nothing kept: a uniform sample of s points
+                levs = np.full(current.size, s / current.size)
+                samp = np.sort(rng.choice(current.size, size=s, replace=False))
+            weights = np.sqrt(1.0 / levs[samp])
+        else:
+            p = np.minimum(1.0, scores)
+            positive = np.flatnonzero(p > 0.0)
+            if positive.size >= s:
+                samp = rng.choice(current.size, size=s, replace=False, p=p / p.sum())
+            else:                             # fewer points with a positive score than s: all, then uniform
+                rest = np.setdiff1d(np.arange(current.size), positive)
+                samp = np.concatenate([positive, rng.choice(rest, size=s - positive.size, replace=False)])
+    return np.sort(perm[samp]).astype(np.int64)
 
 
 def _nystrom_transform(W: np.ndarray, eig_cutoff: float, r: int) -> tuple[np.ndarray, int]:

@@ -46,7 +46,7 @@ A pipeline is a TOML file (see ``pipelines/``)::
     path = "bank.zarr"                  # relative to the run directory, or absolute (shared banks)
     rank = 64                           # optional: a factor bank, K~_m = L_m L_m^T with L_m n x rank
     method = "nystrom"                  # factor banks: "nystrom" | "cholesky"
-    landmarks = "kmeans++"              # factor banks, nystrom: "kmeans++" | "uniform"
+    landmarks = "kmeans++"              # factor banks, nystrom: "kmeans++" | "uniform" | "rls"
     tol = 1e-6                          # factor banks, cholesky: relative residual trace
     max_error = 0.05                    # factor banks: warn above this relative trace error
     computed = false                    # true: store the features only, compute the kernels in every
