@@ -24,14 +24,14 @@ from readme_first_hour import render_cv_path, render_defaults, render_quickstart
 from readme_peers import (render_ab_fits, render_compare_versions, render_mutation, render_peers,  # noqa: E402
                           render_peers_factor)
 from readme_reliability import render_read_integrity  # noqa: E402
-from readme_solvers import (render_factor, render_pfbs, render_sgd_gcd, render_smo_citi,  # noqa: E402
-                            render_smo_factor, render_spicy, render_spicy_newton, render_spicy_ooc,
+from readme_solvers import (render_factor, render_lowrank_floor, render_pfbs, render_sgd_gcd,  # noqa: E402
+                            render_smo_citi, render_smo_factor, render_spicy, render_spicy_newton, render_spicy_ooc,
                             render_spicy_uci)
 
 RENDERERS: list[Callable[[], str]] = [render_quickstart, render_defaults, render_cv_path, render_read_integrity, render_build, render_pass, render_pass_big, render_spicy, render_spicy_uci,
                                       render_spicy_ooc, render_smo_citi, render_pfbs, render_sgd_gcd,
                                       render_peers, render_scaling, render_checkpoint, render_compare_versions,
-                                      render_ab_fits, render_factor, render_spicy_newton, render_smo_factor,
+                                      render_ab_fits, render_factor, render_lowrank_floor, render_spicy_newton, render_smo_factor,
                                       render_peers_factor, render_objstore, render_mutation,
                                       render_computed_pass, render_computed_scale, render_hosts_scaling]
 

@@ -361,3 +361,48 @@ def render_spicy_newton() -> str:
         + _table(["n", "M", "old s", "new s", "speed-up", "objective rel. diff", "Newton steps old / new",
                   "outer its old / new"], rows)
         + "\n\nTarget (issue 17): n = 4000, M = 100 under 60 s (before: over 240 s).\n")
+
+
+def render_lowrank_floor() -> str:
+    """Factor banks' test accuracy beside the best rank-r approximation's (bench_lowrank_floor.py)."""
+    title = "## Low-rank accuracy against its floor (`python benchmarks/bench_lowrank_floor.py`)\n\n"
+    d = _load("bench_lowrank_floor.json")
+    if d is None:
+        return title + "Not recorded yet.\n"
+    methods = [m for m in ("best rank-r", "nystrom k-means++", "nystrom uniform", "nystrom rls", "cholesky tol 1e-3")
+               if any(x["method"] == m for x in d["rows"])]
+    parts = [title + "SMO-MKL at its defaults on M Gaussian kernels over random feature subsets (the protocol of "
+             "`bench_factor.py --accuracy`, 2000 test rows): the dense bank, the **best rank-r** approximation of "
+             "every kernel (truncated eigendecomposition, the floor: Eckart-Young-Mirsky; new points by the Nystrom "
+             "extension over all training rows) and the factor banks at the same rank: Nystrom on k-means++, uniform "
+             "or ridge-leverage-score landmarks (recursive RLS-Nystrom, Musco & Musco 2017) and pivoted Cholesky to "
+             "relative residual trace 1e-3 (at most r columns). Cells: test accuracy minus the dense bank's, in points, "
+             "then the median relative trace error (tr K - tr K~) / tr K of the kernels. Target: every method within "
+             "0.5 points of dense at the smallest rank where the best rank-r approximation is."]
+    datasets = sorted({(x["dataset"], x["n"], x["M"]) for x in d["rows"]})
+    verdicts = []
+    for name, n, M in datasets:
+        rows = [x for x in d["rows"] if (x["dataset"], x["n"], x["M"]) == (name, n, M)]
+        dense = next(x for x in rows if x["method"] == "dense")
+        ranks = sorted({x["rank"] for x in rows if x["rank"] != "dense"})
+        cell = {(x["method"], x["rank"]): x for x in rows}
+        table = [[r] + [f"{cell[m, r]['accuracy_minus_dense']:+.2f}; {cell[m, r]['approx_error_median']:.3f}"
+                        if (m, r) in cell else "" for m in methods] for r in ranks]
+        parts.append(f"**{name}**, n = {n}, M = {M}: dense test accuracy {dense['accuracy']:.4f} "
+                     f"(fit {dense['fit_s']:.1f} s, {dense['active']} kernels kept).\n\n"
+                     + _table(["rank"] + methods, table))
+        floor = next((r for r in ranks if ("best rank-r", r) in cell
+                      and cell["best rank-r", r]["accuracy_minus_dense"] >= -0.5), None)
+        if floor is None:
+            verdicts.append(f"{name}: the best rank-r approximation is not within 0.5 points at any recorded rank")
+            continue
+        missed = [f"{m} ({cell[m, floor]['accuracy_minus_dense']:+.2f} points, trace error "
+                  f"{cell[m, floor]['approx_error_median']:.3f} against the floor's "
+                  f"{cell['best rank-r', floor]['approx_error_median']:.3f})"
+                  for m in methods[1:] if (m, floor) in cell and cell[m, floor]["accuracy_minus_dense"] < -0.5]
+        verdicts.append(f"{name}: the floor is within 0.5 points from r = {floor}; there "
+                        + ("every method is too" if not missed else "missed by " + ", ".join(missed)))
+    parts.append("Verdict per dataset: " + "; ".join(verdicts) + ".")
+    parts.append(f"Machine: {_machine(d['machine'])}; load average {d['machine'].get('load_average_at_record')} at the "
+                 f"start, {d['machine'].get('load_average_at_end')} at the end.\n")
+    return "\n\n".join(parts)
