@@ -256,7 +256,8 @@ class Dense(Representation):
         return default
 
     def restrict(self, S, rows):
-        return S[..., rows[:, None], rows[None, :]]
+        # two takes: C-contiguous and ~2x faster than S[..., rows[:, None], rows[None, :]] (same values)
+        return np.take(np.take(S, rows, axis=-2), rows, axis=-1)
 
     def traces(self, S):
         return np.trace(S, axis1=1, axis2=2)
