@@ -3,6 +3,7 @@ stored, and feature selection at scale.
 
     python benchmarks/bench_computed.py pass  [--n 500 --d 500 --pairs 5]
     python benchmarks/bench_computed.py scale [--n 1000 --d 25000]
+    python benchmarks/bench_computed.py lambda [--n 500 --M 2000 20000 --pairs 3]
 
 ``pass``: per_feature kernels (3 Gaussian widths and the linear kernel per feature: M = 4 d) at
 n = 500, once as a stored dense float32 bank (read through its mapping: the page cache holds it,
@@ -18,7 +19,14 @@ a square, ...) among d - 10 noise features, per_feature kernels (M = 4 d) on a c
 creation pass, SpicyMKL (logistic) to tol 1e-3 at a C keeping a handful of kernels, peak RSS, and
 where the 10 relevant features rank by their kernels' weights.
 
-Results: benchmarks/results/computed_pass.json, computed_scale.json (rendered by make_readme.py).
+``lambda``: creating a computed bank of per_feature kernels (M = 4 d) at n = 500 with each kernel's
+lambda_max from Lanczos (``kernel_stats(exact_lambda=True)``, what creation did before) against the
+bound without an eigensolve it records now (``stats.lambda_bound``), A B pairs, medians; the bound's
+ratio to the Lanczos value per kernel family; and a SpicyMKL fit (logistic, tol 1e-3, the ``scale``
+data) on the largest bank with each lambda_max (screening uses it): seconds, passes, objective.
+
+Results: benchmarks/results/computed_pass.json, computed_scale.json, computed_lambda.json (rendered by
+make_readme.py).
 Run it alone on the machine.
 """
 
@@ -41,7 +49,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from machine import describe_machine, write_record  # noqa: E402
 
-from mklscale.bank import build_bank, families  # noqa: E402
+from mklscale.bank import KernelBank, build_bank, families  # noqa: E402
 from mklscale.bank.shards import fill_block  # noqa: E402
 from mklscale.engine import Engine  # noqa: E402
 
@@ -168,6 +176,65 @@ def run_scale(args) -> None:
     print({k: v for k, v in record.items() if k != "machine"})
 
 
+def _create(X, specs, folder, exact: bool):
+    """(seconds, bank): a computed bank created with Lanczos lambda_max (exact) or the bound (as shipped)."""
+    from mklscale.bank import shards
+
+    shutil.rmtree(folder, ignore_errors=True)  # a new bank each time (an existing one would be reused)
+    stats_of = shards.kernel_stats
+    if exact:  # the creation before the bound: every kernel's lambda_max by Lanczos
+        shards.kernel_stats = lambda K, exact_lambda=True: stats_of(K, exact_lambda=True)
+    try:
+        t0 = time.perf_counter()
+        bank = build_bank(X, specs, folder, progress=False, computed=True)
+        return time.perf_counter() - t0, bank
+    finally:
+        shards.kernel_stats = stats_of
+
+
+def run_lambda(args) -> None:
+    from mklscale.solvers import spicy
+    from mklscale.solvers.registry import fit_solver
+
+    record = {"machine": describe_machine(), "n": args.n, "pairs": args.pairs, "cases": []}
+    folder = Path(tempfile.mkdtemp(prefix="bench-computed-lambda-"))
+    try:
+        X, y = synthetic(args.n, max(args.M) // 4)
+        _create(X[:, :10], families.resolve("per_feature", 10), folder / "warm", True)  # numba, imports
+        for M in args.M:
+            d = M // 4
+            specs = families.resolve("per_feature", d)
+            exact, bound = [], []
+            for _ in range(args.pairs):
+                exact.append(_create(X[:, :d], specs, folder / "exact", True)[0])
+                bound.append(_create(X[:, :d], specs, folder / "bound", False)[0])
+            case = {"M": M, "d": d, "exact_s": exact, "bound_s": bound, "median_exact_s": statistics.median(exact),
+                    "median_bound_s": statistics.median(bound)}
+            a, b = KernelBank.open(folder / "exact"), KernelBank.open(folder / "bound")
+            ratio = b.lambda_max / a.lambda_max
+            case["ratio_min"], case["ratio_max"] = float(ratio.min()), float(ratio.max())
+            case["ratio_median_by_kernel"] = {specs[k].name.split("[")[0]: float(np.median(ratio[k::4]))
+                                              for k in range(4)}
+            record["cases"].append(case)
+            print(case)
+        fits = {}
+        for name, bank in (("exact", a), ("bound", b)):
+            with Engine(bank) as engine:
+                C = args.c_ratio * spicy.c_max(engine, y, "logistic")
+                passes, t0 = engine.stats["passes"], time.perf_counter()
+                r = fit_solver("spicy", engine, y, "classification", C=C, params={"tol": 1e-3, "loss": "logistic"})
+                fits[name] = {"fit_s": time.perf_counter() - t0, "passes": engine.stats["passes"] - passes,
+                              "objective": float(r.objective), "gap": float(r.gap),
+                              "active": int(np.count_nonzero(r.weights)), "weights": r.weights}
+        wa, wb = fits["exact"].pop("weights"), fits["bound"].pop("weights")
+        record["fit"] = {"M": len(a), "c_ratio": args.c_ratio, **fits,
+                         "max_weight_difference": float(np.abs(wa - wb).max())}
+        print(record["fit"])
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    write_record(record, HERE / "results" / "computed_lambda.json")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="case", required=True)
@@ -179,8 +246,13 @@ def main() -> None:
     s.add_argument("--n", type=int, default=1000)
     s.add_argument("--d", type=int, default=25_000)
     s.add_argument("--c-ratio", type=float, default=0.5, help="C as a share of C_max (C_max keeps no kernel)")
+    lam = sub.add_parser("lambda")
+    lam.add_argument("--n", type=int, default=500)
+    lam.add_argument("--M", type=int, nargs="+", default=[2000, 20000], help="kernels (multiples of 4)")
+    lam.add_argument("--pairs", type=int, default=3)
+    lam.add_argument("--c-ratio", type=float, default=0.5)
     args = p.parse_args()
-    (run_pass if args.case == "pass" else run_scale)(args)
+    {"pass": run_pass, "scale": run_scale, "lambda": run_lambda}[args.case](args)
 
 
 if __name__ == "__main__":
