@@ -400,10 +400,11 @@ def run_peer(args) -> None:
         for method in args.methods:
             run = {"d": d, "method": method}
             need, avail = _hsic_bytes(args, d), psutil.virtual_memory().available
-            if method == "hsic" and (record["hsic"]["version"] is None or need > 0.8 * avail):
+            if method == "hsic" and (record["hsic"]["version"] is None or need > 0.8 * avail or d <= args.num_feat):
                 run["skipped"] = ("pyHSICLasso is not installed" if record["hsic"]["version"] is None else
-                                  f"it would need {need / 1e9:.1f} GB (4.5 x its n B M d float32 design matrix) and "
-                                  f"{avail / 1e9:.1f} GB are available")
+                                  f"d <= num_feat = {args.num_feat}: it would select every feature" if d <= args.num_feat
+                                  else f"it would need {need / 1e9:.1f} GB (4.5 x its n B M d float32 design matrix) "
+                                  f"and {avail / 1e9:.1f} GB are available")
                 record["runs"].append(run)
                 print(run)
                 continue
@@ -424,6 +425,7 @@ def run_peer(args) -> None:
                 run["failed"] = f"timed out after {args.timeout} s"
             out.unlink(missing_ok=True)
             run["load_average_at_end"] = [round(x, 2) for x in __import__("os").getloadavg()]
+            run["date"] = describe_machine()["date"]
             record["runs"].append(run)
             print({k: v for k, v in run.items() if k != "top"}, flush=True)
     target = HERE / "results" / args.name
@@ -432,7 +434,6 @@ def run_peer(args) -> None:
         mine = {(x["d"], x["method"]) for x in record["runs"]}
         record["runs"] = [x for x in earlier["runs"] if (x["d"], x["method"]) not in mine] + record["runs"]
         record["runs"].sort(key=lambda x: (x["d"], ["ours", "ours1", "hsic"].index(x["method"])))
-        record["earlier_machine"] = earlier["machine"]
     write_record(record, target)
 
 

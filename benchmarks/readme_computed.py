@@ -89,6 +89,22 @@ def _rank_text(ranks: list) -> str:
 _BANKS = {"ours": "per_feature (3 widths + linear)", "ours1": "per_feature (one Gaussian of width 1)"}
 
 
+def _hsic_limit(r: dict) -> str:
+    """The sentence on the largest d block HSIC Lasso ran at, when a larger one was not run."""
+    ran = [x for x in r["runs"] if x["method"] == "hsic" and "time_s" in x]
+    skipped = [x for x in r["runs"] if x["method"] == "hsic" and "GB" in x.get("skipped", "")]
+    if not ran or not skipped:
+        return ""
+    top, h = max(ran, key=lambda x: x["d"]), r["hsic"]
+    return (f"\n\nThe largest d block HSIC Lasso ran at here is {top['d']}: {top['time_s']:.0f} s, peak "
+            f"{top['peak_tree_GB']:.1f} GB. It holds its design matrix, one column of n B M = "
+            f"{r['n'] * h['B'] * h['M']} float32 values per feature (B x B centred, normalised Gram blocks "
+            "of each of M permutations), several times over while it assembles it (its peak is 4.5 x the "
+            "matrix's size, measured), so its memory grows as n B M d: larger d are not started where that "
+            "exceeds the memory available (the rows 'not run'), rather than swapping or meeting the OOM "
+            "killer. A computed bank holds the n x d features and the few active kernels.")
+
+
 def render_computed_peer() -> str:
     title = "\n## Feature selection against block HSIC Lasso; where MKL wins (`python benchmarks/bench_computed.py peer`)\n\n"
     r = _load("computed_peer.json")
@@ -137,6 +153,7 @@ def render_computed_peer() -> str:
             "HSIC Lasso's per-feature kernels, almost nothing to see (the column over all 10 shows it). cos(x4) is the weakest of the four (variance 0.20 against 2 for x3^2, 0.50 for sin(2 x0), 0.36 for |x5|).\n\n"
             + _table(["d", "method", "time (s)", "peak RSS (GB)", "marginal planted in top 10", "all planted in top 10",
                       "ranks of x0..x9", "detail"], rows)
+            + _hsic_limit(r)
             + "\n\nTime ratio HSIC Lasso / ours (> 1: ours faster): " + ("; ".join(ratios) or "-") + ". The like-for-like "
             "comparison is the bank of one Gaussian of width 1 per feature, HSIC Lasso's own kernel (x / std(x), "
             "sigma = 1); the default ladder fits 4 kernels per feature, 4x the work per pass.\n\n"
@@ -144,12 +161,12 @@ def render_computed_peer() -> str:
             "of the uniform-weight baseline on the same computed bank (solver \"uniform\": every kernel weight 1/M, "
             "then an SVM at its default C; run up to d = "
             f"{r['uniform_max_d']}: its prediction evaluates all M cross kernels), beside the majority rate of the "
-            "held-out labels (what predicting one class gets). The uniform sum of M kernels is dominated by the "
-            "noise features' kernels, so it falls to chance as d grows; the sparse MKL keeps the few kernels that "
-            "carry the signal.\n\n"
+            "held-out labels (what predicting one class gets). At d = 10 every kernel is a planted feature's and "
+            "the uniform sum is a good kernel (better than a sparse choice at this C); as noise features are added "
+            "their kernels dominate the sum and the uniform baseline falls to chance, while the sparse MKL keeps the "
+            "few kernels that carry the signal.\n\n"
             + _table(["d", "bank", "M", "majority rate", "uniform accuracy", "SpicyMKL accuracy", "kernels kept"], wins)
-            + "\n\n" + ("" if "earlier_machine" not in r else "Runs of an earlier invocation (`--append`): "
-                         + _machine(r["earlier_machine"]) + " The last: ")
-            + _machine(r["machine"]) + " Load average after each run: "
+            + "\n\n" + _machine(r["machine"]) + " That is the last invocation's (`--append` keeps the runs of "
+            "earlier ones); the load average after each run: "
             + "; ".join(f"d = {x['d']} {x['method']} {x['load_average_at_end']}" for x in r["runs"]
                         if "load_average_at_end" in x) + ".\n")
