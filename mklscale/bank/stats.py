@@ -23,7 +23,7 @@ def kernel_stats(K: np.ndarray, exact_lambda: bool = True) -> tuple[float, float
 
     ``exact_lambda=False`` (a computed bank's creation, issue 31): no eigensolve; the largest
     eigenvalue is ``lambda_bound`` of the same pass's trace, norm and column sums, a valid upper
-    bound that is looser (within 1.15x on per_feature kernels), unless the trace is negative (a
+    bound that is looser (within 1.16x on per_feature kernels), unless the trace is negative (a
     kernel that may be negative definite, which the solvers' checks name): then Lanczos as above.
     """
     from mklscale.bank import _compute
