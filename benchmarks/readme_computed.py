@@ -118,7 +118,9 @@ def render_computed_peer() -> str:
                 "hsic": f"pyHSICLasso {h.get('version')} block HSIC Lasso"}[run["method"]]
         if "skipped" in run or "failed" in run:
             rows.append([run["d"], name] + ["-"] * 5 + [f"not run: {run['skipped']}" if "skipped" in run
-                                                       else f"failed: {run['failed']}"])
+                                                       else f"failed: {run['failed']}"
+                                                       + (f" (load average {run['load_average_at_end']} at the end)"
+                                                          if "load_average_at_end" in run else "")])
             continue
         ranks = run["ranks"]
         top = sum(1 for j in marg if ranks[j] is not None and ranks[j] <= 10)
