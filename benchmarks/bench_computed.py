@@ -3,6 +3,8 @@ stored, and feature selection at scale.
 
     python benchmarks/bench_computed.py pass  [--n 500 --d 500 --pairs 5]
     python benchmarks/bench_computed.py scale [--n 1000 --d 25000]
+    python benchmarks/bench_computed.py lambda [--n 500 --M 2000 20000 --pairs 3]
+    python benchmarks/bench_computed.py peer   [--n 500 --d 10000 100000]
 
 ``pass``: per_feature kernels (3 Gaussian widths and the linear kernel per feature: M = 4 d) at
 n = 500, once as a stored dense float32 bank (read through its mapping: the page cache holds it,
@@ -18,7 +20,30 @@ a square, ...) among d - 10 noise features, per_feature kernels (M = 4 d) on a c
 creation pass, SpicyMKL (logistic) to tol 1e-3 at a C keeping a handful of kernels, peak RSS, and
 where the 10 relevant features rank by their kernels' weights.
 
-Results: benchmarks/results/computed_pass.json, computed_scale.json (rendered by make_readme.py).
+``lambda``: creating a computed bank of per_feature kernels (M = 4 d) at n = 500 with each kernel's
+lambda_max from Lanczos (``kernel_stats(exact_lambda=True)``, what creation did before) against the
+bound without an eigensolve it records now (``stats.lambda_bound``), A B pairs, medians; the bound's
+ratio to the Lanczos value per kernel family; and a SpicyMKL fit (logistic, tol 1e-3, the ``scale``
+data) on the largest bank with each lambda_max (screening uses it): seconds, passes, objective.
+
+``peer``: the ``scale`` data (n training rows, n_test held-out rows from the same draw) at each d,
+every method in a process of its own (time, peak memory of its process tree sampled at 20 Hz and
+its ru_maxrss): ours (creating the computed per_feature bank and SpicyMKL logistic at c_ratio C_max,
+as ``scale``; "ours": the default ladder, M = 4 d; "ours1": HSIC Lasso's kernel, one Gaussian of
+width 1 per standardised feature, M = d) and pyHSICLasso's block HSIC Lasso (``pip install pyHSICLasso``; classification,
+B = 20, M = 3 permutations, its defaults, num_feat = 20, n_jobs = -1: both cores), each ranking the
+features (ours: summed weight of each feature's kernels; HSIC Lasso: its selection order). Planted
+features recovered: those among the first 10 of a method's ranking, over the 4 planted features with
+a marginal effect (x0, x3, x4, x5: the products x1 x2, x6 x7, sin(x8) x9 have none, so no
+per-feature method sees them) and over all 10. Where MKL wins: held-out accuracy of the SpicyMKL
+model and of the uniform-weight baseline (solver "uniform": every kernel weight 1/M, then an SVM;
+its prediction evaluates all M cross kernels, so it runs up to --uniform-max-d) beside the majority
+rate of the held-out labels. A HSIC Lasso run whose design matrix (n B M d float32 values, held
+twice while joblib's results are stacked) would not fit in the memory available is not started: the
+record says why and how much it needed.
+
+Results: benchmarks/results/computed_pass.json, computed_scale.json, computed_lambda.json,
+computed_peer.json (rendered by make_readme.py).
 Run it alone on the machine.
 """
 
@@ -41,7 +66,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from machine import describe_machine, write_record  # noqa: E402
 
-from mklscale.bank import build_bank, families  # noqa: E402
+from mklscale.bank import KernelBank, build_bank, families  # noqa: E402
 from mklscale.bank.shards import fill_block  # noqa: E402
 from mklscale.engine import Engine  # noqa: E402
 
@@ -123,6 +148,9 @@ def run_pass(args) -> None:
           f"ratio {record['median_ratio']:.2f}; floor {record['compute_floor_s']:.3f} s")
 
 
+MARGINAL = (0, 3, 4, 5)  # planted features with a marginal effect: sin(2 x0), x3^2, cos(x4), |x5|
+
+
 def synthetic(n: int, d: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """X (n, d) standard normal; y = sign(f(x) - median) with f nonlinear in the first RELEVANT features:
     sin(2 x0) + x1 x2 + x3^2 + cos(x4) + |x5| + x6 x7 + sin(x8) x9."""
@@ -168,6 +196,247 @@ def run_scale(args) -> None:
     print({k: v for k, v in record.items() if k != "machine"})
 
 
+def _create(X, specs, folder, exact: bool):
+    """(seconds, bank): a computed bank created with Lanczos lambda_max (exact) or the bound (as shipped)."""
+    from mklscale.bank import shards
+
+    shutil.rmtree(folder, ignore_errors=True)  # a new bank each time (an existing one would be reused)
+    stats_of = shards.kernel_stats
+    if exact:  # the creation before the bound: every kernel's lambda_max by Lanczos
+        shards.kernel_stats = lambda K, exact_lambda=True: stats_of(K, exact_lambda=True)
+    try:
+        t0 = time.perf_counter()
+        bank = build_bank(X, specs, folder, progress=False, computed=True)
+        return time.perf_counter() - t0, bank
+    finally:
+        shards.kernel_stats = stats_of
+
+
+def run_lambda(args) -> None:
+    from mklscale.solvers import spicy
+    from mklscale.solvers.registry import fit_solver
+
+    record = {"machine": describe_machine(), "n": args.n, "pairs": args.pairs, "cases": []}
+    folder = Path(tempfile.mkdtemp(prefix="bench-computed-lambda-"))
+    try:
+        X, y = synthetic(args.n, max(args.M) // 4)
+        _create(X[:, :10], families.resolve("per_feature", 10), folder / "warm", True)  # numba, imports
+        for M in args.M:
+            d = M // 4
+            specs = families.resolve("per_feature", d)
+            exact, bound = [], []
+            for _ in range(args.pairs):
+                exact.append(_create(X[:, :d], specs, folder / "exact", True)[0])
+                bound.append(_create(X[:, :d], specs, folder / "bound", False)[0])
+            case = {"M": M, "d": d, "exact_s": exact, "bound_s": bound, "median_exact_s": statistics.median(exact),
+                    "median_bound_s": statistics.median(bound)}
+            a, b = KernelBank.open(folder / "exact"), KernelBank.open(folder / "bound")
+            ratio = b.lambda_max / a.lambda_max
+            case["ratio_min"], case["ratio_max"] = float(ratio.min()), float(ratio.max())
+            case["ratio_median_by_kernel"] = {specs[k].name.split("[")[0]: float(np.median(ratio[k::4]))
+                                              for k in range(4)}
+            record["cases"].append(case)
+            print(case)
+        fits = {}
+        for name, bank in (("exact", a), ("bound", b)):
+            with Engine(bank) as engine:
+                C = args.c_ratio * spicy.c_max(engine, y, "logistic")
+                passes, t0 = engine.stats["passes"], time.perf_counter()
+                r = fit_solver("spicy", engine, y, "classification", C=C, params={"tol": 1e-3, "loss": "logistic"})
+                fits[name] = {"fit_s": time.perf_counter() - t0, "passes": engine.stats["passes"] - passes,
+                              "objective": float(r.objective), "gap": float(r.gap),
+                              "active": int(np.count_nonzero(r.weights)), "weights": r.weights}
+        wa, wb = fits["exact"].pop("weights"), fits["bound"].pop("weights")
+        record["fit"] = {"M": len(a), "c_ratio": args.c_ratio, **fits,
+                         "max_weight_difference": float(np.abs(wa - wb).max())}
+        print(record["fit"])
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    write_record(record, HERE / "results" / "computed_lambda.json")
+
+
+class TreePeak:
+    """Peak resident set of this process and its descendants (summed), sampled every ``dt`` seconds."""
+
+    def __init__(self, dt: float = 0.05):
+        import psutil
+
+        self.proc, self.dt, self.peak, self._stop = psutil.Process(), dt, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import psutil
+
+        while not self._stop.is_set():
+            total = 0
+            for p in [self.proc, *self.proc.children(recursive=True)]:
+                try:
+                    total += p.memory_info().rss
+                except psutil.Error:
+                    pass
+            self.peak = max(self.peak, total)
+            self._stop.wait(self.dt)
+
+    def __enter__(self) -> TreePeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+CLASSES = np.array([-1, 1])  # the labels of ``synthetic``; a decision value > 0 predicts +1
+
+
+def _ranks(order: list[int], d: int) -> list[int | None]:
+    """Rank (1 = first) of each planted feature in a method's ranking ``order`` (None: not ranked)."""
+    pos = {int(j): r + 1 for r, j in enumerate(order)}
+    return [pos.get(j) for j in range(RELEVANT)]
+
+
+def _peer_data(args, d: int):
+    X, y = synthetic(args.n + args.n_test, d)
+    return X[:args.n], y[:args.n], X[args.n:], y[args.n:]
+
+
+#: the per_feature banks ``peer`` fits: the default ladder (3 Gaussian widths and the linear kernel per
+#: feature, M = 4 d) and HSIC Lasso's own kernel (one Gaussian of width 1 on each standardised feature, M = d)
+OURS = {"ours": "per_feature", "ours1": {"family": "per_feature", "widths": [1.0], "linear": False}}
+
+
+def _child_ours(args, d: int) -> dict:
+    from mklscale.model import MKLModel
+    from mklscale.solvers import spicy
+    from mklscale.solvers.registry import fit_solver, resolve_C
+
+    X, y, Xt, yt = _peer_data(args, d)
+    specs = families.resolve(OURS[args.method], d)
+    out = {"M": len(specs)}
+    folder = Path(tempfile.mkdtemp(prefix="bench-computed-peer-"))
+    try:
+        with TreePeak() as peak:
+            t0 = time.perf_counter()
+            bank = build_bank(X, specs, folder / "bank", progress=False, computed=True)
+            out["create_s"] = time.perf_counter() - t0
+            with Engine(bank) as engine:
+                C = args.c_ratio * spicy.c_max(engine, y, "logistic")
+                t1, passes = time.perf_counter(), engine.stats["passes"]
+                r = fit_solver("spicy", engine, y, "classification", C=C, params={"tol": 1e-3, "loss": "logistic"})
+                out.update(fit_s=time.perf_counter() - t1, passes=engine.stats["passes"] - passes)
+            out["time_s"] = time.perf_counter() - t0
+        out.update(peak_tree_GB=peak.peak / 1e9, gap=float(r.gap), converged=bool(r.converged),
+                   kept=int(np.count_nonzero(r.weights)))
+        importance = np.zeros(d)
+        np.add.at(importance, [specs[m].features[0] for m in np.flatnonzero(r.weights)], r.weights[r.weights > 0])
+        order = [int(j) for j in np.argsort(-importance, kind="stable") if importance[j] > 0]
+        out["ranked"], out["ranks"], out["top"] = len(order), _ranks(order, d), order[:20]
+        out["accuracy_spicy"] = float(np.mean(np.sign(MKLModel.from_results(bank, r, "classification", CLASSES)
+                                                     .decision_function(Xt)) == yt))
+        if d <= args.uniform_max_d:
+            with Engine(bank) as engine:
+                t1 = time.perf_counter()
+                u = fit_solver("uniform", engine, y, "classification",
+                               C=resolve_C("uniform", engine, [y], "classification"))
+                model = MKLModel.from_results(bank, u, "classification", CLASSES)
+                out["accuracy_uniform"] = float(np.mean(np.sign(model.decision_function(Xt)) == yt))
+                out["uniform_s"] = time.perf_counter() - t1
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    out["majority_rate"] = float(max(np.mean(yt == 1), np.mean(yt == -1)))
+    return out
+
+
+def _child_hsic(args, d: int) -> dict:
+    import contextlib
+    import io
+
+    from pyHSICLasso import HSICLasso
+
+    X, y, _, _ = _peer_data(args, d)
+    with TreePeak() as peak:
+        t0 = time.perf_counter()
+        h = HSICLasso()
+        with contextlib.redirect_stdout(io.StringIO()):
+            h.input(X, y)
+            h.classification(num_feat=args.num_feat, B=args.hsic_B, M=args.hsic_M, n_jobs=-1)
+        order = [int(j) for j in h.get_index()]
+        out = {"time_s": time.perf_counter() - t0}
+    out.update(peak_tree_GB=peak.peak / 1e9, ranked=len(order), ranks=_ranks(order, d), top=order[:20])
+    return out
+
+
+def _hsic_bytes(args, d: int) -> int:
+    """Block HSIC Lasso's peak: 4.5 x its (n B M, d) float32 design matrix (joblib's per-feature results,
+    their stacked copy, and the scaled X, which numpy makes float64; measured: 5.2 GB for a 1.2 GB
+    design matrix at n = 500, d = 10^4, B = 20, M = 3)."""
+    return int(4.5 * args.n * args.hsic_B * args.hsic_M * d * 4)
+
+
+def run_peer_child(args) -> None:
+    out = (_child_hsic if args.method == "hsic" else _child_ours)(args, args.d[0])
+    out["ru_maxrss_GB"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+    out["ru_maxrss_children_GB"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 / 1e9
+    Path(args.out).write_text(__import__("json").dumps(out))
+
+
+def run_peer(args) -> None:
+    import json
+    import subprocess
+
+    import psutil
+
+    record = {"machine": describe_machine(), "n": args.n, "n_test": args.n_test, "c_ratio": args.c_ratio,
+              "hsic": {"B": args.hsic_B, "M": args.hsic_M, "num_feat": args.num_feat, "n_jobs": -1},
+              "uniform_max_d": args.uniform_max_d, "marginal": list(MARGINAL), "timeout_s": args.timeout,
+              "runs": []}
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        record["hsic"]["version"] = version("pyHSICLasso")
+    except PackageNotFoundError:
+        record["hsic"]["version"] = None
+    for d in args.d:
+        for method in args.methods:
+            run = {"d": d, "method": method}
+            need, avail = _hsic_bytes(args, d), psutil.virtual_memory().available
+            if method == "hsic" and (record["hsic"]["version"] is None or need > 0.8 * avail or d <= args.num_feat):
+                run["skipped"] = ("pyHSICLasso is not installed" if record["hsic"]["version"] is None else
+                                  f"d <= num_feat = {args.num_feat}: it would select every feature" if d <= args.num_feat
+                                  else f"it would need {need / 1e9:.1f} GB (4.5 x its n B M d float32 design matrix) "
+                                  f"and {avail / 1e9:.1f} GB are available")
+                record["runs"].append(run)
+                print(run)
+                continue
+            out = Path(tempfile.mkstemp(suffix=".json")[1])
+            cmd = [sys.executable, __file__, "_peer_child", "--method", method, "--d", str(d), "--out", str(out),
+                   "--n", str(args.n), "--n-test", str(args.n_test), "--c-ratio", str(args.c_ratio),
+                   "--hsic-B", str(args.hsic_B), "--hsic-M", str(args.hsic_M), "--num-feat", str(args.num_feat),
+                   "--uniform-max-d", str(args.uniform_max_d)]
+            t0 = time.perf_counter()
+            try:
+                p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+                run["wall_s"] = time.perf_counter() - t0
+                if p.returncode == 0:
+                    run.update(json.loads(out.read_text()))
+                else:
+                    run["failed"] = f"exit {p.returncode}: {p.stderr.strip().splitlines()[-1:] if p.stderr else ''}"
+            except subprocess.TimeoutExpired:
+                run["failed"] = f"timed out after {args.timeout} s"
+            out.unlink(missing_ok=True)
+            run["load_average_at_end"] = [round(x, 2) for x in __import__("os").getloadavg()]
+            run["date"] = describe_machine()["date"]
+            record["runs"].append(run)
+            print({k: v for k, v in run.items() if k != "top"}, flush=True)
+    target = HERE / "results" / args.name
+    if args.append and target.exists():  # runs of another invocation (other d), theirs replaced by this one's
+        earlier = json.loads(target.read_text())
+        mine = {(x["d"], x["method"]) for x in record["runs"]}
+        record["runs"] = [x for x in earlier["runs"] if (x["d"], x["method"]) not in mine] + record["runs"]
+        record["runs"].sort(key=lambda x: (x["d"], ["ours", "ours1", "hsic"].index(x["method"])))
+    write_record(record, target)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="case", required=True)
@@ -179,8 +448,33 @@ def main() -> None:
     s.add_argument("--n", type=int, default=1000)
     s.add_argument("--d", type=int, default=25_000)
     s.add_argument("--c-ratio", type=float, default=0.5, help="C as a share of C_max (C_max keeps no kernel)")
+    lam = sub.add_parser("lambda")
+    lam.add_argument("--n", type=int, default=500)
+    lam.add_argument("--M", type=int, nargs="+", default=[2000, 20000], help="kernels (multiples of 4)")
+    lam.add_argument("--pairs", type=int, default=3)
+    lam.add_argument("--c-ratio", type=float, default=0.5)
+    for name in ("peer", "_peer_child"):
+        q = sub.add_parser(name)
+        q.add_argument("--n", type=int, default=500)
+        q.add_argument("--n-test", type=int, default=500)
+        q.add_argument("--d", type=int, nargs="+", default=[10_000, 100_000])
+        q.add_argument("--c-ratio", type=float, default=0.5)
+        q.add_argument("--hsic-B", type=int, default=20)
+        q.add_argument("--hsic-M", type=int, default=3)
+        q.add_argument("--num-feat", type=int, default=20)
+        q.add_argument("--uniform-max-d", type=int, default=10_000)
+        if name == "peer":
+            q.add_argument("--methods", nargs="+", default=["ours", "ours1", "hsic"], choices=["ours", "ours1", "hsic"])
+            q.add_argument("--timeout", type=float, default=600, help="seconds per method and d")
+            q.add_argument("--name", default="computed_peer.json", help="results file name")
+            q.add_argument("--append", action="store_true",
+                           help="keep the runs of other d (or methods) already in the results file")
+        else:
+            q.add_argument("--method", choices=["ours", "ours1", "hsic"], required=True)
+            q.add_argument("--out", required=True)
     args = p.parse_args()
-    (run_pass if args.case == "pass" else run_scale)(args)
+    {"pass": run_pass, "scale": run_scale, "lambda": run_lambda, "peer": run_peer,
+     "_peer_child": run_peer_child}[args.case](args)
 
 
 if __name__ == "__main__":

@@ -693,9 +693,9 @@ def _cmd_info(args) -> int:
         print("  representation: " + ("dense" if bank.stores_kernels else
                                       f"computed (no kernel stored: computed from the {bank.group['X'].shape[1]} "
                                       "features in every pass)"))
-    lam = bank.lambda_max
+    lam, rel = bank.lambda_max, ("=" if bank.stores_kernels else "<=")  # a computed bank's: a bound (stats.lambda_bound)
     for m in range(min(len(bank), 5)):
-        print(f"  [{m}] {bank.specs[m].name}  lambda_max={lam[m]:.4g}")
+        print(f"  [{m}] {bank.specs[m].name}  lambda_max{rel}{lam[m]:.4g}")
     if len(bank) > 5:
         print(f"  ... {len(bank) - 5} more")
     return 0

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from _banks import build_killed_after
 
 from mklscale.bank import KernelBank, KernelSpec, build_bank, families
@@ -305,6 +307,55 @@ def test_lambda_max_is_a_tight_upper_bound(name):
     assert exact - slack <= lam <= exact * (1 + 2e-8) + slack
     assert tr == pytest.approx(np.trace(K.astype(np.float64)), rel=1e-12, abs=1e-300)
     assert fro == pytest.approx(np.linalg.norm(K.astype(np.float64)), rel=1e-12, abs=1e-300)
+
+
+@pytest.mark.parametrize("name", list(_lambda_cases()))
+def test_lambda_bound_without_an_eigensolve_is_valid(name):
+    """A computed bank's lambda_max (kernel_stats(exact_lambda=False): stats.lambda_bound) is never below
+    the largest eigenvalue; it is within 2x of it on these kernels (within 1.5x on the Gaussians, which
+    are on 3 features: a per_feature kernel's is within 1.16x, benchmarks/bench_computed.py lambda) and exact
+    for c I."""
+    from mklscale.bank.store import kernel_stats
+
+    K = _lambda_cases()[name]
+    exact = np.linalg.eigvalsh(K.astype(np.float64))[-1]
+    tr, fro, lam, crc = kernel_stats(K, exact_lambda=False)
+    assert (tr, fro, crc) == kernel_stats(K)[:2] + kernel_stats(K)[3:]
+    slack = 1e-12 * max(1.0, np.abs(K).max())
+    assert exact - slack <= lam <= (1.5 if name.startswith("gaussian") else 2.0) * exact + slack
+    if name in ("c I", "zero"):
+        assert lam == pytest.approx(exact, rel=1e-9, abs=1e-300)
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), n=st.integers(1, 40), rank=st.integers(0, 40),
+       shift=st.floats(-2.0, 2.0), scale=st.floats(1e-6, 1e6), single=st.booleans())
+def test_lambda_bound_is_never_below_the_largest_eigenvalue(seed, n, rank, shift, scale, single):
+    """stats.lambda_bound >= eigvalsh's largest eigenvalue for random symmetric matrices: low rank and
+    full rank, PSD and indefinite (a shifted diagonal), any scale, stored as float32 or float64 (the
+    bound is of the stored values); rank one and c I are the extreme cases of Wolkowicz-Styan."""
+    from mklscale.bank import _compute
+    from mklscale.bank.stats import lambda_bound
+
+    rng = np.random.default_rng(seed)
+    F = rng.standard_normal((n, rank))
+    K = (F @ F.T + shift * np.eye(n)) * scale
+    K = K.astype(np.float32 if single else np.float64)
+    exact = np.linalg.eigvalsh(K.astype(np.float64))[-1]
+    tr, fro, colabs = _compute.trace_fro_colabs(K)
+    bound = lambda_bound(tr, fro, colabs)
+    assert bound >= exact - 1e-13 * np.abs(K.astype(np.float64)).sum(axis=0).max()
+    assert bound <= fro * (1 + 1e-9) + 1e-300 or bound <= colabs.max() * (1 + 1e-9)
+
+
+def test_lambda_bound_is_exact_for_rank_one_and_multiples_of_the_identity():
+    from mklscale.bank import _compute
+    from mklscale.bank.stats import lambda_bound
+
+    x = np.random.default_rng(3).normal(size=200)
+    for K in (np.outer(x, x), 0.3 * np.eye(50)):
+        bound = lambda_bound(*_compute.trace_fro_colabs(K))
+        assert bound == pytest.approx(np.linalg.eigvalsh(K)[-1], rel=1e-9)
 
 
 def _vectorised(exp):

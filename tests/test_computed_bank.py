@@ -62,8 +62,12 @@ def test_a_computed_bank_holds_the_same_kernels_and_statistics_and_stores_none(b
     assert computed.stores_kernels is False and computed.representation == "computed"
     M = len(stored)
     assert np.array_equal(computed.kernels(range(M)), stored.kernels(range(M)))
-    for name in ("trace", "fro", "lambda_max", "norm_factor", "checksums"):
+    for name in ("trace", "fro", "norm_factor", "checksums"):
         assert np.array_equal(getattr(computed, name), getattr(stored, name)), name
+    # lambda_max: the stored bank's Lanczos value (within 1e-8 above the truth), the computed one's a
+    # cheaper valid bound (stats.lambda_bound): never below it, within 1.35x here (1 for linear kernels)
+    ratio = computed.lambda_max / stored.lambda_max
+    assert ratio.min() >= 1 - 2e-8 and ratio.max() <= 1.35, (ratio.min(), ratio.max())
     assert disk_usage(computed.path) < disk_usage(stored.path) / 5
     assert not (computed.path / "gram").exists()
     assert computed.verify().ok
@@ -71,6 +75,25 @@ def test_a_computed_bank_holds_the_same_kernels_and_statistics_and_stores_none(b
         computed.gram
     with pytest.raises(InvalidInputError, match="computed bank"):
         computed.to_xarray()
+
+
+def test_screening_stays_safe_with_the_stored_bound(banks):
+    """Screening on a computed bank (its lambda_max: the bound without an eigensolve) never proves a
+    kernel inactive whose norm exceeds the bound: bounds >= the exact norms of the stored kernels for
+    vectors near and far from the reference and along each kernel's top eigenvector."""
+    from mklscale.solvers.toolkit.screening import Screening
+
+    stored, computed = banks
+    K = stored.kernels(range(len(stored))).astype(np.float64)
+    rng = np.random.default_rng(2)
+    with Engine(computed, threads=2) as engine:
+        screen = Screening(engine, engine.lambda_max)
+        ref = rng.normal(size=stored.n)
+        screen.full_pass(ref)
+        tops = np.linalg.eigh(K)[1][:, :, -1]
+        for u in [ref + s * rng.normal(size=stored.n) for s in (1e-3, 0.1, 10.0)] + list(ref + 3.0 * tops[::7]):
+            true = np.sqrt(np.maximum(np.einsum("i,mij,j->m", u, K, u), 0.0))
+            assert np.all(screen.upper_bounds(u) >= true * (1 - 1e-6)), u
 
 
 def test_every_pass_and_solver_gives_the_same_bits(banks, data):

@@ -89,6 +89,30 @@ def test_screening_bound_is_never_below_the_true_norm(seed, scale, M, n):
         np.testing.assert_array_equal(screen.upper_bounds(u, np.arange(M)[::-1]), bound[::-1])
 
 
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), scale=st.floats(1e-3, 1e3), M=st.integers(1, 6), n=st.integers(2, 9),
+       rank=st.integers(1, 9))
+def test_screening_stays_safe_with_a_computed_banks_bound(seed, scale, M, n, rank):
+    """The same property with the lambda_max a computed bank stores (stats.lambda_bound: no eigensolve,
+    never below the largest eigenvalue): the bounds are never below the true norms, including
+    along each kernel's top eigenvector, the direction where the bound with the exact value is attained."""
+    from mklscale.bank import _compute
+    from mklscale.bank.stats import lambda_bound
+
+    rng = np.random.default_rng(seed)
+    F = rng.standard_normal((M, n, rank)) * rng.uniform(0.1, 3.0, size=(M, 1, 1))
+    grams = np.einsum("mik,mjk->mij", F, F)
+    bounds = np.array([lambda_bound(*_compute.trace_fro_colabs(K)) for K in grams])
+    assert np.all(bounds >= np.linalg.eigvalsh(grams)[:, -1] * (1 - 1e-12))
+    screen = Screening(InMemoryEngine(grams), bounds)
+    ref = rng.standard_normal(n)
+    screen.full_pass(ref)
+    tops = np.linalg.eigh(grams)[1][:, :, -1]
+    for u in [ref + scale * rng.standard_normal(n) * rng.uniform(0, 1) for _ in range(5)] + list(ref + scale * tops):
+        true = np.sqrt(np.maximum(np.einsum("i,mij,j->m", u, grams, u), 0.0))
+        assert np.all(screen.upper_bounds(u) >= true * (1 - 1e-12) - 1e-12)
+
+
 def test_screening_bound_is_tight_along_the_top_eigenvector():
     """The bound is attained (so a smaller shift term would be wrong): u = u_ref + t v_max with
     u_ref in the same direction."""

@@ -127,7 +127,9 @@ def build_shard(path: str, specs_json: str, Xs: np.ndarray, normalize, dtype: st
     """Compute, normalise and write the kernels of shard s; return (first kernel, statistics).
 
     ``store=False``: a computed bank's (``KernelBank.stores_kernels``): the kernels are computed for
-    their statistics and checksums only, and never written (passes compute them again, ``fill_block``).
+    their statistics and checksums only, and never written (passes compute them again, ``fill_block``);
+    lambda_max is then ``stats.lambda_bound`` (no eigensolve: creation is one pass at the cost of
+    computing the kernels), a valid upper bound, which is all the solvers use it as.
 
     ``factor``: a factor bank's settings (``FactorSettings`` fields): the shard's factors L_m are
     computed instead (``factor.build_factor``, seeded by the global kernel index) and the
@@ -151,8 +153,9 @@ def build_shard(path: str, specs_json: str, Xs: np.ndarray, normalize, dtype: st
                                    factor_math.FactorSettings(**factor), stats)
     with _BLOCKS.block(len(specs), Xs.shape[0], Xs.shape[0], np.dtype(dtype)) as block:
         stats["norm_factor"][:] = fill_block(specs, Xs, normalize, block)
-        for k in range(len(specs)):
-            stats["trace"][k], stats["fro"][k], stats["lambda_max"][k], stats["checksum"][k] = kernel_stats(block[k])
+        for k in range(len(specs)):  # a computed bank records a cheaper valid bound on lambda_max (kernel_stats)
+            stats["trace"][k], stats["fro"][k], stats["lambda_max"][k], stats["checksum"][k] = \
+                kernel_stats(block[k], exact_lambda=store)
         _check_reproduced(s, s * per_shard, stats["checksum"], expected)
         if store:
             with _off_the_worker_pool():

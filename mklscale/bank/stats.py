@@ -11,7 +11,7 @@ import google_crc32c
 import numpy as np
 
 
-def kernel_stats(K: np.ndarray) -> tuple[float, float, float, int]:
+def kernel_stats(K: np.ndarray, exact_lambda: bool = True) -> tuple[float, float, float, int]:
     """(trace, Frobenius norm, largest eigenvalue, crc32c) of one stored kernel, in float64.
 
     trace = sum_i K_ii and ||K||_F = sqrt(sum_ij K_ij^2) of the stored values; the largest
@@ -20,14 +20,53 @@ def kernel_stats(K: np.ndarray) -> tuple[float, float, float, int]:
     ``_compute.lambda_max``). Solvers use it for step sizes and the safe screening bound
     ||v||_K <= ||u||_K + sqrt(lambda_max) ||v - u||, which an overestimate keeps safe (the
     ARPACK value used before could fall short by up to 1e-8 relative). Every step releases the GIL.
+
+    ``exact_lambda=False`` (a computed bank's creation, issue 31): no eigensolve; the largest
+    eigenvalue is ``lambda_bound`` of the same pass's trace, norm and column sums, a valid upper
+    bound that is looser (within 1.16x on per_feature kernels), unless the trace is negative (a
+    kernel that may be negative definite, which the solvers' checks name): then Lanczos as above.
     """
     from mklscale.bank import _compute
 
     native = K.dtype.newbyteorder("=") if K.dtype.kind == "f" and K.dtype.itemsize in (4, 8) else np.dtype(np.float64)
     A = np.ascontiguousarray(K, dtype=native)  # no copy for the stored float32/float64 kernels
     tr, fro, colabs = _compute.trace_fro_colabs(A)
-    lam = _compute.lambda_max(A, _compute.LAMBDA_TOL, colabs)
+    if exact_lambda or tr < 0:
+        lam = _compute.lambda_max(A, _compute.LAMBDA_TOL, colabs)
+    else:
+        lam = lambda_bound(tr, fro, colabs)
     return float(tr), float(fro), float(lam), checksum(K)
+
+
+def lambda_bound(tr: float, fro: float, colabs: np.ndarray) -> float:
+    """A valid upper bound on the largest eigenvalue of a symmetric n x n matrix K from its trace,
+    Frobenius norm and column sums of absolute values c_j = sum_i |K_ij| (``trace_fro_colabs``), with
+    no eigensolve: min(G, W) for
+
+        G = max_j c_j                                        (Gershgorin, on columns)
+        W = t + sqrt((n - 1) s^2),  t = tr K / n,  s^2 = ||K||_F^2 / n - t^2
+
+    W is Wolkowicz and Styan's bound (Linear Algebra Appl. 29, 1980): t and s^2 are the mean and
+    variance of the n real eigenvalues (sum lambda_i = tr K, sum lambda_i^2 = ||K||_F^2), and the
+    largest of n numbers is at most their mean plus sqrt(n - 1) times their standard deviation. W is
+    never above ||K||_F and is exact when K has one distinct eigenvalue besides a multiple one of
+    n - 1 (c I, and every rank-one K = x x^T, e.g. a linear kernel on one feature).
+
+    Rounding: tr, ||K||_F and c come from float64 sums of n^2 terms, each off by at most
+    n u relative to the sums of absolute values (u = 2^-53), which are bounded with S = sum_j c_j;
+    both bounds are raised by a margin 16 n u of that size, so the value is >= the true largest
+    eigenvalue of K (stored values, read exactly in float64). Tested against numpy's eigvalsh.
+    """
+    colabs = np.asarray(colabs, dtype=np.float64)
+    n = colabs.size
+    if n == 0:
+        return 0.0
+    eps = 16.0 * n * np.finfo(np.float64).eps  # several times the sums' worst rounding, relative
+    mean, S = tr / n, float(colabs.sum()) / n  # |mean| <= S (S: mean absolute column sum)
+    var = fro * fro / n - mean * mean
+    W = mean + eps * S + np.sqrt((n - 1) * (max(var, 0.0) + eps * (fro * fro / n + S * S)))
+    G = float(colabs.max())
+    return float(min(G * (1.0 + eps), W + eps * abs(W)))
 
 
 def checksum(block: np.ndarray) -> int:
