@@ -20,6 +20,7 @@ ended unconverged. Results: benchmarks/results/bench_cv_path.json; the table is 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -105,6 +106,8 @@ def main() -> None:
     ap.add_argument("--solvers", default=",".join(SOLVERS))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=HERE / "results" / "bench_cv_path.json")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the cases of --out for the (dataset, solver) pairs this run does not redo")
     args = ap.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="mklscale-bench-cv-"))
     record = {"machine": describe_machine(workdir), "folds": FOLDS, "repeats": args.repeats, "datasets": []}
@@ -123,7 +126,26 @@ def main() -> None:
                       f"cold/warm {case['cold_over_warm']:5.2f}  C {case['chosen_warm']:.3g} / {case['chosen_cold']:.3g}",
                       flush=True)
         record["datasets"].append(entry)
+    if args.merge and args.out.exists():
+        _merge_earlier(record, json.loads(args.out.read_text()))
     write_record(record, args.out)
+
+
+def _merge_earlier(record: dict, earlier: dict) -> None:
+    """Add to ``record`` the cases of an earlier run for the (dataset, solver) pairs it did not redo, each
+    marked with that run's date and load (``recorded``), in the earlier run's order."""
+    done = {(e["dataset"], c["solver"]) for e in record["datasets"] for c in e["cases"]}
+    stamp = {"date": earlier["machine"].get("date"), "load_average": earlier["machine"].get("load_average_at_record")}
+    entries = {e["dataset"]: e for e in record["datasets"]}
+    for old in earlier["datasets"]:
+        kept = [dict(c, recorded=c.get("recorded", stamp)) for c in old["cases"] if (old["dataset"], c["solver"]) not in done]
+        if old["dataset"] not in entries:
+            entries[old["dataset"]] = dict(old, cases=[])
+            record["datasets"].append(entries[old["dataset"]])
+        entry = entries[old["dataset"]]
+        order = [c["solver"] for c in old["cases"]]
+        entry["cases"] = sorted(entry["cases"] + kept,
+                                key=lambda c: order.index(c["solver"]) if c["solver"] in order else len(order))
 
 
 if __name__ == "__main__":

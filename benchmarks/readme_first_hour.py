@@ -80,7 +80,20 @@ def render_cv_path() -> str:
                   "values reached", "chosen warm / cold"], rows)
         + "\n\nWhere the chosen values differ, the cold CV saw the whole grid and found a better mean score "
         "past the point where the warm paths stopped (the scores are not unimodal in C there); "
-        "`patience=None` in `mklscale.solvers.cv.cross_validate` solves every value.\n\n" + _machine(r["machine"]) + "\n")
+        "`patience=None` in `mklscale.solvers.cv.cross_validate` solves every value.\n\n" + _earlier_rows(r)
+        + _machine(r["machine"]) + "\n")
+
+
+def _earlier_rows(r: dict) -> str:
+    """A line naming the rows a ``--merge`` run kept from an earlier run, with that run's date and load."""
+    kept: dict = {}
+    for d in r["datasets"]:
+        for c in d["cases"]:
+            if "recorded" in c:
+                kept.setdefault((c["recorded"]["date"], str(c["recorded"]["load_average"])), []).append(
+                    f"{c['solver']} on {d['dataset']}")
+    return "".join(f"Rows from an earlier run ({date}, load average {load}): {', '.join(rows)}.\n\n"
+                   for (date, load), rows in kept.items())
 
 
 def render_quickstart() -> str:
