@@ -11,7 +11,9 @@ as the issue asks) and once computed; the same ``quad_forms`` pass (one vector) 
 stored / computed (the computed pass's speed as a share of the stored one's; target >= 0.5).
 Beside it the machine's floor for computing the kernels: ``shards.fill_block`` of every kernel on
 the same threads with no reduction (what a computed pass cannot beat), and the exp rate of one core
-(numpy float32 exp), in kernel evaluations per second.
+(numpy float32 exp), in kernel evaluations per second; and on 2^14 values in cache, one core's rate of
+the float32 Gaussian kernel's exp (arithmetic 3: ``exp_f32_scaled``, with the argument's split and
+the scale, called from Python once per 2^14 values) beside numpy's float32 exp.
 
 ``scale``: synthetic data with 10 relevant features carrying nonlinear effects (sin, a product of two,
 a square, ...) among d - 10 noise features, per_feature kernels (M = 4 d) on a computed bank: the
@@ -81,6 +83,34 @@ def exp_rate() -> float:
     return x.size / best
 
 
+def exp_rates_cached() -> tuple[float, float]:
+    """(mklscale, numpy) float32 exp evaluations per second of one core on 2^14 values held in cache
+    (best of 5 runs of 1000 sweeps): mklscale's is a float32 Gaussian kernel's (arithmetic 3,
+    ``_compute._gaussian_f32``: the argument a b from float64 squared distances split in two float32,
+    ``exp_f32_scaled``, the scale 1 / tr K), numpy's ``np.exp`` on float32."""
+    from mklscale.bank import _compute
+
+    n, sweeps = 2**14, 1000
+    B = np.random.default_rng(0).random(n) * 40.0  # squared distances; a = -0.5: arguments in [-20, 0]
+    xf, xl = np.empty(n + 64, np.float32), np.empty(n + 64, np.float32)
+    y, tail = np.empty(n, np.float32), np.empty(64, np.float32)
+    c = np.float32(1 / 500)
+
+    def mine():
+        for _ in range(sweeps):
+            _compute._gaussian_f32(B, n, -0.5, c, xf, xl, y, tail)
+
+    x = (-B * 0.5).astype(np.float32)
+    out = np.empty_like(x)
+
+    def theirs():
+        for _ in range(sweeps):
+            np.exp(x, out=out)
+
+    mine(), theirs()
+    return (n * sweeps / min(_timed(mine) for _ in range(5)), n * sweeps / min(_timed(theirs) for _ in range(5)))
+
+
 def _timed(fn) -> float:
     t0 = time.perf_counter()
     fn()
@@ -115,6 +145,7 @@ def run_pass(args) -> None:
         record["evaluations_per_pass"] = len(specs) * args.n * (args.n + 1) // 2  # the symmetric half
         record["compute_floor_s"] = min(compute_floor(computed, threads) for _ in range(3))
         record["exp_per_s_one_core"] = exp_rate()
+        record["exp_f32_per_s_one_core_cached"], record["numpy_exp_per_s_one_core_cached"] = exp_rates_cached()
         record["threads"] = threads
     finally:
         shutil.rmtree(folder, ignore_errors=True)

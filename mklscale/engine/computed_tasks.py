@@ -5,9 +5,9 @@ computed from the bank's standardised features inside the task and reduced at on
 tasks are the dense bank's own (``tasks``) with this reader: the same numba reductions over the same
 bytes. A piece is a run of consecutive kernels sharing a pairwise base (a feature's Gaussian width
 ladder), computed together by ``shards.fill_block`` into the thread's reused buffer, of at most
-``PIECE_BYTES``: the bytes a build would have stored, checked once per process against the crc32c
-recorded when the bank was created (a kernel computed differently here, e.g. by another arithmetic,
-is an error, never a result).
+``PIECE_BYTES``: the bytes a build would have stored (with the kernel arithmetic version the bank
+recorded, ``KernelBank.compute_kernels``), checked once per process against the crc32c recorded when
+the bank was created (a kernel computed differently here is an error, never a result).
 
 Cost: a kernel of n rows costs n^2 / 2 kernel evaluations (an exp for a Gaussian, mirrored) plus
 its pairwise base, instead of reading 4 n^2 bytes; the bank's features travel with the bank (each
@@ -28,7 +28,7 @@ from mklscale.engine import tasks
 from mklscale.errors import BankCorruptError
 
 #: Bytes of kernels one piece computes at once (a few kernels of n = 500; one of n = 2000).
-PIECE_BYTES = 16 * 2**20
+PIECE_BYTES = 4 * 2**20
 #: Bytes of whole kernels ``read_rows`` keeps between row panels (gram tasks read every kernel by panels).
 ROWS_CACHE_BYTES = 256 * 2**20
 
@@ -61,13 +61,13 @@ class ComputedReader:
         self._rows.clear()
 
     def _runs(self, kernels: np.ndarray) -> Iterator[tuple[int, int]]:
-        """(pos, count): runs of consecutive kernels sharing a pairwise base, each within piece_bytes."""
-        specs, per = self.bank.specs, max(1, self.piece_bytes // (self.n * self.n * self.dtype.itemsize))
+        """(pos, count): runs of consecutive kernels, each within piece_bytes (``fill_block`` computes the
+        kernels of a run that share a pairwise base together)."""
+        per = max(1, self.piece_bytes // (self.n * self.n * self.dtype.itemsize))
         pos = 0
         while pos < len(kernels):
             m0, count = int(kernels[pos]), 1
-            while (count < per and pos + count < len(kernels) and int(kernels[pos + count]) == m0 + count
-                   and specs[m0 + count].base_key == specs[m0].base_key):
+            while count < per and pos + count < len(kernels) and int(kernels[pos + count]) == m0 + count:
                 count += 1
             yield pos, count
             pos += count
