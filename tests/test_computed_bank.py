@@ -90,6 +90,20 @@ def test_every_pass_and_solver_gives_the_same_bits(banks, data):
             assert np.array_equal(ra.weights, rb.weights) and ra.objective == rb.objective, solver
 
 
+def test_pieces_are_whole_groups_of_kernels_sharing_a_base_where_they_fit(banks):
+    """A pass's pieces hold whole groups of kernels sharing a base (a feature's widths, computed
+    together) when they fit in a piece, so no group's base is computed twice for want of room."""
+    from mklscale.engine.computed_tasks import ComputedReader
+
+    _, computed = banks
+    reader = ComputedReader(computed, piece_bytes=4 * computed.n ** 2 * 4)  # 4 kernels a piece
+    runs = lambda ks: [[int(m) for m in ks[p:p + c]] for p, c in reader._runs(np.asarray(ks))]  # noqa: E731
+    assert runs(range(12)) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]  # per_feature: 3 widths, linear
+    assert runs(range(2, 13)) == [[2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12]]
+    assert runs([0, 1, 5, 6, 7, 8, 9, 10]) == [[0, 1], [5, 6, 7], [8, 9, 10]]
+    assert ComputedReader(computed, piece_bytes=1)._runs(np.arange(3)).__next__() == (0, 1)
+
+
 def test_passes_on_worker_processes_compute_the_same_bits(banks, cluster_client):
     stored, computed = banks
     U = np.random.default_rng(2).normal(size=(2, stored.n))
