@@ -279,16 +279,16 @@ def _gaussian_f32(B, L, a, cf, xf, xl, y, tail):
     """y[j] = exp_f32_scaled(xf[j], xl[j], cf) with xf[j] + xl[j] = a B[j] split in two float32, for
     j < L (float64 B: squared distances; float32 y; xf, xl of at least L + _PAD32, tail of _PAD32).
 
-    The split is written by two loops in float64 (one output array each, so LLVM's overlap checks stay
-    few enough for it to vectorise them), then the exp by a loop in float32 only, which LLVM
+    The split is written by a loop in float64, then the exp by a loop in float32 only, which LLVM
     vectorises over float32 lanes (a loop mixing float64 would run at float64's lane count), over the
     first L rounded down to _PAD32 values; the last few go through ``tail`` as a zero-padded block of
     _PAD32, so no value goes through a scalar remainder."""
     Lv = L // _PAD32 * _PAD32
     for j in range(L):
-        xf[j] = _F32(a * B[j])
-    for j in range(L):
-        xl[j] = _F32(a * B[j] - np.float64(xf[j]))
+        x = a * B[j]
+        f = _F32(x)
+        xf[j] = f
+        xl[j] = _F32(x - np.float64(f))
     for j in range(Lv):
         y[j] = exp_f32_scaled(xf[j], xl[j], cf)
     if Lv < L:
