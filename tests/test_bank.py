@@ -412,6 +412,14 @@ def test_float32_kernels_whole_rows_and_tiles_give_the_same_bits():
                 shards.fill_block(family, X, normalize, one)
                 shards.fill_block(wide, X, normalize, nine)
                 assert np.array_equal(one, nine) and all(np.array_equal(k, k.T) for k in one)
+    # whole rows on five features: a linear float32 kernel is the float64 one (upper triangle,
+    # mirrored) rounded
+    X5 = np.random.default_rng(6).normal(size=(n, 5))
+    lin = families.linear(features=list(range(5)))
+    K32, K64 = np.empty((1, n, n), np.float32), np.empty((1, n, n))
+    shards.fill_block(lin, X5, "trace", K32)
+    shards.fill_block(lin, X5, "trace", K64)
+    assert np.array_equal(K32, K64.astype(np.float32))
 
 
 def test_stored_kernels_exactly_symmetric_across_tiles(tmp_path):
