@@ -36,7 +36,19 @@ def render_computed_pass() -> str:
                       "floor G evals/s", "exp G/s, one core"]
                      + (["kernel exp G/s, one core, cached", "numpy exp G/s, one core, cached"] if cached else []),
                      rows)
+            + _cpu_line(r)
             + "\n\n" + _machine(r["machine"]) + "\n")
+
+
+def _cpu_line(r: dict) -> str:
+    """The passes' CPU seconds (recorded since arithmetic 3), medians: less disturbed by other load."""
+    if "computed_cpu_s" not in r:
+        return ""
+    import statistics
+
+    s, c = statistics.median(r["stored_cpu_s"]), statistics.median(r["computed_cpu_s"])
+    return (f"\n\nCPU seconds of the process per pass (medians, all threads): stored {s:.3f}, computed {c:.3f} "
+            f"(ratio {s / c:.2f}); the floor {r['compute_floor_cpu_s']:.3f}.")
 
 
 def render_computed_scale() -> str:
