@@ -26,7 +26,10 @@ def render_computed_pass() -> str:
             f"inside the tasks, {r['pairs']} pairs A B on {r['threads']} threads, seconds (medians) and each pair's "
             "ratio stored / computed (the computed pass's speed as a share of the stored one's; target >= 0.5). "
             f"The floor: computing every kernel once with no reduction on the same threads ({evals / 1e9:.2f} G "
-            "kernel evaluations, the symmetric half), and one core's numpy float32 exp rate"
+            "kernel evaluations, the symmetric half"
+            + ("; kernel arithmetic 3 computes float32 kernels on few features on whole rows, twice that, "
+               "instead of mirroring" if cached else "")
+            + "), and one core's numpy float32 exp rate"
             + (" (2^24 values); on 2^14 values in cache, one core's rate of the float32 Gaussian kernel's exp "
                "(kernel arithmetic 3: `_compute.exp_f32_scaled` with the argument's split and the scale) beside "
                "numpy's float32 exp" if cached else "")
