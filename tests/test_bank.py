@@ -393,6 +393,23 @@ def test_float32_kernels_of_each_arithmetic(tmp_path):
     assert np.abs(bits[2] - bits[3]).max() <= 4
 
 
+def test_base_tiles_sum_as_base_rows():
+    """_base_tile (whole rows of few features) gives base_row's bits, -0.0 products included."""
+    from mklscale.bank import _compute
+
+    rng = np.random.default_rng(7)
+    for d in (1, 2, 4, 5, 8):
+        Xt = rng.normal(size=(d, 45))
+        Xt[:, 3] = 0.0  # 0 * negative = -0.0: base_row's 0.0 + (-0.0) is 0.0
+        for kind in (_compute.SQDIST, _compute.DOT):
+            B = np.empty(32 * 45)
+            _compute._base_tile(Xt, 32, 45, kind, B)
+            for i in range(32, 45):
+                row = np.empty(45)
+                _compute.base_row(Xt, i, Xt, 0, 45, kind, row)
+                assert row.tobytes() == B[(i - 32) * 45:(i - 31) * 45].tobytes(), (d, kind, i)
+
+
 def test_float32_kernels_whole_rows_and_tiles_give_the_same_bits():
     """Arithmetic 3 computes kernels on few features on whole rows (no mirror) and others on the upper
     triangle by tiles, mirrored: the same bits. Eight zero columns added to a feature leave its squared

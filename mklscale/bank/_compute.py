@@ -348,6 +348,36 @@ def _base_diag(Xt, kind):
 
 
 @numba.njit(cache=True, nogil=True)
+def _base_tile(Xt, I, I1, kind, B):
+    """B[(i - I) n + j] = base(x_i, x_j) for the rows i in [I, I1) and every j, bit for bit as
+    ``base_row`` sums it: 0.0 plus one feature after the other in feature order (its groups of four
+    add in that order too; 0.0 + v, kept, turns -0.0 into 0.0 as there), one loop over a row per
+    feature and no call per row (whole rows of few features, ``_fill_grams``)."""
+    d, n = Xt.shape
+    for i in range(I, I1):
+        out = B[(i - I) * n:(i - I + 1) * n]
+        if d == 0:
+            out[:] = 0.0
+        for k in range(d):
+            x = Xt[k, i]
+            row = Xt[k]
+            if k == 0 and kind == SQDIST:
+                for j in range(n):
+                    t = x - row[j]
+                    out[j] = 0.0 + t * t
+            elif k == 0:
+                for j in range(n):
+                    out[j] = 0.0 + x * row[j]
+            elif kind == SQDIST:
+                for j in range(n):
+                    t = x - row[j]
+                    out[j] += t * t
+            else:
+                for j in range(n):
+                    out[j] += x * row[j]
+
+
+@numba.njit(cache=True, nogil=True)
 def _normalisers(Xt, kind, fams, a, p, norm):
     """Per-kernel factor (trace: 1 / tr K, 1 when tr K <= 0) and per-point scales r (diag:
     1 / sqrt(K_ii), 1 where K_ii <= 1e-300) of the unnormalised training kernels, from their
@@ -425,8 +455,7 @@ def _fill_grams(Xt, kind, fams, a, p, norm, out, how):
     for I in range(0, n, _TILE):
         I1 = min(I + _TILE, n)
         if whole:
-            for i in range(I, I1):
-                base_row(Xt, i, Xt, 0, n, kind, B[(i - I) * n:(i - I + 1) * n])
+            _base_tile(Xt, I, I1, kind, B)
             for g in range(G):
                 if tiles:
                     _gaussian_f32(B, (I1 - I) * n, a[g], _F32(factors[g]), xf, xl, flat[g, I * n:I1 * n], tail)
