@@ -393,6 +393,25 @@ def test_float32_kernels_of_each_arithmetic(tmp_path):
     assert np.abs(bits[2] - bits[3]).max() <= 4
 
 
+def test_width_ladders_of_powers_of_two_give_each_kernels_bits():
+    """Gaussians on one base whose a = -1 / (2 s^2) are 2^m times the smallest |a|'s (widths 0.5 1 2 4,
+    per_feature's ladder) reuse its split argument: the same bits as each kernel computed alone,
+    with repeated rows (distance 0), tiny distances (exp = 1) and distances past float32's
+    underflow among the points; a width outside the ladder (0.7) is computed on its own."""
+    from mklscale.bank import shards
+
+    rng = np.random.default_rng(8)
+    x = np.concatenate([rng.normal(size=60), [0.0, 0.0, 1e-20, 3e-21, 40.0, -35.0, 1e-3]])[:, None]
+    ladder = families.gaussian([0.5, 1.0, 2.0, 4.0, 0.7, 0.25], features=[0])
+    for normalize in ("trace", None):
+        together = np.empty((len(ladder), len(x), len(x)), np.float32)
+        shards.fill_block(ladder, x, normalize, together)
+        for m, spec in enumerate(ladder):
+            alone = np.empty((1, len(x), len(x)), np.float32)
+            shards.fill_block([spec], x, normalize, alone)
+            assert together[m].tobytes() == alone[0].tobytes(), (normalize, spec)
+
+
 def test_base_tiles_sum_as_base_rows():
     """_base_tile (whole rows of few features) gives base_row's bits, -0.0 products included."""
     from mklscale.bank import _compute

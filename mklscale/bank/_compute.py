@@ -301,6 +301,43 @@ def _gaussian_f32(B, L, a, cf, xf, xl, y, tail):
 
 
 @numba.njit(cache=True, nogil=True)
+def _gaussian_f32_scaled_split(L, s, cf, xf, xl, y, tail):
+    """``_gaussian_f32`` for a second kernel on the same base whose a is 2^m times the first's (m >= 0,
+    s = 2^m): xf, xl hold the first kernel's split (padded as ``_gaussian_f32`` leaves them) and
+    s xf, s xl are exactly this kernel's (float64 a b and its float32 roundings scale by 2^m exactly,
+    except where x is below 2^-101 or beyond float32's range, and there exp_f32_scaled gives c or 0
+    from either), so y is the same bits, without the split's loop."""
+    Lv = L // _PAD32 * _PAD32
+    for j in range(Lv):
+        y[j] = exp_f32_scaled(s * xf[j], s * xl[j], cf)
+    if Lv < L:
+        for j in range(_PAD32):
+            tail[j] = exp_f32_scaled(s * xf[Lv + j], s * xl[Lv + j], cf)
+        for j in range(L - Lv):
+            y[Lv + j] = tail[j]
+
+
+@numba.njit(cache=True, nogil=True)
+def _power_of_two_ratios(a):
+    """(g0, s): g0 the kernel of smallest |a|, s[g] = a[g] / a[g0] as float32 where that is exactly 2^m,
+    0 <= m <= 100 (0 elsewhere): kernels whose exp arguments are those of g0 scaled exactly."""
+    G = a.shape[0]
+    g0 = 0
+    for g in range(G):
+        if abs(a[g]) < abs(a[g0]):
+            g0 = g
+    s = np.zeros(G, dtype=np.float32)
+    for g in range(G):
+        pw = 1.0
+        for _m in range(101):
+            if a[g0] * pw == a[g]:
+                s[g] = _F32(pw)
+                break
+            pw *= 2.0
+    return g0, s
+
+
+@numba.njit(cache=True, nogil=True)
 def _kernel_row(src, fam, a, p, ci, r, dst, how):
     """dst[j] = f(src[j]) * ci * r[j] with the family map f (formulas in spec.py):
 
@@ -433,7 +470,9 @@ def _fill_grams(Xt, kind, fams, a, p, norm, out, how):
     - on at most _WHOLE_ROWS_FEATURES features, with every scale r 1 (no diag normalisation, or
       Gaussians), whole rows are computed in place and nothing is mirrored: b_ij = b_ji bit for bit
       and the scale is the same for every row, so K_ji = K_ij (computing the lower triangle costs
-      less than mirroring it when the base is cheap);
+      less than mirroring it when the base is cheap); there a Gaussian whose a is 2^m times that of the
+      group's smallest |a| (a width ladder of factors of 2 or 4, as per_feature's 0.5 1 2) scales that
+      kernel's split argument (``_gaussian_f32_scaled_split``: the same bits);
     otherwise the tile's rows from its first column on, copied into place, then mirrored.
     Operands of other shapes (out not (G, n, n), a or p not one entry per kernel) raise ValueError.
     """
@@ -452,14 +491,22 @@ def _fill_grams(Xt, kind, fams, a, p, norm, out, how):
     xl, y = np.empty_like(xf), np.empty_like(xf)
     tail = np.empty(_PAD32, dtype=np.float32)
     flat = out.reshape(G, n * n)
+    g0, ratio = _power_of_two_ratios(a)
     for I in range(0, n, _TILE):
         I1 = min(I + _TILE, n)
         if whole:
             _base_tile(Xt, I, I1, kind, B)
+            if tiles:  # the kernel of smallest |a| first, then those whose a is 2^m times its, the rest
+                L = (I1 - I) * n
+                _gaussian_f32(B, L, a[g0], _F32(factors[g0]), xf, xl, flat[g0, I * n:I1 * n], tail)
+                for g in range(G):
+                    if g != g0 and ratio[g] > 0:
+                        _gaussian_f32_scaled_split(L, ratio[g], _F32(factors[g]), xf, xl, flat[g, I * n:I1 * n], tail)
+                for g in range(G):
+                    if g != g0 and ratio[g] == 0:
+                        _gaussian_f32(B, L, a[g], _F32(factors[g]), xf, xl, flat[g, I * n:I1 * n], tail)
+                continue
             for g in range(G):
-                if tiles:
-                    _gaussian_f32(B, (I1 - I) * n, a[g], _F32(factors[g]), xf, xl, flat[g, I * n:I1 * n], tail)
-                    continue
                 for i in range(I, I1):
                     _kernel_row(B[(i - I) * n:(i - I + 1) * n], fams[g], a[g], p[g], factors[g] * scales[g, i],
                                 scales[g], out[g, i], how)
