@@ -10,10 +10,14 @@ stored, and feature selection at scale.
 n = 500, once as a stored dense float32 bank (read through its mapping: the page cache holds it,
 as the issue asks) and once computed; the same ``quad_forms`` pass (one vector) on one Engine each
 (both threads of the machine), run A B A B ... (``--pairs`` pairs), medians and each pair's ratio
-stored / computed (the computed pass's speed as a share of the stored one's; target >= 0.5).
+stored / computed (the computed pass's speed as a share of the stored one's; target >= 0.5), and
+the process's CPU seconds of each pass (all threads: a measure that other load on the machine
+disturbs less).
 Beside it the machine's floor for computing the kernels: ``shards.fill_block`` of every kernel on
 the same threads with no reduction (what a computed pass cannot beat), and the exp rate of one core
-(numpy float32 exp), in kernel evaluations per second.
+(numpy float32 exp), in kernel evaluations per second; and on 2^14 values in cache, one core's rate of
+the float32 Gaussian kernel's exp (arithmetic 3: ``exp_f32_scaled``, with the argument's split and
+the scale, called from Python once per 2^14 values) beside numpy's float32 exp.
 
 ``scale``: synthetic data with 10 relevant features carrying nonlinear effects (sin, a product of two,
 a square, ...) among d - 10 noise features, per_feature kernels (M = 4 d) on a computed bank: the
@@ -106,6 +110,34 @@ def exp_rate() -> float:
     return x.size / best
 
 
+def exp_rates_cached() -> tuple[float, float]:
+    """(mklscale, numpy) float32 exp evaluations per second of one core on 2^14 values held in cache
+    (best of 5 runs of 1000 sweeps): mklscale's is a float32 Gaussian kernel's (arithmetic 3,
+    ``_compute._gaussian_f32``: the argument a b from float64 squared distances split in two float32,
+    ``exp_f32_scaled``, the scale 1 / tr K), numpy's ``np.exp`` on float32."""
+    from mklscale.bank import _compute
+
+    n, sweeps = 2**14, 1000
+    B = np.random.default_rng(0).random(n) * 40.0  # squared distances; a = -0.5: arguments in [-20, 0]
+    xf, xl = np.empty(n + 64, np.float32), np.empty(n + 64, np.float32)
+    y, tail = np.empty(n, np.float32), np.empty(64, np.float32)
+    c = np.float32(1 / 500)
+
+    def mine():
+        for _ in range(sweeps):
+            _compute._gaussian_f32(B, n, -0.5, c, xf, xl, y, tail)
+
+    x = (-B * 0.5).astype(np.float32)
+    out = np.empty_like(x)
+
+    def theirs():
+        for _ in range(sweeps):
+            np.exp(x, out=out)
+
+    mine(), theirs()
+    return (n * sweeps / min(_timed(mine) for _ in range(5)), n * sweeps / min(_timed(theirs) for _ in range(5)))
+
+
 def _timed(fn) -> float:
     t0 = time.perf_counter()
     fn()
@@ -126,20 +158,29 @@ def run_pass(args) -> None:
         record["build_computed_s"] = time.perf_counter() - t0
         record["M"], record["stored_bytes"] = len(specs), int(stored.nbytes)
         u = np.random.default_rng(1).normal(size=args.n)
-        a, b = [], []
+        a, b, cpu_a, cpu_b = [], [], [], []
         with Engine(stored, cache_bytes=0) as es, Engine(computed, cache_bytes=0) as ec:
             timed_pass(es, u), timed_pass(ec, u)  # warm: the mapping, numba, the bank caches
             for _ in range(args.pairs):
-                a.append(timed_pass(es, u))
-                b.append(timed_pass(ec, u))
+                for engine, wall, cpu in ((es, a, cpu_a), (ec, b, cpu_b)):
+                    c0 = time.process_time()
+                    wall.append(timed_pass(engine, u))
+                    cpu.append(time.process_time() - c0)
             threads = es._runner.threads
         record["stored_s"], record["computed_s"] = a, b
+        # CPU seconds of the process (all threads): what the pass costs, less sensitive to other load
+        record["stored_cpu_s"], record["computed_cpu_s"] = cpu_a, cpu_b
         record["ratios"] = [x / y for x, y in zip(a, b)]
         record["median_stored_s"], record["median_computed_s"] = statistics.median(a), statistics.median(b)
         record["median_ratio"] = statistics.median(record["ratios"])
         record["evaluations_per_pass"] = len(specs) * args.n * (args.n + 1) // 2  # the symmetric half
-        record["compute_floor_s"] = min(compute_floor(computed, threads) for _ in range(3))
+        floors = []
+        for _ in range(3):
+            c0 = time.process_time()
+            floors.append((compute_floor(computed, threads), time.process_time() - c0))
+        record["compute_floor_s"], record["compute_floor_cpu_s"] = min(f[0] for f in floors), min(f[1] for f in floors)
         record["exp_per_s_one_core"] = exp_rate()
+        record["exp_f32_per_s_one_core_cached"], record["numpy_exp_per_s_one_core_cached"] = exp_rates_cached()
         record["threads"] = threads
     finally:
         shutil.rmtree(folder, ignore_errors=True)

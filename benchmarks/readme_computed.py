@@ -16,6 +16,9 @@ def render_computed_pass() -> str:
     rows = [[f"{r['median_stored_s']:.3f}", f"{r['median_computed_s']:.3f}", f"{r['median_ratio']:.2f}",
              ", ".join(f"{x:.2f}" for x in r["ratios"]), f"{r['compute_floor_s']:.3f}",
              f"{evals / r['compute_floor_s'] / 1e9:.2f}", f"{r['exp_per_s_one_core'] / 1e9:.2f}"]]
+    cached = "exp_f32_per_s_one_core_cached" in r
+    if cached:
+        rows[0] += [f"{r['exp_f32_per_s_one_core_cached'] / 1e9:.2f}", f"{r['numpy_exp_per_s_one_core_cached'] / 1e9:.2f}"]
     return (title +
             f"A `quad_forms` pass (one vector) over M = {r['M']} per_feature kernels (3 Gaussian widths and the linear "
             f"kernel on each of d = {r['d']} features) at n = {r['n']}: stored as a dense float32 bank "
@@ -23,12 +26,32 @@ def render_computed_pass() -> str:
             f"inside the tasks, {r['pairs']} pairs A B on {r['threads']} threads, seconds (medians) and each pair's "
             "ratio stored / computed (the computed pass's speed as a share of the stored one's; target >= 0.5). "
             f"The floor: computing every kernel once with no reduction on the same threads ({evals / 1e9:.2f} G "
-            "kernel evaluations, the symmetric half), and one core's numpy float32 exp rate. Creation: stored "
-            f"{r['build_stored_s']:.1f} s, computed {r['build_computed_s']:.1f} s (statistics of every kernel, "
-            "nothing written).\n\n"
+            "kernel evaluations, the symmetric half"
+            + ("; kernel arithmetic 3 computes float32 kernels on few features on whole rows, twice that, "
+               "instead of mirroring" if cached else "")
+            + "), and one core's numpy float32 exp rate"
+            + (" (2^24 values); on 2^14 values in cache, one core's rate of the float32 Gaussian kernel's exp "
+               "(kernel arithmetic 3: `_compute.exp_f32_scaled` with the argument's split and the scale) beside "
+               "numpy's float32 exp" if cached else "")
+            + f". Creation: stored {r['build_stored_s']:.1f} s, computed {r['build_computed_s']:.1f} s (statistics "
+            "of every kernel, nothing written).\n\n"
             + _table(["stored (s)", "computed (s)", "median ratio", "ratios", "compute floor (s)",
-                      "floor G evals/s", "exp G/s, one core"], rows)
+                      "floor G evals/s", "exp G/s, one core"]
+                     + (["kernel exp G/s, one core, cached", "numpy exp G/s, one core, cached"] if cached else []),
+                     rows)
+            + _cpu_line(r)
             + "\n\n" + _machine(r["machine"]) + "\n")
+
+
+def _cpu_line(r: dict) -> str:
+    """The passes' CPU seconds (recorded since arithmetic 3), medians: less disturbed by other load."""
+    if "computed_cpu_s" not in r:
+        return ""
+    import statistics
+
+    s, c = statistics.median(r["stored_cpu_s"]), statistics.median(r["computed_cpu_s"])
+    return (f"\n\nCPU seconds of the process per pass (medians, all threads): stored {s:.3f}, computed {c:.3f} "
+            f"(ratio {s / c:.2f}); the floor {r['compute_floor_cpu_s']:.3f}.")
 
 
 def render_computed_scale() -> str:

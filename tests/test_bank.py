@@ -397,6 +397,118 @@ def test_exp_single_is_float32_accurate():
     assert np.mean(single == exact) > 0.99
 
 
+def test_exp_f32_scaled_is_within_2_ulp():
+    """exp_f32_scaled (arithmetic 3, float32 arithmetic) is within 2 ulp of exp(x) * c (float32 ulp of the
+    value, subnormal spacing below 2^-126; 1.03 ulp for c = 1, 1.53 for c = 1/500 measured over every
+    float32 argument), gives exactly c at 0, and 0 where exp(x) * c < 2^-150."""
+    from numba import njit
+
+    from mklscale.bank import _compute
+
+    @njit
+    def vexp(x, c):
+        out = np.empty(x.size, np.float32)
+        for i in range(x.size):
+            xf = np.float32(x[i])
+            out[i] = _compute.exp_f32_scaled(xf, np.float32(x[i] - np.float64(xf)), c[i])
+        return out
+
+    rng = np.random.default_rng(1)
+    x = np.concatenate([-np.linspace(0, 104, 20001), -rng.random(200_000) * 104, -rng.random(20_000) * 1e-3])
+    for c in (np.ones(x.size, np.float32), np.full(x.size, 1 / 500, np.float32),
+              (rng.random(x.size) * 0.999 + 0.001).astype(np.float32)):
+        got, ref = vexp(x, c), np.exp(x) * c.astype(np.float64)
+        ulp = np.spacing(ref.astype(np.float32))  # (the float32 rounding of ref has the same spacing, or twice)
+        assert np.all(np.abs(got - ref) <= 2.0 * ulp), np.max(np.abs(got - ref) / ulp)
+        assert got[0] == c[0]
+    assert vexp(np.array([-103.98, -200.0, -1e300]), np.ones(3, np.float32)).tolist() == [0.0, 0.0, 0.0]
+
+
+def test_float32_kernels_of_each_arithmetic(tmp_path):
+    """A float32 Gaussian kernel of arithmetic 3 is within 3 ulp of the float64 kernel rounded (its
+    exp within 2 ulp, the scale 1 / tr K rounded to float32 first), exactly symmetric with the exact
+    diagonal 1 / n; arithmetic 2 within 1 ulp (exp_single); both differ by at most 4 ulp."""
+    from mklscale.bank import shards
+
+    X = _standardised(np.random.default_rng(4).normal(size=(150, 3)))
+    specs = families.gaussian([0.1, 0.5, 1.0, 3.0]) + families.gaussian([0.3], features=[1])
+    ref = np.empty((len(specs), 150, 150))
+    shards.fill_block(specs, X, "trace", ref)
+    bits = {}
+    for arithmetic, tol in ((2, 1), (3, 3)):
+        K = np.empty((len(specs), 150, 150), np.float32)
+        shards.fill_block(specs, X, "trace", K, arithmetic)
+        assert all(np.array_equal(k, k.T) and np.all(np.diag(k) == np.float32(1 / 150)) for k in K)
+        bits[arithmetic] = K.view(np.int32).astype(np.int64)
+        assert np.abs(bits[arithmetic] - ref.astype(np.float32).view(np.int32)).max() <= tol, arithmetic
+    assert np.abs(bits[2] - bits[3]).max() <= 4
+
+
+def test_width_ladders_of_powers_of_two_give_each_kernels_bits():
+    """Gaussians on one base whose a = -1 / (2 s^2) are 2^m times the smallest |a|'s (widths 0.5 1 2 4,
+    per_feature's ladder) reuse its split argument: the same bits as each kernel computed alone,
+    with repeated rows (distance 0), tiny distances (exp = 1) and distances past float32's
+    underflow among the points; a width outside the ladder (0.7) is computed on its own."""
+    from mklscale.bank import shards
+
+    rng = np.random.default_rng(8)
+    x = np.concatenate([rng.normal(size=60), [0.0, 0.0, 1e-20, 3e-21, 40.0, -35.0, 1e-3]])[:, None]
+    ladder = families.gaussian([0.5, 1.0, 2.0, 4.0, 0.7, 0.25], features=[0])
+    for normalize in ("trace", None):
+        together = np.empty((len(ladder), len(x), len(x)), np.float32)
+        shards.fill_block(ladder, x, normalize, together)
+        for m, spec in enumerate(ladder):
+            alone = np.empty((1, len(x), len(x)), np.float32)
+            shards.fill_block([spec], x, normalize, alone)
+            assert together[m].tobytes() == alone[0].tobytes(), (normalize, spec)
+
+
+def test_base_tiles_sum_as_base_rows():
+    """_base_tile (whole rows of few features) gives base_row's bits, -0.0 products included."""
+    from mklscale.bank import _compute
+
+    rng = np.random.default_rng(7)
+    for d in (1, 2, 4, 5, 8):
+        Xt = rng.normal(size=(d, 45))
+        Xt[:, 3] = 0.0  # 0 * negative = -0.0: base_row's 0.0 + (-0.0) is 0.0
+        for kind in (_compute.SQDIST, _compute.DOT):
+            B = np.empty(32 * 45)
+            _compute._base_tile(Xt, 32, 45, kind, B)
+            for i in range(32, 45):
+                row = np.empty(45)
+                _compute.base_row(Xt, i, Xt, 0, 45, kind, row)
+                assert row.tobytes() == B[(i - 32) * 45:(i - 31) * 45].tobytes(), (d, kind, i)
+
+
+def test_float32_kernels_whole_rows_and_tiles_give_the_same_bits():
+    """Arithmetic 3 computes kernels on few features on whole rows (no mirror) and others on the upper
+    triangle by tiles, mirrored: the same bits. Eight zero columns added to a feature leave its squared
+    distances (and inner products) bit for bit as they were, so the kernel on nine features (tiles)
+    equals the kernel on the one (whole rows); also for a linear kernel, and a float64 bank's."""
+    from mklscale.bank import _compute, shards
+
+    n = 70  # three 32-row tiles, the last partial
+    X = np.zeros((n, 9))
+    X[:, 0] = np.random.default_rng(5).normal(size=n)
+    assert _compute._WHOLE_ROWS_FEATURES < 9
+    for family in (families.gaussian([0.2, 0.7, 3.0], features=[0]), families.linear(features=[0])):
+        wide = [KernelSpec(sp.family, sp.params, tuple(range(9))) for sp in family]
+        for normalize in ("trace", None):
+            for dtype in (np.float32, np.float64):
+                one, nine = np.empty((2, len(family), n, n), dtype)
+                shards.fill_block(family, X, normalize, one)
+                shards.fill_block(wide, X, normalize, nine)
+                assert np.array_equal(one, nine) and all(np.array_equal(k, k.T) for k in one)
+    # whole rows on five features: a linear float32 kernel is the float64 one (upper triangle,
+    # mirrored) rounded
+    X5 = np.random.default_rng(6).normal(size=(n, 5))
+    lin = families.linear(features=list(range(5)))
+    K32, K64 = np.empty((1, n, n), np.float32), np.empty((1, n, n))
+    shards.fill_block(lin, X5, "trace", K32)
+    shards.fill_block(lin, X5, "trace", K64)
+    assert np.array_equal(K32, K64.astype(np.float32))
+
+
 def test_stored_kernels_exactly_symmetric_across_tiles(tmp_path):
     X = np.random.default_rng(3).normal(size=(70, 5))  # 70: three 32-row tiles, the last partial
     specs = families.gaussian([0.5, 2.0], features=[0, 4]) + families.polynomial([2, 3]) + families.linear()

@@ -238,18 +238,23 @@ def test_read_only_store_is_refused_before_any_work(X, tmp_path, monkeypatch):
 
 
 # ---- kernel arithmetic version ---------------------------------------------------------------------
-@pytest.mark.parametrize("dtype, refused", [("float32", True), ("float64", False)])
-def test_bank_of_another_arithmetic_is_not_finished_or_repaired(X, tmp_path, dtype, refused):
-    """A float32 bank started by an mklscale with another kernel arithmetic (here: one from before
-    the version was recorded) is refused by resume and repair with the remedy, before any work;
-    float64 kernels did not change, so such a bank still resumes."""
+@pytest.mark.parametrize("dtype, recorded, refused", [("float32", None, True), ("float32", 2, True),
+                                                     ("float64", None, False), ("float64", 2, False)])
+def test_bank_of_another_arithmetic_is_not_finished_or_repaired(X, tmp_path, dtype, recorded, refused):
+    """A float32 bank started by an mklscale with another kernel arithmetic (from before the version
+    was recorded: 1; or 2, exp_single) is refused by resume and repair with the remedy, before any
+    work: a build only writes the current arithmetic, so a bank never mixes two; float64 kernels did
+    not change, so such a bank still resumes."""
     import zarr
 
     path = tmp_path / "b"
     build_bank(X, SPECS, path, dtype=dtype, progress=False, **LAYOUT)
     group = zarr.open_group(path, mode="r+")
     assert group.attrs["arithmetic"] == _compute.ARITHMETIC
-    group.attrs.pop("arithmetic")  # as a bank written before the version was recorded (version 1)
+    if recorded is None:
+        group.attrs.pop("arithmetic")  # as a bank written before the version was recorded (version 1)
+    else:
+        group.attrs["arithmetic"] = recorded
     flags = group["complete"][:]
     flags[4] = False
     group["complete"][:] = flags
@@ -259,6 +264,6 @@ def test_bank_of_another_arithmetic_is_not_finished_or_repaired(X, tmp_path, dty
         return
     for attempt in (lambda: build_bank(X, SPECS, path, dtype=dtype, progress=False, **LAYOUT),
                     lambda: KernelBank.open(path).repair(progress=False)):
-        with pytest.raises(BankMismatchError, match=r"arithmetic version 1.*overwrite=True"):
+        with pytest.raises(BankMismatchError, match=rf"arithmetic version {recorded or 1}.*overwrite=True"):
             attempt()
     assert not KernelBank.open(path).complete[4]

@@ -113,6 +113,20 @@ def test_every_pass_and_solver_gives_the_same_bits(banks, data):
             assert np.array_equal(ra.weights, rb.weights) and ra.objective == rb.objective, solver
 
 
+def test_pieces_are_whole_groups_of_kernels_sharing_a_base_where_they_fit(banks):
+    """A pass's pieces hold whole groups of kernels sharing a base (a feature's widths, computed
+    together) when they fit in a piece, so no group's base is computed twice for want of room."""
+    from mklscale.engine.computed_tasks import ComputedReader
+
+    _, computed = banks
+    reader = ComputedReader(computed, piece_bytes=4 * computed.n ** 2 * 4)  # 4 kernels a piece
+    runs = lambda ks: [[int(m) for m in ks[p:p + c]] for p, c in reader._runs(np.asarray(ks))]  # noqa: E731
+    assert runs(range(12)) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]  # per_feature: 3 widths, linear
+    assert runs(range(2, 13)) == [[2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12]]
+    assert runs([0, 1, 5, 6, 7, 8, 9, 10]) == [[0, 1], [5, 6, 7], [8, 9, 10]]
+    assert ComputedReader(computed, piece_bytes=1)._runs(np.arange(3)).__next__() == (0, 1)
+
+
 def test_passes_on_worker_processes_compute_the_same_bits(banks, cluster_client):
     stored, computed = banks
     U = np.random.default_rng(2).normal(size=(2, stored.n))
@@ -132,6 +146,37 @@ def test_kernels_computed_differently_from_their_record_are_refused(data, tmp_pa
             engine.quad_forms(np.ones(bank.n))
     report = KernelBank.open(bank.path).verify(mark_bad=False)
     assert 4 in report.bad_indices
+
+
+def test_a_computed_bank_of_an_older_arithmetic_is_read_with_it(data, tmp_path, monkeypatch):
+    """A computed float32 bank created with kernel arithmetic 2 (exp_single) is still read: its kernels
+    are computed with the arithmetic it recorded, so they match its checksums and every pass works;
+    they differ from this mklscale's (3) by at most a few ulp; resuming it is refused (a build only
+    writes the current arithmetic)."""
+    from mklscale.bank import _compute, shards
+    from mklscale.errors import BankMismatchError
+
+    X, _, specs = data
+    with monkeypatch.context() as m:  # the mklscale of arithmetic 2
+        m.setattr(_compute, "ARITHMETIC", 2)
+        m.setattr(shards.fill_block, "__defaults__", (2,))
+        old = build_bank(X, specs, tmp_path / "v2", progress=False, computed=True, **LAYOUT)
+    new = build_bank(X, specs, tmp_path / "v3", progress=False, computed=True, **LAYOUT)
+    old, new = KernelBank.open(old.path), KernelBank.open(new.path)
+    assert old.attrs["arithmetic"] == 2 and new.attrs["arithmetic"] == _compute.ARITHMETIC == 3
+    K2, K3 = old.kernels(range(len(specs))), new.kernels(range(len(specs)))
+    assert not np.array_equal(K2, K3)
+    assert np.abs(K2.view(np.int32).astype(np.int64) - K3.view(np.int32)).max() <= 4  # ulp
+    assert old.verify().ok and not np.array_equal(old.checksums, new.checksums)
+    with Engine(old, threads=2) as engine:
+        q = engine.quad_forms(np.ones(old.n))
+    np.testing.assert_allclose(q, np.einsum("mij->m", K2.astype(np.float64)), rtol=1e-6)
+    group = KernelBank.open(old.path, mode="r+").group
+    flags = group["complete"][:]
+    flags[3] = False
+    group["complete"][:] = flags
+    with pytest.raises(BankMismatchError, match="arithmetic version 2.*overwrite=True"):
+        build_bank(X, specs, old.path, progress=False, computed=True, **LAYOUT)
 
 
 def test_a_computed_build_resumes_and_is_never_mixed_with_a_stored_one(data, tmp_path):

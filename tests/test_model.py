@@ -278,7 +278,10 @@ def test_distance_kernels_check_their_operands_shapes():
     with pytest.raises(ValueError, match="_fill_grams"):
         _compute.fill_grams(X, _compute.DOT, params, _compute.NO_NORM, np.empty((1, 3, 3)))  # room for 1 kernel of 2
     with pytest.raises(ValueError, match="_kernel_row"):
-        _compute._kernel_row(np.ones(5), _compute.LINEAR, 0.0, 1, 1.0, np.ones(5), np.empty(3), False)
+        _compute._kernel_row(np.ones(5), _compute.LINEAR, 0.0, 1, 1.0, np.ones(5), np.empty(3), _compute.EXP_F64)
+    with pytest.raises(ValueError, match="_kernel_row: EXP_F32"):
+        _compute._kernel_row(np.ones(5), _compute.GAUSSIAN, -0.5, 1, 1.0, np.ones(5), np.empty(5, np.float32),
+                             _compute.EXP_F32)
     with pytest.raises(ValueError, match="_cross_cols"):
         factor._cross_cols(Xt, Zt, _compute.SQDIST, _compute.GAUSSIAN, -0.5, 1, np.empty((2, 2)))
     with pytest.raises(ValueError, match="operand shapes disagree"):

@@ -25,9 +25,15 @@ from numba import types
 from numba.extending import intrinsic
 
 #: Which bytes a spec computes to, recorded in every bank build_bank creates. 1: every Gaussian
-#: kernel from ``exp_f64``; 2: float32 Gaussian kernels from ``exp_single`` (float64 banks are
-#: computed as in 1). A build can only resume or repair a bank whose stored kernels it reproduces.
-ARITHMETIC = 2
+#: kernel from ``exp_f64``; 2: float32 Gaussian kernels from ``exp_single``; 3: float32 Gaussian
+#: kernels from ``exp_f32_scaled``, in float32 arithmetic (float64 banks are computed as in 1 by
+#: every version). A build can only resume or repair a bank whose stored kernels it reproduces; a
+#: computed bank of any version in ``ARITHMETICS`` is read with its own (``exp_kind``).
+ARITHMETIC = 3
+ARITHMETICS = (1, 2, 3)
+#: How ``_kernel_row`` evaluates a Gaussian: ``exp_f64`` (float64 banks; float32 banks of arithmetic 1),
+#: ``exp_single`` (float32, arithmetic 2), ``exp_f32_scaled`` (float32, arithmetic 3)
+EXP_F64, EXP_SINGLE, EXP_F32 = 0, 1, 2
 
 SQDIST, DOT = 0, 1  # pairwise bases: ||x - z||^2 and <x, z>
 GAUSSIAN, POLYNOMIAL, LINEAR = 0, 1, 2  # families, as in spec.py
@@ -106,6 +112,16 @@ def dot(X: np.ndarray, Z: np.ndarray) -> np.ndarray:
 
 
 # ---- exp that vectorises -----------------------------------------------------------------------
+def exp_kind(dtype, arithmetic: int = ARITHMETIC) -> int:
+    """The Gaussian evaluation (EXP_*) of kernels stored as ``dtype`` by arithmetic version ``arithmetic``."""
+    if arithmetic not in ARITHMETICS:
+        raise ValueError(f"kernel arithmetic version {arithmetic} is not one this mklscale computes "
+                         f"({', '.join(map(str, ARITHMETICS))})")
+    if np.dtype(dtype) != np.float32 or arithmetic == 1:
+        return EXP_F64
+    return EXP_SINGLE if arithmetic == 2 else EXP_F32
+
+
 @intrinsic
 def _f64_from_bits(typingctx, bits):
     """The float64 whose IEEE-754 bit pattern is the int64 ``bits`` (an LLVM bitcast)."""
@@ -186,22 +202,159 @@ def exp_single(x):
     return _times_2k(p, kf, x)
 
 
-# ---- training Gram matrices: fused base, kernel map, normalisation and cast --------------------
+# ---- float32 exp (arithmetic 3) ----------------------------------------------------------------
+_F32 = np.float32
+_SHIFT32 = _F32(12582912.0)  # 1.5 * 2^23: y + _SHIFT32 rounds y (|y| < 2^22) to an integer
+_SHIFT32_BITS = 0x4B400000  # its bit pattern
+
+
+@intrinsic
+def _f32_times_2k(typingctx, v, t):
+    """v * 2^k in float32 for t = k + 1.5 * 2^23 (float32, k integer in [-150, 0]), as (v * 2^k1) * 2^k2
+    with k1 = floor(k / 2), k2 = k - k1, both powers built from their exponent bits (the bits of t are
+    those of 1.5 * 2^23 plus k). For v >= 2^-50 the first product is exact, so the result is v * 2^k
+    rounded once (into float32's subnormals below 2^-126)."""
+    if v != types.float32 or t != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        k = builder.sub(builder.bitcast(args[1], i32), ir.Constant(i32, _SHIFT32_BITS))
+        k1 = builder.ashr(k, ir.Constant(i32, 1))
+        k2 = builder.sub(k, k1)
+
+        def pow2(e):
+            bits = builder.shl(builder.add(e, ir.Constant(i32, 127)), ir.Constant(i32, 23))
+            return builder.bitcast(bits, ir.FloatType())
+
+        return builder.fmul(builder.fmul(args[0], pow2(k1)), pow2(k2))
+
+    return types.float32(types.float32, types.float32), codegen
+
+
+_LOG2E32 = _F32(_LOG2E)
+_LN2_HI32 = _F32(0.693359375)  # 355 / 512: k * _LN2_HI32 is exact for |k| <= 150 (Cody and Waite)
+_LN2_LO32 = _F32(-2.12194440e-4)  # ln 2 - _LN2_HI32
+_EXP_MIN32 = _F32(-103.9721)  # just below ln(2^-150): exp(x) * c rounds to 0 for x below it (c <= 1)
+_ONE32 = _F32(1.0)
+_ZERO32 = _F32(0.0)
+_Q32 = tuple(_F32(c) for c in _INV_FACT[2:8])  # 1 / q!, q = 2..7
+_PAD32 = 64  # ``_gaussian_f32`` runs its float32 loop over multiples of this many values
+#: float32 Gaussian kernels (arithmetic 3) on at most this many features are computed on whole rows
+#: (their exp costs less than mirroring), on more on the upper triangle and mirrored: the same bits
+_WHOLE_ROWS_FEATURES = 8
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def exp_f32_scaled(xf, xl, c):
+    """exp(xf + xl) * c in float32 arithmetic, for x = xf + xl <= 0 split in two float32 (xf = float32(x),
+    xl = float32(x - xf): the argument is kept to about 2^-48 relative) and a float32 scale 2^-50 <= c <= 1.
+
+    x = k ln2 + r with k = round(x / ln2) (rounded by adding 1.5 * 2^23) and ln 2 in two parts (the
+    first of 9 bits, so xf - k * _LN2_HI32 is exact for |k| <= 150), |r| <= ln2 / 2 (+ |xl|);
+    exp(r) = 1 + (r + r^2 Q(r)), Q(r) = sum_{q=2..7} r^(q-2) / q! by Horner (truncation < 5.3e-9
+    relative); then (exp(r) * c) * 2^k (``_f32_times_2k``: one more rounding, gradual underflow).
+    x < -103.9721 gives 0 (exp(x) * c < 2^-150). Every operation is a float32 IEEE operation with no
+    fused multiply-add (numba compiles without fastmath, so LLVM does not contract), so the bits are the
+    same on every machine and thread count; as straight-line float32 code it vectorises 16 lanes wide
+    on AVX-512, 8 on AVX2. Measured error (``docs/design.md``): within 1.03 ulp of exp(x) * c for c = 1
+    and 1.53 ulp for c = 1/500 over every float32 argument in [-103.97, 0], 2.0 ulp for random c.
+    """
+    xc = max(xf, _EXP_MIN32)
+    t = xc * _LOG2E32 + _SHIFT32
+    kf = t - _SHIFT32
+    r = ((xc - kf * _LN2_HI32) - kf * _LN2_LO32) + xl
+    q = _Q32[4] + _Q32[5] * r
+    q = _Q32[3] + q * r
+    q = _Q32[2] + q * r
+    q = _Q32[1] + q * r
+    q = _Q32[0] + q * r
+    e = _ONE32 + (r + q * (r * r))
+    y = _f32_times_2k(e * c, t)
+    return y if xf >= _EXP_MIN32 else _ZERO32
+
+
 @numba.njit(cache=True, nogil=True)
-def _kernel_row(src, fam, a, p, ci, r, dst, single):
+def _gaussian_f32(B, L, a, cf, xf, xl, y, tail):
+    """y[j] = exp_f32_scaled(xf[j], xl[j], cf) with xf[j] + xl[j] = a B[j] split in two float32, for
+    j < L (float64 B: squared distances; float32 y; xf, xl of at least L + _PAD32, tail of _PAD32).
+
+    The split is written by a loop in float64, then the exp by a loop in float32 only, which LLVM
+    vectorises over float32 lanes (a loop mixing float64 would run at float64's lane count), over the
+    first L rounded down to _PAD32 values; the last few go through ``tail`` as a zero-padded block of
+    _PAD32, so no value goes through a scalar remainder."""
+    Lv = L // _PAD32 * _PAD32
+    for j in range(L):
+        x = a * B[j]
+        f = _F32(x)
+        xf[j] = f
+        xl[j] = _F32(x - np.float64(f))
+    for j in range(Lv):
+        y[j] = exp_f32_scaled(xf[j], xl[j], cf)
+    if Lv < L:
+        for j in range(L, Lv + _PAD32):
+            xf[j], xl[j] = _ZERO32, _ZERO32
+        for j in range(_PAD32):
+            tail[j] = exp_f32_scaled(xf[Lv + j], xl[Lv + j], cf)
+        for j in range(L - Lv):
+            y[Lv + j] = tail[j]
+
+
+@numba.njit(cache=True, nogil=True)
+def _gaussian_f32_scaled_split(L, s, cf, xf, xl, y, tail):
+    """``_gaussian_f32`` for a second kernel on the same base whose a is 2^m times the first's (m >= 0,
+    s = 2^m): xf, xl hold the first kernel's split (padded as ``_gaussian_f32`` leaves them) and
+    s xf, s xl are exactly this kernel's (float64 a b and its float32 roundings scale by 2^m exactly,
+    except where x is below 2^-101 or beyond float32's range, and there exp_f32_scaled gives c or 0
+    from either), so y is the same bits, without the split's loop."""
+    Lv = L // _PAD32 * _PAD32
+    for j in range(Lv):
+        y[j] = exp_f32_scaled(s * xf[j], s * xl[j], cf)
+    if Lv < L:
+        for j in range(_PAD32):
+            tail[j] = exp_f32_scaled(s * xf[Lv + j], s * xl[Lv + j], cf)
+        for j in range(L - Lv):
+            y[Lv + j] = tail[j]
+
+
+@numba.njit(cache=True, nogil=True)
+def _power_of_two_ratios(a):
+    """(g0, s): g0 the kernel of smallest |a|, s[g] = a[g] / a[g0] as float32 where that is exactly 2^m,
+    0 <= m <= 100 (0 elsewhere): kernels whose exp arguments are those of g0 scaled exactly."""
+    G = a.shape[0]
+    g0 = 0
+    for g in range(G):
+        if abs(a[g]) < abs(a[g0]):
+            g0 = g
+    s = np.zeros(G, dtype=np.float32)
+    for g in range(G):
+        pw = 1.0
+        for _m in range(101):
+            if a[g0] * pw == a[g]:
+                s[g] = _F32(pw)
+                break
+            pw *= 2.0
+    return g0, s
+
+
+@numba.njit(cache=True, nogil=True)
+def _kernel_row(src, fam, a, p, ci, r, dst, how):
     """dst[j] = f(src[j]) * ci * r[j] with the family map f (formulas in spec.py):
 
-    GAUSSIAN f(b) = exp(a b), a = -1 / (2 s^2), on squared distances (``exp_single`` when
-    ``single``: dst is float32; else ``exp_f64``);
+    GAUSSIAN f(b) = exp(a b), a = -1 / (2 s^2), on squared distances, evaluated as ``how`` says
+    (``exp_kind``): EXP_F64 ``exp_f64``; EXP_SINGLE ``exp_single`` (dst float32); EXP_F32 kernels are
+    computed by tiles (``_fill_grams``), not here;
     POLYNOMIAL f(b) = (b + a)^p, a = offset, on inner products; LINEAR f(b) = b.
     ci * r[j] is the normalisation (trace: 1 / tr K and 1; diag: 1 / sqrt(K_ii K_jj) as r_i r_j).
-    dst may be float32: the cast rounds to nearest, as ndarray.astype. dst and r shorter than src raise
-    ValueError.
+    dst may be float32: the cast rounds to nearest, as ndarray.astype. dst and r shorter than src, or
+    a Gaussian row with EXP_F32, raise ValueError.
     """
     L = src.shape[0]
     if dst.shape[0] < L or r.shape[0] < L:
         raise ValueError("_kernel_row: dst and r must be at least as long as src")
-    if fam == GAUSSIAN and single:
+    if fam == GAUSSIAN and how == EXP_F32:
+        raise ValueError("_kernel_row: EXP_F32 Gaussian kernels are computed by tiles (_fill_grams)")
+    elif fam == GAUSSIAN and how == EXP_SINGLE:
         for j in range(L):
             dst[j] = exp_single(a * src[j]) * ci * r[j]
     elif fam == GAUSSIAN:
@@ -232,6 +385,36 @@ def _base_diag(Xt, kind):
 
 
 @numba.njit(cache=True, nogil=True)
+def _base_tile(Xt, I, I1, kind, B):
+    """B[(i - I) n + j] = base(x_i, x_j) for the rows i in [I, I1) and every j, bit for bit as
+    ``base_row`` sums it: 0.0 plus one feature after the other in feature order (its groups of four
+    add in that order too; 0.0 + v, kept, turns -0.0 into 0.0 as there), one loop over a row per
+    feature and no call per row (whole rows of few features, ``_fill_grams``)."""
+    d, n = Xt.shape
+    for i in range(I, I1):
+        out = B[(i - I) * n:(i - I + 1) * n]
+        if d == 0:
+            out[:] = 0.0
+        for k in range(d):
+            x = Xt[k, i]
+            row = Xt[k]
+            if k == 0 and kind == SQDIST:
+                for j in range(n):
+                    t = x - row[j]
+                    out[j] = 0.0 + t * t
+            elif k == 0:
+                for j in range(n):
+                    out[j] = 0.0 + x * row[j]
+            elif kind == SQDIST:
+                for j in range(n):
+                    t = x - row[j]
+                    out[j] += t * t
+            else:
+                for j in range(n):
+                    out[j] += x * row[j]
+
+
+@numba.njit(cache=True, nogil=True)
 def _normalisers(Xt, kind, fams, a, p, norm):
     """Per-kernel factor (trace: 1 / tr K, 1 when tr K <= 0) and per-point scales r (diag:
     1 / sqrt(K_ii), 1 where K_ii <= 1e-300) of the unnormalised training kernels, from their
@@ -243,7 +426,7 @@ def _normalisers(Xt, kind, fams, a, p, norm):
     factors = np.ones(G)
     scales = np.ones((G, n))
     for g in range(G):
-        _kernel_row(bdiag, fams[g], a[g], p[g], 1.0, ones, kdiag, False)
+        _kernel_row(bdiag, fams[g], a[g], p[g], 1.0, ones, kdiag, EXP_F64)
         if norm == TRACE:
             tr = 0.0
             for i in range(n):
@@ -274,41 +457,93 @@ def _mirror_rows(A, I, I1):
 
 
 @numba.njit(cache=True, nogil=True)
-def _fill_grams(Xt, kind, fams, a, p, norm, out, single):
+def _fill_grams(Xt, kind, fams, a, p, norm, out, how):
     """out[g] = normalised K_g(X, X) for kernels g sharing one base on feature-major Xt (d, n).
 
     One sweep over the upper triangle, _TILE rows at a time: each row of the base is computed
-    once and mapped, scaled and cast into every kernel of the group, then the block of rows is
-    mirrored into the lower triangle (exact symmetry). Returns the normalisation factors. Operands of
-    other shapes (out not (G, n, n), a or p not one entry per kernel) raise ValueError.
+    once and mapped, scaled and cast into every kernel of the group (``_kernel_row``), then the block
+    of rows is mirrored into the lower triangle (exact symmetry). Returns the normalisation factors.
+    float32 kernels of arithmetic 3 (``how`` EXP_F32) take two shortcuts that give the same bits:
+    - Gaussian kernels are computed a tile of rows at a time from one array of its base values:
+      ``_gaussian_f32`` over it (long float32 loops), K_ij = exp_f32_scaled(a b_ij, float32(1 / tr K)
+      or 1) (a Gaussian's diagonal is 1, so its scales r are 1);
+    - on at most _WHOLE_ROWS_FEATURES features, with every scale r 1 (no diag normalisation, or
+      Gaussians), whole rows are computed in place and nothing is mirrored: b_ij = b_ji bit for bit
+      and the scale is the same for every row, so K_ji = K_ij (computing the lower triangle costs
+      less than mirroring it when the base is cheap); there a Gaussian whose a is 2^m times that of the
+      group's smallest |a| (a width ladder of factors of 2 or 4, as per_feature's 0.5 1 2) scales that
+      kernel's split argument (``_gaussian_f32_scaled_split``: the same bits);
+    otherwise the tile's rows from its first column on, copied into place, then mirrored.
+    Operands of other shapes (out not (G, n, n), a or p not one entry per kernel) raise ValueError.
     """
     n, G = Xt.shape[1], fams.shape[0]
     if out.shape[0] != G or out.shape[1] != n or out.shape[2] != n or a.shape[0] != G or p.shape[0] != G:
         raise ValueError("_fill_grams: out must have shape (kernels, n, n) and a, p one entry per kernel")
     factors, scales = _normalisers(Xt, kind, fams, a, p, norm)
+    tiles = how == EXP_F32 and kind == SQDIST and G > 0
+    whole = how == EXP_F32 and Xt.shape[0] <= _WHOLE_ROWS_FEATURES and np.all(scales == 1.0)
+    for g in range(G):
+        if tiles and (fams[g] != GAUSSIAN or np.any(scales[g] != 1.0)):
+            raise ValueError("_fill_grams: EXP_F32 tiles hold Gaussian kernels (unit diagonal) only")
     buf = np.empty(n)
+    B = np.empty(_TILE * n if tiles or whole else 0)
+    xf = np.empty(_TILE * n + _PAD32 if tiles else 0, dtype=np.float32)
+    xl, y = np.empty_like(xf), np.empty_like(xf)
+    tail = np.empty(_PAD32, dtype=np.float32)
+    flat = out.reshape(G, n * n)
+    g0, ratio = _power_of_two_ratios(a)
     for I in range(0, n, _TILE):
         I1 = min(I + _TILE, n)
-        for i in range(I, I1):
-            base_row(Xt, i, Xt, i, n, kind, buf)
+        if whole:
+            _base_tile(Xt, I, I1, kind, B)
+            if tiles:  # the kernel of smallest |a| first, then those whose a is 2^m times its, the rest
+                L = (I1 - I) * n
+                _gaussian_f32(B, L, a[g0], _F32(factors[g0]), xf, xl, flat[g0, I * n:I1 * n], tail)
+                for g in range(G):
+                    if g != g0 and ratio[g] > 0:
+                        _gaussian_f32_scaled_split(L, ratio[g], _F32(factors[g]), xf, xl, flat[g, I * n:I1 * n], tail)
+                for g in range(G):
+                    if g != g0 and ratio[g] == 0:
+                        _gaussian_f32(B, L, a[g], _F32(factors[g]), xf, xl, flat[g, I * n:I1 * n], tail)
+                continue
             for g in range(G):
-                ci = factors[g] * scales[g, i]
-                _kernel_row(buf[:n - i], fams[g], a[g], p[g], ci, scales[g, i:], out[g, i, i:], single)
+                for i in range(I, I1):
+                    _kernel_row(B[(i - I) * n:(i - I + 1) * n], fams[g], a[g], p[g], factors[g] * scales[g, i],
+                                scales[g], out[g, i], how)
+            continue
+        if tiles:
+            W = n - I
+            for i in range(I, I1):
+                base_row(Xt, i, Xt, I, n, kind, B[(i - I) * W:(i - I + 1) * W])
+            for g in range(G):
+                _gaussian_f32(B, (I1 - I) * W, a[g], _F32(factors[g]), xf, xl, y, tail)
+                for i in range(I, I1):
+                    out[g, i, I:] = y[(i - I) * W:(i - I + 1) * W]
+        else:
+            for i in range(I, I1):
+                base_row(Xt, i, Xt, i, n, kind, buf)
+                for g in range(G):
+                    ci = factors[g] * scales[g, i]
+                    _kernel_row(buf[:n - i], fams[g], a[g], p[g], ci, scales[g, i:], out[g, i, i:], how)
         for g in range(G):
             _mirror_rows(out[g], I, I1)
     return factors
 
 
-def fill_grams(Xsub: np.ndarray, kind: int, params: np.ndarray, norm: int, out: np.ndarray) -> np.ndarray:
+def fill_grams(Xsub: np.ndarray, kind: int, params: np.ndarray, norm: int, out: np.ndarray,
+               arithmetic: int = ARITHMETIC) -> np.ndarray:
     """Fill out (G, n, n) with the normalised training kernels of G specs sharing one base.
 
     Xsub: (n, d) features already restricted to the specs' subset; params: (G, 3) rows
     (family, a, p) as in ``_kernel_row``; norm: NO_NORM, TRACE (K / tr K) or DIAG
     (K_ij / sqrt(K_ii K_jj)). Returns each kernel's normalisation factor (1 unless TRACE).
-    A float32 ``out`` gets Gaussian values from ``exp_single`` (see ``ARITHMETIC``).
+    A float32 ``out`` gets the Gaussian values of arithmetic version ``arithmetic`` (``ARITHMETIC``,
+    ``exp_kind``).
     """
+    if not out.flags.c_contiguous:
+        raise ValueError("fill_grams: out must be C-contiguous")
     return _fill_grams(_feature_major(Xsub), kind, params[:, 0].astype(np.int64), params[:, 1].copy(),
-                       params[:, 2].astype(np.int64), norm, out, out.dtype == np.float32)
+                       params[:, 2].astype(np.int64), norm, out, exp_kind(out.dtype, arithmetic))
 
 
 # ---- statistics of a stored matrix -------------------------------------------------------------

@@ -125,7 +125,7 @@ def _cross_cols(Xt, Zt, kind, fam, a, p, Ct):
     buf = np.empty(n)
     for j in range(m):
         _compute.base_row(Zt, j, Xt, 0, n, kind, buf)
-        _compute._kernel_row(buf, fam, a, p, 1.0, ones, Ct[j], False)
+        _compute._kernel_row(buf, fam, a, p, 1.0, ones, Ct[j], _compute.EXP_F64)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -178,7 +178,7 @@ def _kdiag(Xt, kind, fam, a, p):
     """k(x_i, x_i) of the unnormalised kernel, as the dense build's normalisers compute it."""
     n = Xt.shape[1]
     out = np.empty(n)
-    _compute._kernel_row(_compute._base_diag(Xt, kind), fam, a, p, 1.0, np.ones(n), out, False)
+    _compute._kernel_row(_compute._base_diag(Xt, kind), fam, a, p, 1.0, np.ones(n), out, _compute.EXP_F64)
     return out
 
 
@@ -260,7 +260,7 @@ def _pivoted_cholesky(Xt, kind, fam, a, p, kdiag, rmax, stop):
             break
         piv[k] = j
         _compute.base_row(Xt, j, Xt, 0, n, kind, buf)
-        _compute._kernel_row(buf, fam, a, p, 1.0, ones, col, False)
+        _compute._kernel_row(buf, fam, a, p, 1.0, ones, col, _compute.EXP_F64)
         for q in range(k):
             gjq = Gt[q, j]
             g_q = Gt[q]

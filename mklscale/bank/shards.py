@@ -163,19 +163,21 @@ def build_shard(path: str, specs_json: str, Xs: np.ndarray, normalize, dtype: st
     return s * per_shard, stats
 
 
-def fill_block(specs: Sequence[KernelSpec], Xs: np.ndarray, normalize, out: np.ndarray) -> np.ndarray:
+def fill_block(specs: Sequence[KernelSpec], Xs: np.ndarray, normalize, out: np.ndarray,
+               arithmetic: int = _compute.ARITHMETIC) -> np.ndarray:
     """Kernels ``specs`` on the standardised rows Xs, normalised, into ``out`` (len(specs), n, n) of the
     bank's dtype; returns their normalisation factors. Consecutive kernels that share a pairwise base
     (same family kind and feature subset) are filled in one sweep that computes each row of the base
-    once (``_compute.fill_grams``). The bytes depend on each kernel's spec and Xs only, never on its
-    neighbours: a build stores them, a computed bank's passes compute the same bytes again."""
+    once (``_compute.fill_grams``). The bytes depend on each kernel's spec, Xs and the arithmetic version
+    only (``_compute.ARITHMETIC``: a build's; a computed bank's passes use the one it recorded), never on
+    its neighbours: a build stores them, a computed bank's passes compute the same bytes again."""
     factors = np.empty(len(specs))
     for first, stop in _base_groups(specs):
         group = specs[first:stop]
         cols = slice(None) if group[0].features is None else list(group[0].features)
         kind = _compute.SQDIST if group[0].base_key[0] == "sqdist" else _compute.DOT
         factors[first:stop] = _compute.fill_grams(Xs[:, cols], kind, np.array([_kernel_params(sp) for sp in group]),
-                                                  _NORM_CODES[normalize], out[first:stop])
+                                                  _NORM_CODES[normalize], out[first:stop], arithmetic)
     return factors
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from mklscale.bank import integrity, shard_format
+from mklscale.bank import _compute, integrity, shard_format
 from mklscale.bank.integrity import VerifyReport
 from mklscale.bank.factor import factor_rows
 from mklscale.bank.direct_io import DIRECT_ALIGN, aligned_empty, write_direct
@@ -59,6 +59,7 @@ from mklscale.bank.stats import checksum, kernel_stats, meta_checksums
 from mklscale.errors import (
     BankCorruptError,
     BankIncompleteError,
+    BankMismatchError,
     InvalidInputError,
     SpecError,
 )
@@ -389,8 +390,15 @@ class KernelBank:
 
     def compute_kernels(self, idx: Sequence[int], out: np.ndarray | None = None) -> np.ndarray:
         """Kernels idx (in the order given) computed from the bank's stored features with its
-        normalisation, as (len(idx), n, n) of the bank's dtype (into ``out`` when given): the bytes a
-        build stores (``shards.fill_block``), whatever the bank stores."""
+        normalisation and the kernel arithmetic version it recorded (``_compute.ARITHMETIC``), as
+        (len(idx), n, n) of the bank's dtype (into ``out`` when given): the bytes a build stores
+        (``shards.fill_block``), whatever the bank stores."""
+        arithmetic = int(self._attrs.get("arithmetic", 1))
+        if arithmetic not in _compute.ARITHMETICS:
+            raise BankMismatchError(
+                f"bank {self.path} records kernel arithmetic version {arithmetic}, which this mklscale does not "
+                f"compute (it knows {', '.join(map(str, _compute.ARITHMETICS))}); read it with the newer mklscale "
+                "that created it")
         if self._Xs is None:
             Xs = self.X_train  # checked against its crc32c
             if Xs is None:
@@ -398,7 +406,7 @@ class KernelBank:
             self._Xs = np.ascontiguousarray(Xs, dtype=np.float64)
         if out is None:
             out = np.empty((len(idx), self.n, self.n), self.dtype)
-        fill_block([self.specs[int(m)] for m in idx], self._Xs, self.normalize, out)
+        fill_block([self.specs[int(m)] for m in idx], self._Xs, self.normalize, out, arithmetic)
         return out
 
     # ---- factor banks -------------------------------------------------------------------------

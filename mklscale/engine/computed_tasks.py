@@ -3,14 +3,15 @@ computed from the bank's standardised features inside the task and reduced at on
 
 ``ComputedReader`` has ``KernelReader``'s interface (``pieces``, ``read_rows``, ``source``), so the
 tasks are the dense bank's own (``tasks``) with this reader: the same numba reductions over the same
-bytes. A piece is a run of consecutive kernels sharing a pairwise base (a feature's Gaussian width
-ladder), computed together by ``shards.fill_block`` into the thread's reused buffer, of at most
-``PIECE_BYTES``: the bytes a build would have stored, checked once per process against the crc32c
-recorded when the bank was created (a kernel computed differently here, e.g. by another arithmetic,
-is an error, never a result).
+bytes. A piece is a run of consecutive kernels of at most ``PIECE_BYTES``, made of whole groups of
+kernels sharing a pairwise base (a feature's Gaussian width ladder) where they fit, computed by
+``shards.fill_block`` (a group's base once) into the thread's reused buffer: the bytes a build would have stored (with the kernel arithmetic version the bank
+recorded, ``KernelBank.compute_kernels``), checked once per process against the crc32c recorded when
+the bank was created (a kernel computed differently here is an error, never a result).
 
-Cost: a kernel of n rows costs n^2 / 2 kernel evaluations (an exp for a Gaussian, mirrored) plus
-its pairwise base, instead of reading 4 n^2 bytes; the bank's features travel with the bank (each
+Cost: a kernel of n rows costs n^2 / 2 kernel evaluations (an exp for a Gaussian, mirrored; n^2
+for float32 kernels on few features, whose whole rows cost less than the mirror) plus its pairwise
+base, instead of reading 4 n^2 bytes; the bank's features travel with the bank (each
 worker process opens the bank, and reads X, once).
 """
 
@@ -27,8 +28,9 @@ from mklscale.bank.stats import checksum
 from mklscale.engine import tasks
 from mklscale.errors import BankCorruptError
 
-#: Bytes of kernels one piece computes at once (a few kernels of n = 500; one of n = 2000).
-PIECE_BYTES = 16 * 2**20
+#: Bytes of kernels one piece computes at once (a feature's 4 per_feature kernels of n = 500; one of
+#: n = 2000): fewer pieces cost less Python per pass, smaller ones stay in cache for the reduction.
+PIECE_BYTES = 4 * 2**20
 #: Bytes of whole kernels ``read_rows`` keeps between row panels (gram tasks read every kernel by panels).
 ROWS_CACHE_BYTES = 256 * 2**20
 
@@ -61,13 +63,22 @@ class ComputedReader:
         self._rows.clear()
 
     def _runs(self, kernels: np.ndarray) -> Iterator[tuple[int, int]]:
-        """(pos, count): runs of consecutive kernels sharing a pairwise base, each within piece_bytes."""
+        """(pos, count): runs of consecutive kernels, each within piece_bytes, made of whole groups of
+        kernels sharing a pairwise base (``fill_block`` computes a group's base once) where they fit:
+        a group that would not fit whole in the run starts the next one."""
         specs, per = self.bank.specs, max(1, self.piece_bytes // (self.n * self.n * self.dtype.itemsize))
         pos = 0
         while pos < len(kernels):
             m0, count = int(kernels[pos]), 1
-            while (count < per and pos + count < len(kernels) and int(kernels[pos + count]) == m0 + count
-                   and specs[m0 + count].base_key == specs[m0].base_key):
+            while count < per and pos + count < len(kernels) and int(kernels[pos + count]) == m0 + count:
+                if specs[m0 + count].base_key != specs[m0 + count - 1].base_key:  # a group starts here
+                    size = 1
+                    while (count + size <= per and pos + count + size < len(kernels)
+                           and int(kernels[pos + count + size]) == m0 + count + size
+                           and specs[m0 + count + size].base_key == specs[m0 + count].base_key):
+                        size += 1
+                    if count + size > per:
+                        break
                 count += 1
             yield pos, count
             pos += count
