@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from test_spicy import EPS, LAM, LOSSES, PENALTIES, Q, cvxpy_optimum, gaussian_bank, targets
 
-from mklscale.engine import InMemoryEngine
+from mklscale.engine import InMemoryEngine, representation
+from mklscale.engine.representation import DENSE, FACTOR
 from mklscale.engine.memory import InMemoryFactorEngine
 from mklscale.errors import InvalidInputError
 from mklscale.solvers import spicy
@@ -84,6 +85,30 @@ def test_full_rank_factor_gives_the_dense_result(loss):
     assert ours.converged and ours.objective == pytest.approx(dense.objective, rel=1e-7)
     np.testing.assert_allclose(ours.weights, dense.weights, atol=1e-5)
     np.testing.assert_array_equal(ours.active, dense.active)
+
+
+def test_factor_working_sets_start_small():
+    """Factor banks start W from WORKING_SET_START_COLUMNS / r kernels (issue 32), dense ones from the default."""
+    assert DENSE.working_set_start(32, None) == 32
+    assert FACTOR.working_set_start(32, 64) == representation.WORKING_SET_START_COLUMNS // 64
+    assert FACTOR.working_set_start(32, 4) == 32 and FACTOR.working_set_start(32, 10_000) == 1
+
+
+@pytest.mark.parametrize("loss", ("logistic", "square", "hinge"))
+def test_small_first_working_set_matches_dense_and_cvxpy(loss, monkeypatch):
+    """With the start lowered to one kernel, W grows from its violators (several rounds, several
+    kernels active) to the optimum of the dense engine and of cvxpy, and the gap bounds the truth."""
+    monkeypatch.setattr(representation, "WORKING_SET_START_COLUMNS", 4)
+    L, K, X = factor_bank(n=40, M=10, r=4, seed=3)
+    y = targets(X, loss, 1)
+    ours, dense = fit_both(L, K, y, C=0.05, loss=loss, penalty="l1")
+    optimum = cvxpy_optimum(K, y, 0.05, loss, "l1")
+    assert ours.history[0]["working_set"] == 1 and ours.history[-1]["working_set"] > 1
+    assert dense.history[0]["working_set"] > 1
+    assert ours.converged and ours.active.size >= 2
+    assert ours.objective == pytest.approx(dense.objective, rel=1e-7)
+    assert ours.objective == pytest.approx(optimum, rel=1e-6)
+    assert (ours.objective - optimum) / abs(ours.objective) <= max(ours.gap, 0.0) + 1e-9
 
 
 def test_cut_short_gap_still_bounds_the_suboptimality(bank):
