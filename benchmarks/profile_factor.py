@@ -42,7 +42,6 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

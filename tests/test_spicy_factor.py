@@ -24,6 +24,7 @@ from mklscale.solvers._spicy_inner import InnerProblem, KernelTerm, solve_newton
 from mklscale.solvers._spicy_loss_terms import make_loss_term
 from mklscale.solvers.losses import make_loss
 from mklscale.solvers.penalties import make_penalty
+from mklscale.solvers.toolkit.lowrank import BlockWoodbury
 from mklscale.solvers.toolkit.working_set import HeldKernels
 
 TOL = 1e-8
@@ -155,6 +156,25 @@ def test_woodbury_agrees_with_dense_cholesky(bank, loss, bias_mode, tau):
                                      (dense_sys, dense_k, "cg")):
         x = solve_newton_system(system, kernels, rhs, backend)
         np.testing.assert_allclose(x, x_chol, rtol=1e-7, atol=1e-9 * np.abs(x_chol).max())
+
+
+def test_block_woodbury_is_the_formed_woodbury():
+    """BlockWoodbury (F = [L_j S_j] never formed; float32 blocks widened as they are scaled) solves
+    (D + F F^T) x = b as the dense solve of the formed matrix does."""
+    rng = np.random.default_rng(4)
+    n = 50
+    blocks = [rng.normal(size=(n, 5)).astype(np.float32), rng.normal(size=(n, 3)), np.ones((n, 1))]
+    sigma, coef = [1.5, 0.7, 2.0], [-0.1, 0.3, 0.0]
+    zs = [rng.normal(size=5), rng.normal(size=3), np.zeros(1)]
+    D = rng.uniform(0.5, 2.0, size=n)
+    F = np.concatenate([np.asarray(L, dtype=np.float64) @ (s * np.eye(L.shape[1]) + c * np.outer(z, z))
+                        for L, s, c, z in zip(blocks, sigma, coef, zs)], axis=1)
+    H = np.diag(D) + F @ F.T
+    rhs = rng.normal(size=(n, 2))
+    solver = BlockWoodbury(D, blocks, sigma, coef, zs)
+    np.testing.assert_allclose(solver.solve(rhs), np.linalg.solve(H, rhs), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(solver.solve(rhs[:, 0]), np.linalg.solve(H, rhs[:, 0]), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(BlockWoodbury(D, [], [], [], []).solve(rhs), rhs / D[:, None], rtol=1e-15)
 
 
 def test_newton_cg_is_inexact_newton_with_the_forcing_tolerance(bank, monkeypatch):
