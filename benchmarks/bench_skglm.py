@@ -28,7 +28,6 @@ Results: benchmarks/results/bench_skglm.json (``--quick``: bench_skglm_quick.jso
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -38,7 +37,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "peers"))
-from machine import describe_machine  # noqa: E402
+from machine import describe_machine, write_record  # noqa: E402
 
 RESULTS = HERE / "results"
 
@@ -94,8 +93,7 @@ def run_size(n: int, args, workdir: Path) -> list[dict]:
         Phi, ptr, _ = design
         for loss in args.losses:
             c_max = spicy.c_max(engine, y, loss)
-            for frac in args.fractions:
-                C = frac * c_max
+            for frac, C in ([(c / c_max, c) for c in args.C] if args.C else [(f, f * c_max) for f in args.fractions]):
                 ours_s, theirs_s, ours_res, theirs_vb = [], [], None, None
                 for _ in range(args.repeats):
                     t, ours_res = _ours(engine, y, C, loss, args.tol)
@@ -134,6 +132,7 @@ def main() -> None:
     p.add_argument("--losses", nargs="+", default=["logistic", "square"])
     p.add_argument("--fractions", type=float, nargs="+", default=[0.5, 0.2, 0.05],
                    help="C as fractions of C_max (from few to many kernels active)")
+    p.add_argument("--C", type=float, nargs="+", default=None, help="values of C instead of --fractions")
     p.add_argument("--tol", type=float, default=1e-5, help="our relative duality gap")
     p.add_argument("--skglm-tol", type=float, default=1e-8, help="skglm's stopping criterion")
     p.add_argument("--repeats", type=int, default=3)
@@ -145,6 +144,7 @@ def main() -> None:
         args.sizes, args.M, args.repeats = [1000], 10, 1
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
+    machine = describe_machine(workdir)
     for loss in args.losses:
         _warm_up(loss)
     import skglm
@@ -155,8 +155,7 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     out = Path(args.out) if args.out else RESULTS / ("bench_skglm_quick.json" if args.quick else "bench_skglm.json")
     settings = {k: getattr(args, k) for k in ("M", "rank", "losses", "fractions", "tol", "skglm_tol", "repeats")}
-    out.write_text(json.dumps({"machine": describe_machine(workdir), "skglm_version": skglm.__version__,
-                               "settings": settings, "rows": rows}, indent=1))
+    write_record({"machine": machine, "skglm_version": skglm.__version__, "settings": settings, "rows": rows}, out)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,11 @@
     python benchmarks/profile_factor.py                  # n = 10,000 and 50,000 (M = 50, r = 64, C = 6e-5 n)
     python benchmarks/profile_factor.py --sizes 10000    # one size
     python benchmarks/profile_factor.py --quick          # n = 2000, M = 10 (a smoke test)
+    python benchmarks/profile_factor.py --ab /tmp/before --sizes 10000 --rounds 4
+                                                         # before/after: fit times of the mklscale package
+                                                         # under /tmp/before (e.g. ``git archive <commit>
+                                                         # mklscale | tar -x -C /tmp/before``) and of this
+                                                         # checkout, interleaved (before, after, before, ...)
 
 The problem of issue 32: ringnorm (``load("ringnorm", n_samples=n, seed=0)``), M random-subset Gaussian
 kernels (``families.random_subsets(20, M, seed=0)``), factor bank of rank r (Nystrom on k-means++
@@ -13,8 +18,12 @@ with timers wrapped around its phases:
     passes             engine.quad_forms (the full passes over the bank: initial + certifications)
     fetch W            engine.blocks (reading the working set's factors into the driver)
     Newton system      _spicy_inner.solve_newton_system, of which
-      form F             NewtonSystem.low_rank (the stacked columns L_j G_j^{1/2})
-      factorise/solve    lowrank.woodbury_solve (or the dense Cholesky when R > n)
+      blocks L_j, z_j    NewtonSystem.blocks (the kernels' factors, widened, and z_j = L_j^T a_j)
+      scale L~           BlockWoodbury.__init__ (D^{-1/2} L into one (n, R) float64 array)
+      factorise          BlockWoodbury.factorise (the capacitance: one syrk, n R^2, and its Cholesky)
+      solve              BlockWoodbury.solve
+      capacitance CG     BlockWoodbury.capacitance_cg (R >= CAPACITANCE_CG_MIN_COLUMNS)
+      dense Cholesky     the n x n path (R > n)
     Hessian parts      InnerProblem.hessian
     direction          InnerProblem.direction (K_m d for the working set: the line search's products)
     line search        InnerProblem.value_along (objective along the step; cached products only)
@@ -22,10 +31,13 @@ with timers wrapped around its phases:
     model + dual       _Spicy._model, _Spicy._working_set_dual (the primal model and dual value per outer step)
     certify            _Spicy._certify (bound test / pass; includes its pass time)
 
-Times are inclusive (a phase's time includes the phases nested in it: "form F" and
-"factorise/solve" inside "Newton system", "passes" inside "certify"); "other" is the fit's time
+Times are inclusive (a phase's time includes the phases nested in it: the indented ones inside
+"Newton system", "passes" inside "certify", "fetch W" inside "grow W"); "other" is the fit's time
 outside the top-level phases (the proximal update, the gamma schedule, logging, Python glue).
 cProfile's own overhead inflates the total by a few per cent; the fit is also timed once without it.
+``--ab``: each round runs one process per version (the same script, PYTHONPATH set to the version),
+each timing one plain fit on the same bank; the result per size is the median over rounds of the
+after / before ratio of a pair (benchmarks/results/profile_factor_ab.json).
 Results: benchmarks/results/profile_factor.json; the table in benchmarks/README.md (make_readme.py).
 """
 
@@ -36,16 +48,20 @@ import cProfile
 import functools
 import io
 import json
+import os
 import pstats
+import subprocess
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
+
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from machine import describe_machine  # noqa: E402
+from machine import describe_machine, write_record  # noqa: E402
 
 RESULTS = HERE / "results"
 C_PER_N = 6e-5
@@ -53,8 +69,11 @@ C_PER_N = 6e-5
 #: (label, owner path, attribute, parent label or None): the phases timed (module docstring).
 PHASES = [
     ("Newton system", "mklscale.solvers._spicy_inner", "solve_newton_system", None),
-    ("form F", "mklscale.solvers._spicy_inner:NewtonSystem", "low_rank", "Newton system"),
-    ("factorise/solve", "mklscale.solvers._spicy_inner", "woodbury_solve", "Newton system"),
+    ("blocks L_j, z_j", "mklscale.solvers._spicy_inner:NewtonSystem", "blocks", "Newton system"),
+    ("scale L~", "mklscale.solvers.toolkit.lowrank:BlockWoodbury", "__init__", "Newton system"),
+    ("factorise", "mklscale.solvers.toolkit.lowrank:BlockWoodbury", "factorise", "Newton system"),
+    ("solve", "mklscale.solvers.toolkit.lowrank:BlockWoodbury", "solve", "Newton system"),
+    ("capacitance CG", "mklscale.solvers.toolkit.lowrank:BlockWoodbury", "capacitance_cg", "Newton system"),
     ("dense Cholesky", "mklscale.solvers._spicy_inner", "_cholesky_solve", "Newton system"),
     ("Hessian parts", "mklscale.solvers._spicy_inner:InnerProblem", "hessian", None),
     ("direction", "mklscale.solvers._spicy_inner:InnerProblem", "direction", None),
@@ -189,6 +208,41 @@ def profile_size(n: int, M: int, rank: int, workdir: Path) -> dict:
     }
 
 
+def fit_once(n: int, M: int, rank: int, workdir: Path) -> dict:
+    """One plain fit with the mklscale on sys.path (``--ab``'s child)."""
+    import mklscale
+
+    bank, y, _ = _bank(n, M, rank, workdir)
+    res, seconds, passes, _ = _fit(bank, y, C_PER_N * n, profile=False)
+    return {"fit_s": seconds, "objective": float(res.objective), "gap": float(res.gap), "passes": int(passes),
+            "active": int(res.active.size), "outer_iterations": len(res.history),
+            "newton_steps": int(sum(h.get("inner_iterations", 0) for h in res.history)),
+            "package": str(Path(mklscale.__file__).parent)}
+
+
+def ab(before: Path, sizes, M: int, rank: int, rounds: int, workdir: Path) -> list[dict]:
+    """Interleaved before/after fit times (module docstring)."""
+    after = HERE.parent
+    rows = []
+    for n in sizes:
+        _bank(n, M, rank, workdir)     # built once, by this version, before any timing
+        runs = {"before": [], "after": []}
+        for _ in range(rounds):
+            for name, tree in (("before", before), ("after", after)):
+                env = dict(os.environ, PYTHONPATH=str(tree))
+                out = subprocess.run([sys.executable, __file__, "--fit-once", str(n), "--M", str(M), "--rank",
+                                      str(rank), "--workdir", str(workdir)], env=env, check=True,
+                                     capture_output=True, text=True, cwd="/")
+                runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+                print(name, n, runs[name][-1], flush=True)
+        ratios = [a["fit_s"] / b["fit_s"] for a, b in zip(runs["after"], runs["before"])]
+        rows.append({"n": n, "M": M, "rank": rank, "C": C_PER_N * n, "rounds": rounds, "runs": runs,
+                     "before_s": float(np.median([r["fit_s"] for r in runs["before"]])),
+                     "after_s": float(np.median([r["fit_s"] for r in runs["after"]])),
+                     "ratio_after_before": float(np.median(ratios)), "ratios": ratios})
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 50_000])
@@ -197,9 +251,24 @@ def main() -> None:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--workdir", default="/tmp/mklscale-bench/profile-factor")
     p.add_argument("--out", default=None, help="results file (default results/profile_factor[_quick].json)")
+    p.add_argument("--ab", default=None, help="a folder holding the mklscale package to compare with (before)")
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--fit-once", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
+    if args.fit_once:
+        print(json.dumps(fit_once(args.fit_once, args.M, args.rank, workdir)))
+        return
+    machine = describe_machine(workdir)
+    if args.ab:
+        rows = ab(Path(args.ab), args.sizes, args.M, args.rank, args.rounds, workdir)
+        for r in rows:
+            print(f"n = {r['n']}: before {r['before_s']:.2f} s, after {r['after_s']:.2f} s, "
+                  f"after / before {r['ratio_after_before']:.3f} (median of {r['rounds']} pairs)")
+        out = Path(args.out) if args.out else RESULTS / "profile_factor_ab.json"
+        write_record({"machine": machine, "before": str(args.ab), "rows": rows}, out)
+        return
     sizes, M = ([2000], 10) if args.quick else (args.sizes, args.M)
     rows = []
     for n in sizes:
@@ -212,7 +281,7 @@ def main() -> None:
         print(f"   {'other':<18} {r['other_s']:8.2f} s")
     RESULTS.mkdir(exist_ok=True)
     out = Path(args.out) if args.out else RESULTS / ("profile_factor_quick.json" if args.quick else "profile_factor.json")
-    out.write_text(json.dumps({"machine": describe_machine(workdir), "rows": rows}, indent=1))
+    write_record({"machine": machine, "rows": rows}, out)
 
 
 if __name__ == "__main__":

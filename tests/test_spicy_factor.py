@@ -175,6 +175,42 @@ def test_block_woodbury_is_the_formed_woodbury():
     np.testing.assert_allclose(solver.solve(rhs), np.linalg.solve(H, rhs), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(solver.solve(rhs[:, 0]), np.linalg.solve(H, rhs[:, 0]), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(BlockWoodbury(D, [], [], [], []).solve(rhs), rhs / D[:, None], rtol=1e-15)
+    # block-Jacobi CG on the capacitance, never formed: the same solution to its tolerance
+    lazy = BlockWoodbury(D, blocks, sigma, coef, zs, factorise=False)
+    assert lazy.cho is None
+    x = lazy.capacitance_cg(rhs, 1e-12, 200)
+    np.testing.assert_allclose(x, np.linalg.solve(H, rhs), rtol=1e-9, atol=1e-11)
+    assert lazy.cho is None
+    assert lazy.capacitance_cg(rhs, 1e-14, 1) is None       # not there in one step
+    np.testing.assert_allclose(lazy.factorise().solve(rhs), np.linalg.solve(H, rhs), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+def test_capacitance_cg_newton_reaches_the_dense_and_cvxpy_optimum(bank, loss):
+    """newton_solver="cg" on factors: inexact Newton steps by CG on the Woodbury capacitance reach the optimum of the dense engine and of
+    cvxpy, and the gap bounds the truth."""
+    L, K, X = bank
+    y = targets(X, loss, 1)
+    ours, dense = fit_both(L, K, y, C=0.1, loss=loss, penalty="l1", newton_solver="cg")
+    optimum = cvxpy_optimum(K, y, 0.1, loss, "l1")
+    assert ours.converged and ours.objective == pytest.approx(dense.objective, rel=1e-7)
+    assert ours.objective == pytest.approx(optimum, rel=1e-6)
+    assert (ours.objective - optimum) / abs(ours.objective) <= max(ours.gap, 0.0) + 1e-9
+
+
+def test_capacitance_cg_is_only_asked_for(bank, monkeypatch):
+    """On factors, "auto" and "woodbury" factorise the capacitance; "cg" runs CG on it, to the same solution."""
+    L, _, _ = bank
+    system, kernels, rhs = _system(InMemoryFactorEngine(L), 7)
+    calls = []
+    original = BlockWoodbury.capacitance_cg
+    monkeypatch.setattr(BlockWoodbury, "capacitance_cg", lambda self, *a: calls.append(1) or original(self, *a))
+    exact = solve_newton_system(system, kernels, rhs, "woodbury")
+    np.testing.assert_array_equal(solve_newton_system(system, kernels, rhs, "auto"), exact)
+    assert not calls
+    x = solve_newton_system(system, kernels, rhs, "cg", forcing=1e-12)
+    assert calls
+    np.testing.assert_allclose(x, exact, rtol=1e-8, atol=1e-10 * np.abs(exact).max())
 
 
 def test_newton_cg_is_inexact_newton_with_the_forcing_tolerance(bank, monkeypatch):

@@ -289,6 +289,15 @@ NEWTON_BACKENDS = ("auto", "cholesky", "woodbury", "cg")
 #: Newton-CG: the most CG steps, as a share of n, before falling back to the dense Cholesky (each
 #: step is one n x n product, 2 n^2 flops; the Cholesky costs n^3/3).
 CG_MAX_SHARE = 0.05
+#: Factor kernels, newton_solver="cg": block-Jacobi CG on the Woodbury capacitance
+#: (``BlockWoodbury.capacitance_cg``: 4 n R flops a step against the n R^2 of forming the capacitance),
+#: stopped at the inexact-Newton forcing tolerance, at most max(CAPACITANCE_CG_MIN_STEPS, (R - r) / 8)
+#: steps (then it costs less than the factorisation), else the factorised Woodbury solve. Not "auto"'s
+#: choice (issue 32, ringnorm n = 10,000, M = 200, r = 64, C = 0.05, 60 kernels active, R up to 4096,
+#: loaded 2-core machine: 273 s with CG from R = 1024 on, 273 s with Woodbury throughout; CG faster
+#: from R ~ 3000, slower below): the preconditioner ignores the kernels' overlap (overlapping Gaussian
+#: kernels on shared features), so CG needs many steps; a stronger one would make it pay.
+CAPACITANCE_CG_MIN_STEPS = 20
 #: Dense kernels are factorised (pivoted Cholesky) for the Woodbury solve only from this n on: below
 #: it the n x n Cholesky costs less than factoring, and results stay those of the dense path.
 LOW_RANK_MIN_N = 512
@@ -305,7 +314,8 @@ def solve_newton_system(system: NewtonSystem, kernels: KernelTerm, rhs: np.ndarr
     Back ends: the dense Cholesky of H (also for factor kernels whose summed rank R exceeds n, while
     an n x n matrix fits in ``lowrank.DENSE_BYTES_CAP``) (n^3/3 flops, n x n memory; jitter if needed), or Woodbury
     on H = D + F F^T (``toolkit.lowrank.BlockWoodbury`` on F = [L_j S_j] given by its blocks, never
-    formed: one R x R Cholesky, O(n R^2), R the summed rank of the active kernels). Factor kernels always use Woodbury (H is never formed); dense
+    formed: one R x R Cholesky, O(n R^2), R the summed rank of the active kernels; "cg" on factor
+    kernels: block-Jacobi CG on its capacitance, ``BlockWoodbury.capacitance_cg``). Factor kernels always use Woodbury (H is never formed); dense
     kernels use it under "auto" when n >= LOW_RANK_MIN_N and their pivoted Cholesky factors have
     R < min(LOW_RANK_SHARE n, LOW_RANK_MAX_COLUMNS) columns in all, else "cg". "cg" (dense kernels):
     H without its rank-one terms is formed as for the Cholesky (k n^2), then Jacobi-preconditioned
@@ -317,17 +327,25 @@ def solve_newton_system(system: NewtonSystem, kernels: KernelTerm, rhs: np.ndarr
     that of the Cholesky back end within the inner tolerance (bench_spicy_newton.py).
     """
     n = system.loss_diag.size
+    requested = backend
     backend = kernels.held.rep.newton_backend(backend)    # factor kernels: Woodbury, H never formed
     if backend == "woodbury":
         parts = system.blocks(kernels)
-        if sum(L.shape[1] for L in parts[1]) > n and dense_ok(n):
+        R = sum(L.shape[1] for L in parts[1])
+        if R > n and dense_ok(n):
             # more factor columns than rows: the n x n system is the smaller one (n^2 R + n^3/3 flops
             # against n R^2 + R^3/3; at n = 2000, r = 256 with ~20 kernels on: 40x fewer)
             D, F = system.formed(parts)
             H = F @ F.T
             H[np.diag_indices_from(H)] += D
             return _cholesky_solve(H, rhs)
-        return BlockWoodbury(*parts).solve(rhs)
+        solver = BlockWoodbury(*parts, factorise=False)
+        if requested == "cg":
+            widest = max((L.shape[1] for L in parts[1]), default=0)
+            x = solver.capacitance_cg(rhs, forcing, max(CAPACITANCE_CG_MIN_STEPS, (R - widest) // 8))
+            if x is not None:
+                return x
+        return solver.factorise().solve(rhs)
     if backend == "auto" and n >= LOW_RANK_MIN_N:
         solver = system.woodbury(kernels, max_columns=int(min(LOW_RANK_SHARE * n, LOW_RANK_MAX_COLUMNS)))
         if solver is not None:

@@ -500,7 +500,8 @@ def fit(engine, y, C, loss="logistic", penalty="l1", lam=0.5, q=1.5, eps=0.1, bi
         for an engine without one. A fit whose violators no longer fit raises InvalidInputError.
     newton_solver : how the inner Newton systems are solved (``_spicy_inner.solve_newton_system``):
         "auto" (Woodbury on factor banks and on dense kernels of small summed rank, n >= 512; else
-        dense Cholesky), "cholesky" (dense only), "woodbury".
+        dense Cholesky), "cholesky" (dense only), "woodbury", "cg" (dense kernels: Jacobi-preconditioned
+        CG on the formed matrix; factor banks: block-Jacobi CG on the Woodbury capacitance, never formed).
     verbose : print one line per outer iteration.
     checkpoint : None or a ``mklscale.runtime.checkpoint.Checkpoint``: the state (see ``_Spicy._state``)
         is saved at the top of outer iterations when due and on SIGTERM/SIGINT; a run started with a
