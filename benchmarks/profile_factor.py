@@ -34,7 +34,8 @@ with timers wrapped around its phases:
 Times are inclusive (a phase's time includes the phases nested in it: the indented ones inside
 "Newton system", "passes" inside "certify", "fetch W" inside "grow W"); "other" is the fit's time
 outside the top-level phases (the proximal update, the gamma schedule, logging, Python glue).
-cProfile's own overhead inflates the total by a few per cent; the fit is also timed once without it.
+cProfile's own overhead inflates the total by a few per cent; the fit is then timed once more without
+it (after the profiled one, so that one-off costs such as loading numba's cache fall on the profiled run).
 ``--ab``: each round runs one process per version (the same script, PYTHONPATH set to the version),
 each timing one plain fit on the same bank; the result per size is the median over rounds of the
 after / before ratio of a pair (benchmarks/results/profile_factor_ab.json).
@@ -177,13 +178,13 @@ def _top(prof, count: int = 25) -> list[dict]:
 def profile_size(n: int, M: int, rank: int, workdir: Path) -> dict:
     bank, y, build_s = _bank(n, M, rank, workdir)
     C = C_PER_N * n
-    _, plain_s, _, _ = _fit(bank, y, C, profile=False)         # the fit alone (no timers, no cProfile)
     timers = Timers()
     restore = _instrument(timers)
     try:
         res, total_s, passes, prof = _fit(bank, y, C, profile=True, timers=timers)
     finally:
         restore()
+    _, plain_s, _, _ = _fit(bank, y, C, profile=False)   # the fit alone (no timers, no cProfile), warmed up
     phases = []
     top_level = 0.0
     seen = set()

@@ -24,8 +24,9 @@ def render_profile_factor() -> str:
         top = [[f["function"], f["calls"], f["tottime_s"], f["cumtime_s"]] for f in x["top_functions"][:8]]
         out.append(
             f"### n = {x['n']:,}, M = {x['M']}, r = {x['rank']}, C = {x['C']:.3g}\n\n"
-            f"Fit {x['fit_s']:.2f} s ({x['fit_profiled_s']:.2f} s profiled); bank {x['bank_GB']:.3f} GB (build "
-            f"{x['build_s']:.0f} s); {x['passes']} passes, {x['outer_iterations']} outer iterations, "
+            f"Fit {x['fit_s']:.2f} s ({x['fit_profiled_s']:.2f} s profiled); bank {x['bank_GB']:.3f} GB ("
+            + (f"build {x['build_s']:.0f} s" if x["build_s"] >= 1.0 else "built before, reused") + "); "
+            f"{x['passes']} passes, {x['outer_iterations']} outer iterations, "
             f"{x['newton_steps']} Newton steps, {x['active']} kernels active, gap {x['gap']:.2g}; working set per "
             f"outer iteration {x['working_set']}.\n\n"
             + _table(["phase", "seconds", "calls", "% of profiled fit"], rows)

@@ -24,6 +24,7 @@ from mklscale.solvers._spicy_inner import InnerProblem, KernelTerm, solve_newton
 from mklscale.solvers._spicy_loss_terms import make_loss_term
 from mklscale.solvers.losses import make_loss
 from mklscale.solvers.penalties import make_penalty
+from mklscale.solvers.toolkit import lowrank
 from mklscale.solvers.toolkit.lowrank import BlockWoodbury
 from mklscale.solvers.toolkit.working_set import HeldKernels
 
@@ -86,6 +87,21 @@ def test_full_rank_factor_gives_the_dense_result(loss):
     assert ours.converged and ours.objective == pytest.approx(dense.objective, rel=1e-7)
     np.testing.assert_allclose(ours.weights, dense.weights, atol=1e-5)
     np.testing.assert_array_equal(ours.active, dense.active)
+
+
+@pytest.mark.parametrize("newton_solver", ("auto", "cg"))
+def test_full_rank_factor_through_the_block_solves_gives_the_dense_result(newton_solver, monkeypatch):
+    """As above with the n x n path closed (lowrank.DENSE_BYTES_CAP = 0): R > n columns go through
+    BlockWoodbury ("auto") or CG on its capacitance ("cg"), and still give the dense result."""
+    monkeypatch.setattr(lowrank, "DENSE_BYTES_CAP", 0)
+    grams, X = gaussian_bank(32, 6, seed=2)
+    w, V = np.linalg.eigh(grams)
+    L = V * np.sqrt(np.maximum(w, 0.0))[:, None, :]
+    y = targets(X, "logistic", 1)
+    ours = spicy.fit(InMemoryFactorEngine(L), y, 0.05, tol=TOL, max_outer=300, newton_solver=newton_solver)
+    dense = spicy.fit(InMemoryEngine(grams), y, 0.05, tol=TOL, max_outer=300)
+    assert ours.converged and ours.objective == pytest.approx(dense.objective, rel=1e-7)
+    np.testing.assert_allclose(ours.weights, dense.weights, atol=1e-5)
 
 
 def test_factor_working_sets_start_small():
