@@ -1,8 +1,9 @@
 """skglm as a recorded peer on factor banks (issue 32): SpicyMKL against skglm's group-lasso solvers on the
 same problem, both times in one run.
 
-    python benchmarks/bench_skglm.py                     # n = 10,000 and 50,000, M = 50, r = 64 (recorded run)
-    python benchmarks/bench_skglm.py --sizes 10000       # one size
+    python benchmarks/bench_skglm.py --sizes 10000       # n = 10,000, M = 50, r = 64 (recorded run)
+    python benchmarks/bench_skglm.py --sizes 50000 --out benchmarks/results/bench_skglm_n50000.json
+    python benchmarks/bench_skglm.py --M 200 --sizes 10000 --C 0.05 --repeats 1 --out ...   # ~60 active
     python benchmarks/bench_skglm.py --quick             # n = 1000, M = 10, one repeat (a smoke test)
 
 The problem (``benchmarks/peers/skglm_group.py``): SpicyMKL's block-1 problem on a factor bank,
@@ -15,9 +16,9 @@ Protocol (bench_factor.py's): ringnorm (``load("ringnorm", n_samples=n, seed=0)`
 same +-1 labels), M Gaussian kernels on random feature subsets (``families.random_subsets(20, M, seed=0)``),
 unit trace, float32 factors of rank r (Nystrom on k-means++ landmarks). C = frac x C_max (C_max =
 ``spicy.c_max``, the smallest C keeping no kernel) for each of ``--fractions`` (ringnorm, M = 50, n = 10^4:
-C_max = 22.6 (logistic); 0.03 C_max ~ the C = 0.6 of issue 32, 5 kernels active; 0.01: ~15; 0.003: tens)
-or the values ``--C``; the number of kernels active is recorded per row. Ours: ``spicy.fit`` on the bank's engine (its passes read the bank), tol =
-``--tol`` (relative duality gap, certified). skglm: on Phi (float64, the same float32 factors widened,
+C_max = 22.6 (logistic); 0.03 C_max ~ the C = 0.6 of issue 32: 4 kernels active; 0.01: 5) or the
+values ``--C``; the number of kernels active is recorded per row. Ours: ``spicy.fit`` on the bank's
+engine (its passes read the bank), tol = ``--tol`` (relative duality gap, certified). skglm: on Phi (float64, the same float32 factors widened,
 built once per size outside the timings), tol = ``--skglm-tol`` (its own stopping criterion). Each row
 runs ours, skglm, ours, skglm, ... (``--repeats`` each, interleaved); times are medians, and the speed-up
 is the median of the per-pair ratios skglm / ours. skglm's numba code is compiled by one small solve

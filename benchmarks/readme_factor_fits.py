@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from readme_common import _load, _table, machine_with_load
+from readme_common import RESULTS, _load, _table, machine_with_load
 
 
 def render_profile_factor() -> str:
@@ -51,23 +51,28 @@ def render_profile_factor() -> str:
 
 def render_skglm() -> str:
     head = "## skglm on the same group lasso (`python benchmarks/bench_skglm.py`)\n\n"
-    r = _load("bench_skglm.json")
-    if r is None:
+    names = sorted(p.name for p in RESULTS.glob("bench_skglm*.json") if "quick" not in p.name)
+    if not names:
         return head + "Not recorded yet.\n"
-    st = r["settings"]
-    rows = [[x["n"], x["loss"], f"{x['C_fraction']:g}", x["C"], x["ours_active"], x["skglm_active"], x["ours_s"],
-             x["skglm_s"], x["speedup"], x["ours_gap"], f"{x['objective_rel_diff']:+.1e}", x["ours_passes"]]
-            for x in r["rows"]]
-    return head + (
+    out = [head + (
         "SpicyMKL's block-1 problem on a factor bank, sum_i loss(y_i, sum_m L_m v_m + b) + C sum_m ||v_m||, is "
         "the group lasso over Phi = [L_1 ... L_M] with groups of r columns and an unpenalised intercept; skglm "
-        f"{r['skglm_version']} solves it as LogisticGroup (GroupProxNewton) or QuadraticGroup (GroupBCD) with "
-        "WeightedGroupL2 at alpha = C / n (its datafits are means over the n points; tests/test_skglm_peer.py "
-        f"checks both the scaling and the optimum). Ringnorm, M = {st['M']} Gaussian kernels on random feature "
-        f"subsets, r = {st['rank']}, float32 factors (skglm gets them widened to float64, outside its timing); "
-        f"C = fraction x C_max; ours to a certified relative gap of {st['tol']:g}, skglm to its tol "
-        f"{st['skglm_tol']:g}. Each row alternates ours and skglm, {st['repeats']} runs each; seconds are "
-        "medians, skglm / ours the median of the pairs' ratios (> 1: ours faster); P diff = (P_skglm - P_ours) "
-        "/ P_ours in our units. " + machine_with_load(r["machine"]) + "\n\n"
-        + _table(["n", "loss", "C / C_max", "C", "active (ours)", "active (skglm)", "ours s", "skglm s",
-                  "skglm / ours", "our gap", "P diff", "our passes"], rows) + "\n")
+        "solves it as LogisticGroup (GroupProxNewton) or QuadraticGroup (GroupBCD) with WeightedGroupL2 at "
+        "alpha = C / n (its datafits are means over the n points; tests/test_skglm_peer.py checks both the "
+        "scaling and the optimum). Ringnorm, Gaussian kernels on random feature subsets, float32 factors (skglm "
+        "gets them widened to float64, outside its timing); C = fraction x C_max. Each row alternates ours and "
+        "skglm; seconds are medians, skglm / ours the median of the pairs' ratios (> 1: ours faster); P diff = "
+        "(P_skglm - P_ours) / P_ours in our units.\n")]
+    for name in names:
+        r = _load(name)
+        st = r["settings"]
+        rows = [[x["n"], x["loss"], f"{x['C_fraction']:.3g}", x["C"], x["ours_active"], x["skglm_active"],
+                 x["ours_s"], x["skglm_s"], x["speedup"], x["ours_gap"], f"{x['objective_rel_diff']:+.1e}",
+                 x["ours_passes"]] for x in r["rows"]]
+        out.append(
+            f"`results/{name}`: skglm {r['skglm_version']}, M = {st['M']}, r = {st['rank']}, ours to a certified "
+            f"relative gap of {st['tol']:g}, skglm to its tol {st['skglm_tol']:g}, {st['repeats']} runs each. "
+            + machine_with_load(r["machine"]) + "\n\n"
+            + _table(["n", "loss", "C / C_max", "C", "active (ours)", "active (skglm)", "ours s", "skglm s",
+                      "skglm / ours", "our gap", "P diff", "our passes"], rows) + "\n")
+    return "\n".join(out)
