@@ -254,6 +254,7 @@ def main() -> None:
     p.add_argument("--out", default=None, help="results file (default results/profile_factor[_quick].json)")
     p.add_argument("--ab", default=None, help="a folder holding the mklscale package to compare with (before)")
     p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--before-note", default=None, help="what the --ab folder holds (e.g. its commit), for the README")
     p.add_argument("--fit-once", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     workdir = Path(args.workdir)
@@ -268,7 +269,7 @@ def main() -> None:
             print(f"n = {r['n']}: before {r['before_s']:.2f} s, after {r['after_s']:.2f} s, "
                   f"after / before {r['ratio_after_before']:.3f} (median of {r['rounds']} pairs)")
         out = Path(args.out) if args.out else RESULTS / "profile_factor_ab.json"
-        write_record({"machine": machine, "before": str(args.ab), "rows": rows}, out)
+        write_record({"machine": machine, "before": str(args.ab), "before_note": args.before_note, "rows": rows}, out)
         return
     sizes, M = ([2000], 10) if args.quick else (args.sizes, args.M)
     rows = []

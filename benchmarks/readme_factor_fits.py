@@ -34,18 +34,21 @@ def render_profile_factor() -> str:
             + _table(["function", "calls", "own s", "cumulative s"], top) + "\n")
     ab = _load("profile_factor_ab.json")
     if ab is not None:
-        rows = [[x["n"], x["M"], x["rank"], x["before_s"], x["after_s"], x["ratio_after_before"],
+        rows = [[x["n"], x["M"], x["rank"], x["rounds"], x["before_s"], x["after_s"], x["ratio_after_before"],
                  " / ".join(f"{v:.2f}" for v in x["ratios"]),
                  f"{x['runs']['before'][0]['newton_steps']} / {x['runs']['after'][0]['newton_steps']}",
                  f"{x['runs']['before'][0]['objective']:.7g} / {x['runs']['after'][0]['objective']:.7g}"]
                 for x in ab["rows"]]
         out.append(
             "### Before and after (`--ab`)\n\n"
-            f"The same fit in the package under `{ab['before']}` (before) and in this checkout (after), one "
+            f"The same fit in the package under `{ab['before']}` (before"
+            + (f": {ab['before_note']}" if ab.get("before_note") else "") + ") and in this checkout (after), one "
             "process per fit, alternating before, after, before, ...; the ratio is the median of the pairs' "
             f"after / before. {machine_with_load(ab['machine'])}\n\n"
-            + _table(["n", "M", "r", "before s", "after s", "after / before", "pair ratios", "Newton steps",
-                      "objective"], rows) + "\n")
+            + _table(["n", "M", "r", "pairs", "before s", "after s", "after / before", "pair ratios", "Newton steps",
+                      "objective"], rows)
+            + ("" if "machine_n50000" not in ab else
+               f"\n\nThe n = 50,000 row is a separate run: {machine_with_load(ab['machine_n50000'])}") + "\n")
     return "\n".join(out)
 
 
