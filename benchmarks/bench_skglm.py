@@ -18,8 +18,8 @@ unit trace, float32 factors of rank r (Nystrom on k-means++ landmarks). C = frac
 ``spicy.c_max``, the smallest C keeping no kernel) for each of ``--fractions`` (ringnorm, M = 50, n = 10^4:
 C_max = 22.6 (logistic); 0.03 C_max ~ the C = 0.6 of issue 32: 4 kernels active; 0.01: 5) or the
 values ``--C``; the number of kernels active is recorded per row. Ours: ``spicy.fit`` on the bank's
-engine (its passes read the bank), tol = ``--tol`` (relative duality gap, certified). skglm: on Phi (float64, the same float32 factors widened,
-built once per size outside the timings), tol = ``--skglm-tol`` (its own stopping criterion). Each row
+engine (its passes read the bank), tol = ``--tol`` (relative duality gap, certified). skglm: on Phi
+(float64, the same float32 factors widened, built once per size outside the timings), tol = ``--skglm-tol`` (its own stopping criterion). Each row
 runs ours, skglm, ours, skglm, ... (``--repeats`` each, interleaved); times are medians, and the speed-up
 is the median of the per-pair ratios skglm / ours. skglm's numba code is compiled by one small solve
 per loss before any timing. Objective agreement: (P_skglm - P_ours) / |P_ours|, both evaluated in our

@@ -282,7 +282,8 @@ def main() -> None:
             print(f"   {'  ' if ph['parent'] else ''}{ph['phase']:<18} {ph['seconds']:8.2f} s  {ph['calls']:6d} calls")
         print(f"   {'other':<18} {r['other_s']:8.2f} s")
     RESULTS.mkdir(exist_ok=True)
-    out = Path(args.out) if args.out else RESULTS / ("profile_factor_quick.json" if args.quick else "profile_factor.json")
+    name = "profile_factor_quick.json" if args.quick else "profile_factor.json"
+    out = Path(args.out) if args.out else RESULTS / name
     write_record({"machine": machine, "rows": rows}, out)
 
 

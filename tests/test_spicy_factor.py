@@ -203,8 +203,8 @@ def test_block_woodbury_is_the_formed_woodbury():
 
 @pytest.mark.parametrize("loss", LOSSES)
 def test_capacitance_cg_newton_reaches_the_dense_and_cvxpy_optimum(bank, loss):
-    """newton_solver="cg" on factors: inexact Newton steps by CG on the Woodbury capacitance reach the optimum of the dense engine and of
-    cvxpy, and the gap bounds the truth."""
+    """newton_solver="cg" on factors: inexact Newton steps by CG on the Woodbury capacitance reach the
+    optimum of the dense engine and of cvxpy, and the gap bounds the truth."""
     L, K, X = bank
     y = targets(X, loss, 1)
     ours, dense = fit_both(L, K, y, C=0.1, loss=loss, penalty="l1", newton_solver="cg")

@@ -315,8 +315,9 @@ def solve_newton_system(system: NewtonSystem, kernels: KernelTerm, rhs: np.ndarr
     an n x n matrix fits in ``lowrank.DENSE_BYTES_CAP``) (n^3/3 flops, n x n memory; jitter if needed), or Woodbury
     on H = D + F F^T (``toolkit.lowrank.BlockWoodbury`` on F = [L_j S_j] given by its blocks, never
     formed: one R x R Cholesky, O(n R^2), R the summed rank of the active kernels; "cg" on factor
-    kernels: block-Jacobi CG on its capacitance, ``BlockWoodbury.capacitance_cg``). Factor kernels always use Woodbury (H is never formed); dense
-    kernels use it under "auto" when n >= LOW_RANK_MIN_N and their pivoted Cholesky factors have
+    kernels: block-Jacobi CG on its capacitance, ``BlockWoodbury.capacitance_cg``). Factor kernels
+    always use Woodbury (H is never formed); dense kernels use it under "auto" when n >= LOW_RANK_MIN_N
+    and their pivoted Cholesky factors have
     R < min(LOW_RANK_SHARE n, LOW_RANK_MAX_COLUMNS) columns in all, else "cg". "cg" (dense kernels):
     H without its rank-one terms is formed as for the Cholesky (k n^2), then Jacobi-preconditioned
     conjugate gradients (one n x n product a step, 2 n^2 flops, instead of the n^3/3 of the
