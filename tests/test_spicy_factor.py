@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from test_spicy import EPS, LAM, LOSSES, PENALTIES, Q, cvxpy_optimum, gaussian_bank, targets
 
-from mklscale.engine import InMemoryEngine
+from mklscale.engine import InMemoryEngine, representation
+from mklscale.engine.representation import DENSE, FACTOR
 from mklscale.engine.memory import InMemoryFactorEngine
 from mklscale.errors import InvalidInputError
 from mklscale.solvers import spicy
@@ -23,6 +24,8 @@ from mklscale.solvers._spicy_inner import InnerProblem, KernelTerm, solve_newton
 from mklscale.solvers._spicy_loss_terms import make_loss_term
 from mklscale.solvers.losses import make_loss
 from mklscale.solvers.penalties import make_penalty
+from mklscale.solvers.toolkit import lowrank
+from mklscale.solvers.toolkit.lowrank import BlockWoodbury
 from mklscale.solvers.toolkit.working_set import HeldKernels
 
 TOL = 1e-8
@@ -86,6 +89,45 @@ def test_full_rank_factor_gives_the_dense_result(loss):
     np.testing.assert_array_equal(ours.active, dense.active)
 
 
+@pytest.mark.parametrize("newton_solver", ("auto", "cg"))
+def test_full_rank_factor_through_the_block_solves_gives_the_dense_result(newton_solver, monkeypatch):
+    """As above with the n x n path closed (lowrank.DENSE_BYTES_CAP = 0): R > n columns go through
+    BlockWoodbury ("auto") or CG on its capacitance ("cg"), and still give the dense result."""
+    monkeypatch.setattr(lowrank, "DENSE_BYTES_CAP", 0)
+    grams, X = gaussian_bank(32, 6, seed=2)
+    w, V = np.linalg.eigh(grams)
+    L = V * np.sqrt(np.maximum(w, 0.0))[:, None, :]
+    y = targets(X, "logistic", 1)
+    ours = spicy.fit(InMemoryFactorEngine(L), y, 0.05, tol=TOL, max_outer=300, newton_solver=newton_solver)
+    dense = spicy.fit(InMemoryEngine(grams), y, 0.05, tol=TOL, max_outer=300)
+    assert ours.converged and ours.objective == pytest.approx(dense.objective, rel=1e-7)
+    np.testing.assert_allclose(ours.weights, dense.weights, atol=1e-5)
+
+
+def test_factor_working_sets_start_small():
+    """Factor banks start W from WORKING_SET_START_COLUMNS / r kernels (issue 32), dense ones from the default."""
+    assert DENSE.working_set_start(32, None) == 32
+    assert FACTOR.working_set_start(32, 64) == representation.WORKING_SET_START_COLUMNS // 64
+    assert FACTOR.working_set_start(32, 4) == 32 and FACTOR.working_set_start(32, 10_000) == 1
+
+
+@pytest.mark.parametrize("loss", ("logistic", "square", "hinge"))
+def test_small_first_working_set_matches_dense_and_cvxpy(loss, monkeypatch):
+    """With the start lowered to one kernel, W grows from its violators (several rounds, several
+    kernels active) to the optimum of the dense engine and of cvxpy, and the gap bounds the truth."""
+    monkeypatch.setattr(representation, "WORKING_SET_START_COLUMNS", 4)
+    L, K, X = factor_bank(n=40, M=10, r=4, seed=3)
+    y = targets(X, loss, 1)
+    ours, dense = fit_both(L, K, y, C=0.05, loss=loss, penalty="l1")
+    optimum = cvxpy_optimum(K, y, 0.05, loss, "l1")
+    assert ours.history[0]["working_set"] == 1 and ours.history[-1]["working_set"] > 1
+    assert dense.history[0]["working_set"] > 1
+    assert ours.converged and ours.active.size >= 2
+    assert ours.objective == pytest.approx(dense.objective, rel=1e-7)
+    assert ours.objective == pytest.approx(optimum, rel=1e-6)
+    assert (ours.objective - optimum) / abs(ours.objective) <= max(ours.gap, 0.0) + 1e-9
+
+
 def test_cut_short_gap_still_bounds_the_suboptimality(bank):
     """Stopped after a few outer iterations, the gap is large but still an upper bound."""
     L, K, X = bank
@@ -130,6 +172,61 @@ def test_woodbury_agrees_with_dense_cholesky(bank, loss, bias_mode, tau):
                                      (dense_sys, dense_k, "cg")):
         x = solve_newton_system(system, kernels, rhs, backend)
         np.testing.assert_allclose(x, x_chol, rtol=1e-7, atol=1e-9 * np.abs(x_chol).max())
+
+
+def test_block_woodbury_is_the_formed_woodbury():
+    """BlockWoodbury (F = [L_j S_j] never formed; float32 blocks widened as they are scaled) solves
+    (D + F F^T) x = b as the dense solve of the formed matrix does."""
+    rng = np.random.default_rng(4)
+    n = 50
+    blocks = [rng.normal(size=(n, 5)).astype(np.float32), rng.normal(size=(n, 3)), np.ones((n, 1))]
+    sigma, coef = [1.5, 0.7, 2.0], [-0.1, 0.3, 0.0]
+    zs = [rng.normal(size=5), rng.normal(size=3), np.zeros(1)]
+    D = rng.uniform(0.5, 2.0, size=n)
+    F = np.concatenate([np.asarray(L, dtype=np.float64) @ (s * np.eye(L.shape[1]) + c * np.outer(z, z))
+                        for L, s, c, z in zip(blocks, sigma, coef, zs)], axis=1)
+    H = np.diag(D) + F @ F.T
+    rhs = rng.normal(size=(n, 2))
+    solver = BlockWoodbury(D, blocks, sigma, coef, zs)
+    np.testing.assert_allclose(solver.solve(rhs), np.linalg.solve(H, rhs), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(solver.solve(rhs[:, 0]), np.linalg.solve(H, rhs[:, 0]), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(BlockWoodbury(D, [], [], [], []).solve(rhs), rhs / D[:, None], rtol=1e-15)
+    # block-Jacobi CG on the capacitance, never formed: the same solution to its tolerance
+    lazy = BlockWoodbury(D, blocks, sigma, coef, zs, factorise=False)
+    assert lazy.cho is None
+    x = lazy.capacitance_cg(rhs, 1e-12, 200)
+    np.testing.assert_allclose(x, np.linalg.solve(H, rhs), rtol=1e-9, atol=1e-11)
+    assert lazy.cho is None
+    assert lazy.capacitance_cg(rhs, 1e-14, 1) is None       # not there in one step
+    np.testing.assert_allclose(lazy.factorise().solve(rhs), np.linalg.solve(H, rhs), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+def test_capacitance_cg_newton_reaches_the_dense_and_cvxpy_optimum(bank, loss):
+    """newton_solver="cg" on factors: inexact Newton steps by CG on the Woodbury capacitance reach the
+    optimum of the dense engine and of cvxpy, and the gap bounds the truth."""
+    L, K, X = bank
+    y = targets(X, loss, 1)
+    ours, dense = fit_both(L, K, y, C=0.1, loss=loss, penalty="l1", newton_solver="cg")
+    optimum = cvxpy_optimum(K, y, 0.1, loss, "l1")
+    assert ours.converged and ours.objective == pytest.approx(dense.objective, rel=1e-7)
+    assert ours.objective == pytest.approx(optimum, rel=1e-6)
+    assert (ours.objective - optimum) / abs(ours.objective) <= max(ours.gap, 0.0) + 1e-9
+
+
+def test_capacitance_cg_is_only_asked_for(bank, monkeypatch):
+    """On factors, "auto" and "woodbury" factorise the capacitance; "cg" runs CG on it, to the same solution."""
+    L, _, _ = bank
+    system, kernels, rhs = _system(InMemoryFactorEngine(L), 7)
+    calls = []
+    original = BlockWoodbury.capacitance_cg
+    monkeypatch.setattr(BlockWoodbury, "capacitance_cg", lambda self, *a: calls.append(1) or original(self, *a))
+    exact = solve_newton_system(system, kernels, rhs, "woodbury")
+    np.testing.assert_array_equal(solve_newton_system(system, kernels, rhs, "auto"), exact)
+    assert not calls
+    x = solve_newton_system(system, kernels, rhs, "cg", forcing=1e-12)
+    assert calls
+    np.testing.assert_allclose(x, exact, rtol=1e-8, atol=1e-10 * np.abs(exact).max())
 
 
 def test_newton_cg_is_inexact_newton_with_the_forcing_tolerance(bank, monkeypatch):

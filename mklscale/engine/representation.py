@@ -38,6 +38,10 @@ The operations, for a stored block B of kernel K (U (k, n) rows u_j, T (n, n), w
     cached_columns(n, p, budget)        kernel columns worth caching in an SMO step (0: read from B)
     newton_backend(requested)           the back end of the Newton systems (SpicyMKL); refuses one
                                         the representation cannot serve
+    working_set_start(default, rank)    how many kernels SpicyMKL's working set starts from:
+                                        ``default`` for dense kernels, where a Newton step costs
+                                        O(n^3) whatever W holds; fewer on factors
+                                        (``Factor.working_set_start``)
     optional_dense(engine, w)           (n, n) sum_m w_m K_m for a step that only helps (SMO-MKL's
                                         start); None where the representation keeps it low-rank
     combined_matvec(engine, w, v)       (sum_m w_m K_m) v, forming only what the representation needs
@@ -67,6 +71,8 @@ from mklscale.errors import InvalidInputError
 
 #: Kernels widened to float64 at once in the held-factor products (bounds the transient copy).
 FACTOR_BATCH = 16
+#: Summed rank of the kernels a working set starts from on a factor bank (``Factor.working_set_start``).
+WORKING_SET_START_COLUMNS = 512
 
 
 def pivoted_cholesky(A: np.ndarray, tol: float, max_rank: int) -> np.ndarray | None:
@@ -196,6 +202,11 @@ class Representation(ABC):
     def newton_backend(self, requested: str) -> str:
         """The Newton back end to use for ``requested`` (SpicyMKL's ``newton_solver``)."""
         return requested
+
+    def working_set_start(self, default: int, rank: int | None) -> int:
+        """How many kernels a working-set solver starts from: ``default``
+        (dense kernels: a Newton step costs O(n^3) for the n x n Cholesky whatever W holds)."""
+        return int(default)
 
     # ---- combinations ---------------------------------------------------------------------------------
     @abstractmethod
@@ -419,6 +430,16 @@ class Factor(Representation):
             raise InvalidInputError("newton_solver='cholesky' would form n x n Newton matrices from a factor bank; "
                                     "use 'auto' or 'woodbury' (the Woodbury solve on the factors)")
         return "woodbury"
+
+    def working_set_start(self, default, rank):
+        """min(default, max(1, WORKING_SET_START_COLUMNS // r)) kernels: 8 at r = 64. A Newton step on
+        factors costs O(n R^2) with R = r x (kernels that enter), and the proximal method's first outer
+        steps have every kernel of W in its Newton systems (alpha_m + gamma_m rho stays above the
+        threshold while gamma_m is small), while a pass over a factor bank costs O(n r M) (issue 32:
+        ringnorm n = 10,000, M = 50, r = 64, C = 0.6, 5 kernels active: 35.2 s starting from 32 kernels,
+        of which 34.4 s in Newton systems of up to R = 2048 columns, against 6.2 s from 8 and 3.3 s
+        from 4; M = 200, C = 0.2, 15 active: 60 s / 17.7 s / 26 s: from 4, more rounds)."""
+        return int(min(default, max(1, WORKING_SET_START_COLUMNS // max(1, int(rank or 1)))))
 
     def optional_dense(self, engine, weights):
         return None

@@ -40,7 +40,7 @@ import numpy as np
 import scipy.linalg
 from mklscale.solvers.toolkit.lowrank import dense_ok
 from mklscale.solvers.penalties import Penalty
-from mklscale.solvers.toolkit.lowrank import woodbury_solve
+from mklscale.solvers.toolkit.lowrank import BlockWoodbury
 from mklscale.solvers.toolkit.working_set import HeldKernels
 
 
@@ -234,32 +234,52 @@ class NewtonSystem:
                 H += self.w.T @ (self.rank_one[:, None] * self.w)
         return H
 
-    def low_rank(self, kernels: KernelTerm, max_columns: int | None = None):
-        """(D, F) with H = diag(D) + F F^T (class docstring), or None when the kernels' factors
-        have more than ``max_columns`` columns in all (dense kernels, see HeldKernels.factors)."""
+    def blocks(self, kernels: KernelTerm, max_columns: int | None = None):
+        """(D, [L_j], sigma, coef, [z_j]) with H = diag(D) + sum_j L_j S_j^2 L_j^T, S_j = sigma_j I +
+        coef_j z_j z_j^T (class docstring: sigma_j = sqrt(scale_j), S_j has sqrt(gamma^2 psi'') along z_j),
+        the bias as one more block (the column 1, sigma = sqrt(bias)); None when the kernels' factors have
+        more than ``max_columns`` columns in all (dense kernels, see HeldKernels.factors). D is floored
+        at 1e-14 max(D) (a positive diagonal for the Woodbury scaling)."""
         n = self.loss_diag.size
-        held = kernels.held
         bias_cols = 1 if self.bias else 0
         cap = None if max_columns is None else max_columns - bias_cols
-        parts = []
+        Ls, sigma, coef, zs = [], [], [], []
         if self.on.size:
-            stored = held.factor_list(self.on, max_columns=cap)
+            stored = kernels.held.factor_list(self.on, max_columns=cap)
             if stored is None:
                 return None
             for L, s, r1, a in zip(stored, self.scale, self.rank_one, self.a):
                 z = L.T @ a
                 zz = float(z @ z)
                 along = max(s + r1 * zz, 0.0)                 # = gamma^2 psi'' (exactly, up to rounding)
-                col = np.sqrt(s) * L
-                if zz > 0.0:
-                    col += np.outer(L @ z, (np.sqrt(along) - np.sqrt(s)) * z / zz)
-                parts.append(col)
+                Ls.append(L)
+                sigma.append(np.sqrt(s))
+                coef.append((np.sqrt(along) - np.sqrt(s)) / zz if zz > 0.0 else 0.0)
+                zs.append(z)
         if self.bias:
-            parts.append(np.full((n, 1), np.sqrt(self.bias)))
-        F = np.concatenate(parts, axis=1) if parts else np.zeros((n, 0))
+            Ls.append(np.ones((n, 1)))
+            sigma.append(np.sqrt(self.bias))
+            coef.append(0.0)
+            zs.append(np.zeros(1))
         D = self.loss_diag + self.prox
-        floor = 1e-14 * max(float(np.max(D, initial=0.0)), float(np.max(np.einsum("ij,ij->i", F, F), initial=0.0)), 1e-300)
-        return np.maximum(D, floor), F
+        return np.maximum(D, 1e-14 * max(float(np.max(D, initial=0.0)), 1e-300)), Ls, sigma, coef, zs
+
+    def low_rank(self, kernels: KernelTerm, max_columns: int | None = None):
+        """(D, F) with H = diag(D) + F F^T, F = [L_j S_j] formed (n, R) (:meth:`blocks`), or None."""
+        parts = self.blocks(kernels, max_columns)
+        return None if parts is None else self.formed(parts)
+
+    @staticmethod
+    def formed(parts):
+        """(D, F) from the parts of :meth:`blocks`."""
+        D, Ls, sigma, coef, zs = parts
+        cols = [sg * L + (np.outer(L @ z, c * z) if c else 0.0) for L, sg, c, z in zip(Ls, sigma, coef, zs)]
+        return D, (np.concatenate(cols, axis=1) if cols else np.zeros((D.size, 0)))
+
+    def woodbury(self, kernels: KernelTerm, max_columns: int | None = None):
+        """H^{-1} as a ``lowrank.BlockWoodbury`` on :meth:`blocks` (F never formed), or None."""
+        parts = self.blocks(kernels, max_columns)
+        return None if parts is None else BlockWoodbury(*parts)
 
 
 #: Newton back ends: "auto" (Woodbury on factor kernels; on dense kernels with n >= LOW_RANK_MIN_N
@@ -269,6 +289,15 @@ NEWTON_BACKENDS = ("auto", "cholesky", "woodbury", "cg")
 #: Newton-CG: the most CG steps, as a share of n, before falling back to the dense Cholesky (each
 #: step is one n x n product, 2 n^2 flops; the Cholesky costs n^3/3).
 CG_MAX_SHARE = 0.05
+#: Factor kernels, newton_solver="cg": block-Jacobi CG on the Woodbury capacitance
+#: (``BlockWoodbury.capacitance_cg``: 4 n R flops a step against the n R^2 of forming the capacitance),
+#: stopped at the inexact-Newton forcing tolerance, at most max(CAPACITANCE_CG_MIN_STEPS, (R - r) / 8)
+#: steps (then it costs less than the factorisation), else the factorised Woodbury solve. Not "auto"'s
+#: choice (issue 32, ringnorm n = 10,000, M = 200, r = 64, C = 0.05, 60 kernels active, R up to 4096,
+#: loaded 2-core machine: 273 s with CG from R = 1024 on, 273 s with Woodbury throughout; CG faster
+#: from R ~ 3000, slower below): the preconditioner ignores the kernels' overlap (overlapping Gaussian
+#: kernels on shared features), so CG needs many steps; a stronger one would make it pay.
+CAPACITANCE_CG_MIN_STEPS = 20
 #: Dense kernels are factorised (pivoted Cholesky) for the Woodbury solve only from this n on: below
 #: it the n x n Cholesky costs less than factoring, and results stay those of the dense path.
 LOW_RANK_MIN_N = 512
@@ -284,9 +313,11 @@ def solve_newton_system(system: NewtonSystem, kernels: KernelTerm, rhs: np.ndarr
 
     Back ends: the dense Cholesky of H (also for factor kernels whose summed rank R exceeds n, while
     an n x n matrix fits in ``lowrank.DENSE_BYTES_CAP``) (n^3/3 flops, n x n memory; jitter if needed), or Woodbury
-    on H = D + F F^T (``toolkit.lowrank.woodbury_solve``: one R x R Cholesky, O(n R^2), R the summed
-    rank of the active kernels). Factor kernels always use Woodbury (H is never formed); dense
-    kernels use it under "auto" when n >= LOW_RANK_MIN_N and their pivoted Cholesky factors have
+    on H = D + F F^T (``toolkit.lowrank.BlockWoodbury`` on F = [L_j S_j] given by its blocks, never
+    formed: one R x R Cholesky, O(n R^2), R the summed rank of the active kernels; "cg" on factor
+    kernels: block-Jacobi CG on its capacitance, ``BlockWoodbury.capacitance_cg``). Factor kernels
+    always use Woodbury (H is never formed); dense kernels use it under "auto" when n >= LOW_RANK_MIN_N
+    and their pivoted Cholesky factors have
     R < min(LOW_RANK_SHARE n, LOW_RANK_MAX_COLUMNS) columns in all, else "cg". "cg" (dense kernels):
     H without its rank-one terms is formed as for the Cholesky (k n^2), then Jacobi-preconditioned
     conjugate gradients (one n x n product a step, 2 n^2 flops, instead of the n^3/3 of the
@@ -297,20 +328,29 @@ def solve_newton_system(system: NewtonSystem, kernels: KernelTerm, rhs: np.ndarr
     that of the Cholesky back end within the inner tolerance (bench_spicy_newton.py).
     """
     n = system.loss_diag.size
+    requested = backend
     backend = kernels.held.rep.newton_backend(backend)    # factor kernels: Woodbury, H never formed
     if backend == "woodbury":
-        D, F = system.low_rank(kernels)
-        if F.shape[1] > n and dense_ok(n):
+        parts = system.blocks(kernels)
+        R = sum(L.shape[1] for L in parts[1])
+        if R > n and dense_ok(n):
             # more factor columns than rows: the n x n system is the smaller one (n^2 R + n^3/3 flops
             # against n R^2 + R^3/3; at n = 2000, r = 256 with ~20 kernels on: 40x fewer)
+            D, F = system.formed(parts)
             H = F @ F.T
             H[np.diag_indices_from(H)] += D
             return _cholesky_solve(H, rhs)
-        return woodbury_solve(D, F, rhs)
+        solver = BlockWoodbury(*parts, factorise=False)
+        if requested == "cg":
+            widest = max((L.shape[1] for L in parts[1]), default=0)
+            x = solver.capacitance_cg(rhs, forcing, max(CAPACITANCE_CG_MIN_STEPS, (R - widest) // 8))
+            if x is not None:
+                return x
+        return solver.factorise().solve(rhs)
     if backend == "auto" and n >= LOW_RANK_MIN_N:
-        parts = system.low_rank(kernels, max_columns=int(min(LOW_RANK_SHARE * n, LOW_RANK_MAX_COLUMNS)))
-        if parts is not None:
-            return woodbury_solve(*parts, rhs)
+        solver = system.woodbury(kernels, max_columns=int(min(LOW_RANK_SHARE * n, LOW_RANK_MAX_COLUMNS)))
+        if solver is not None:
+            return solver.solve(rhs)
         backend = "cg"
     if backend == "cg":
         H0 = system.dense(kernels, rank_one=False)

@@ -51,7 +51,8 @@ Out of core
 -----------
 Kernels with alpha_m = 0 only enter through ||rho||_{K_m}. The solver keeps a working set W of
 dense kernels (engine.blocks), initialised from one full quad_forms pass at the projected initial
-rho (the first 32 kernels above the penalty threshold, largest first). It solves on W until the
+rho (the first 32 kernels above the penalty threshold, largest first; on a factor bank the first
+512 / r, see below). It solves on W until the
 duality gap of the restricted problem is below tol, then certifies over all M kernels: if the bound
 ||u||_K <= ||u_ref||_K + sqrt(lambda_max(K)) ||u - u_ref||_2 (u_ref from the last pass) proves every
 kernel outside W below the threshold, no pass is needed; otherwise one quad_forms pass computes the
@@ -65,6 +66,10 @@ solved on the K~_m (f = sum_m L_m v_m + b, ||f_m|| = ||v_m||): W holds the facto
 is K~_m u = L_m (L_m^T u), and the Newton systems are solved by Woodbury on the stacked factors of
 the kernels that enter (``_spicy_inner.solve_newton_system``): O(n R^2) per Newton step with R the
 summed rank, never an n x n array. Every loss and penalty runs there (tests/test_spicy_factor.py).
+While gamma_m is small, the proximal method's first outer steps keep every kernel of W in their
+Newton systems, so W starts from fewer kernels there: 512 / r of them (``Factor.working_set_start``,
+8 at r = 64; issue 32: 35 s -> 6 s at n = 10,000, M = 50, 5 active; a pass over factors costs
+O(n r M), far less than those Newton steps).
 
 Memory: W's kernels are held once, as the engine stores them (float32 for a float32 bank; the
 engine is asked not to keep a cache copy of them, ``blocks(idx, keep=False)``), and every product
@@ -127,6 +132,8 @@ class _Spicy:
         self._said_working_set = 0   # |W| at the last verbose line (a rise of the gap may come from W growing)
         self.screen = Screening(engine, lambda_max)
         self.threshold = penalty.threshold(C)
+        # the first round's size: INITIAL_WORKING_SET, fewer on factor banks (Factor.working_set_start)
+        self.initial_size = engine.kernel_representation.working_set_start(INITIAL_WORKING_SET, engine.rank)
         self.working_set_rule = check.check_working_set(working_set, self.M)
         mode = "conjugate" if method == "one_step" else "proximal"
         self.kernels = KernelTerm(HeldKernels(engine, working_set_bytes, "SpicyMKL"), penalty, C, mode)
@@ -201,7 +208,8 @@ class _Spicy:
 
     def _growth(self, size: int, violators: int) -> int:
         """How many violators join a working set of ``size`` kernels (largest first): the first
-        INITIAL_WORKING_SET, then at most max(MIN_ADDITIONS, GROWTH[method] * size) per round.
+        INITIAL_WORKING_SET (fewer on a factor bank: ``Representation.working_set_start``, 8 at
+        r = 64), then at most max(MIN_ADDITIONS, GROWTH[method] * size) per round.
 
         Each round costs a certification pass over all M kernels plus an inner solve whose Newton
         steps cost O(|W| n^2), so the rule trades passes against inner work. proximal (block
@@ -215,7 +223,7 @@ class _Spicy:
         every violator at once (which needs 1-3 passes but runs every Newton step on W = M).
         """
         if size == 0:
-            return min(violators, INITIAL_WORKING_SET)
+            return min(violators, self.initial_size)
         return min(violators, max(MIN_ADDITIONS, GROWTH[self.method] * size))
 
     # -- one outer step ------------------------------------------------------------------------
@@ -492,7 +500,8 @@ def fit(engine, y, C, loss="logistic", penalty="l1", lam=0.5, q=1.5, eps=0.1, bi
         for an engine without one. A fit whose violators no longer fit raises InvalidInputError.
     newton_solver : how the inner Newton systems are solved (``_spicy_inner.solve_newton_system``):
         "auto" (Woodbury on factor banks and on dense kernels of small summed rank, n >= 512; else
-        dense Cholesky), "cholesky" (dense only), "woodbury".
+        dense Cholesky), "cholesky" (dense only), "woodbury", "cg" (dense kernels: Jacobi-preconditioned
+        CG on the formed matrix; factor banks: block-Jacobi CG on the Woodbury capacitance, never formed).
     verbose : print one line per outer iteration.
     checkpoint : None or a ``mklscale.runtime.checkpoint.Checkpoint``: the state (see ``_Spicy._state``)
         is saved at the top of outer iterations when due and on SIGTERM/SIGINT; a run started with a
