@@ -378,7 +378,8 @@ def render_lowrank_floor() -> str:
              "or ridge-leverage-score landmarks (recursive RLS-Nystrom, Musco & Musco 2017) and pivoted Cholesky to "
              "relative residual trace 1e-3 (at most r columns). Cells: test accuracy minus the dense bank's, in points, "
              "then the median relative trace error (tr K - tr K~) / tr K of the kernels. Target: every method within "
-             "0.5 points of dense at the smallest rank where the best rank-r approximation is."]
+             "0.5 points of dense at the smallest rank where the best rank-r approximation is (0.5 points = 10 of "
+             "the 2000 test rows: differences of that size are within what a change of landmarks alone moves)."]
     datasets = sorted({(x["dataset"], x["n"], x["M"]) for x in d["rows"]})
     verdicts = []
     for name, n, M in datasets:
@@ -392,14 +393,14 @@ def render_lowrank_floor() -> str:
                      f"(fit {dense['fit_s']:.1f} s, {dense['active']} kernels kept).\n\n"
                      + _table(["rank"] + methods, table))
         floor = next((r for r in ranks if ("best rank-r", r) in cell
-                      and cell["best rank-r", r]["accuracy_minus_dense"] >= -0.5), None)
+                      and cell["best rank-r", r]["accuracy_minus_dense"] >= -0.5 - 1e-9), None)
         if floor is None:
             verdicts.append(f"{name}: the best rank-r approximation is not within 0.5 points at any recorded rank")
             continue
         missed = [f"{m} ({cell[m, floor]['accuracy_minus_dense']:+.2f} points, trace error "
                   f"{cell[m, floor]['approx_error_median']:.3f} against the floor's "
                   f"{cell['best rank-r', floor]['approx_error_median']:.3f})"
-                  for m in methods[1:] if (m, floor) in cell and cell[m, floor]["accuracy_minus_dense"] < -0.5]
+                  for m in methods[1:] if (m, floor) in cell and cell[m, floor]["accuracy_minus_dense"] < -0.5 - 1e-9]
         verdicts.append(f"{name}: the floor is within 0.5 points from r = {floor}; there "
                         + ("every method is too" if not missed else "missed by " + ", ".join(missed)))
     parts.append("Verdict per dataset: " + "; ".join(verdicts) + ".")
