@@ -33,6 +33,7 @@ solver = "sgd"
 C = 0.1
 T = 10000
 seed = 3
+tol = 1e-12          # never certified: all T iterations run, long enough to be interrupted
 [report]
 enabled = false
 [checkpoint]
