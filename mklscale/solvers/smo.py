@@ -144,7 +144,7 @@ def fit(engine, y, C, eps1: float | None = None, eps2: float | None = None, mu: 
     eps2 : eps2 of (OPT_3)/(OPT_4); each SMO stage is solved to eps2 / 2. None: when ``tol`` stops the run,
         tol itself kept within [EPS2_PAPER, EPS2_LOOSEST] = [1e-4, 1e-3] (the certified gap decides; the stage
         precision only has to let the gap fall to tol, and it is tightened by mu whenever the gap is all that
-        is missing or falls by less than kappa did); the paper's EPS2_PAPER with tol=None.
+        is missing, or falls by less than kappa did: then the same kappa is solved again); the paper's EPS2_PAPER with tol=None.
     mu : kappa <- mu kappa between stages, in (0, 1).
     d : (M,) positive per-kernel weights d_j of (P) (None: all 1).
     tol : stop when the relative duality gap certified over all kernels is <= tol (module docstring,
@@ -394,8 +394,11 @@ class _SMO:
                 continue
             zero_streak = np.where(eta > 0.0, 0, zero_streak + 1)
             Z, q, W, zero_streak = self._drop(Z, q, W, zero_streak)
+            if stalled:         # held up by the SMO precision, not by kappa: tighten it and solve this kappa again
+                smo_eps *= self.mu
+                continue
             kappa *= self._kappa_step(gap)
-            if (certified and paper_test) or stalled:  # the gap is limited by the SMO precision as well
+            if certified and paper_test:  # only the gap is missing: it is limited by the SMO precision as well
                 smo_eps *= self.mu
 
         weights = np.zeros(self.M)
