@@ -4,7 +4,6 @@ end to end where the MKLpy environment exists."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,26 +12,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _benchmarks import ROOT, load_module
 
-ROOT = Path(__file__).resolve().parents[1]
 MKLPY_PY = Path(os.environ.get("MKLPY_VENV", ROOT / "benchmarks" / "peers" / ".venv")) / "bin" / "python"
-
-
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
 def bench():
-    return _load("bench_peers", ROOT / "benchmarks" / "bench_peers.py")
+    return load_module("bench_peers", ROOT / "benchmarks" / "bench_peers.py")
 
 
 @pytest.fixture(scope="module")
 def runner():
-    return _load("run_mklpy", ROOT / "benchmarks" / "peers" / "run_mklpy.py")
+    return load_module("run_mklpy", ROOT / "benchmarks" / "peers" / "run_mklpy.py")
 
 
 def test_choice_rule_is_model_selections(runner):
@@ -116,7 +108,7 @@ def test_readme_states_the_footing_and_the_stops():
     each fit's iterations and stopping reason; runs from before issue 21 keep their old sentence."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        mr = _load("readme_peers", ROOT / "benchmarks" / "readme_peers.py")
+        mr = load_module("readme_peers", ROOT / "benchmarks" / "readme_peers.py")
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
     p = {"C": 1.0, "match": {"AverageMKL": "uniform"},

@@ -4,9 +4,6 @@ skglm's own objective (datafit averaged over n, alpha = C / n) is ours divided b
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -14,20 +11,12 @@ pytest.importorskip("skglm", reason="skglm (the test extra) is not installed: pi
 
 from mklscale.engine.memory import InMemoryFactorEngine  # noqa: E402
 from mklscale.solvers import spicy  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from _benchmarks import ROOT, load_module  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def peer():
-    return _load("skglm_group", ROOT / "benchmarks" / "peers" / "skglm_group.py")
+    return load_module("skglm_group", ROOT / "benchmarks" / "peers" / "skglm_group.py")
 
 
 def problem(loss: str, n=300, M=10, r=8, seed=0):
