@@ -35,7 +35,9 @@ Continuation (§4.4):
           is free after each stage; when it is <= tol, one pass certifies it over all kernels.
           ``tol=None`` keeps the paper's test alone. When (OPT_3) holds but the gap does not, the
           SMO precision is tightened by mu along with kappa, since the gap is then limited by
-          eps2 / 2 as much as by kappa.
+          eps2 / 2 as much as by kappa. With ``tol`` the stages are solved to eps2 = tol (within
+          [1e-4, 1e-3]); the MY bias falls like kappa^2, so a stage whose gap fell by less than kappa
+          did is held up by that precision: it is tightened by mu and the same kappa solved again.
   Stage parameters, ``continuation``:
     "target" (default): a_j = kappa d_j, d_j fixed; scale = 1. Every stage is the MY regularisation
         of the target (P) itself, so Theorem 1's errors are O(kappa^2) (eps1 ~ 2 n C kappa^2,
@@ -144,7 +146,8 @@ def fit(engine, y, C, eps1: float | None = None, eps2: float | None = None, mu: 
     eps2 : eps2 of (OPT_3)/(OPT_4); each SMO stage is solved to eps2 / 2. None: when ``tol`` stops the run,
         tol itself kept within [EPS2_PAPER, EPS2_LOOSEST] = [1e-4, 1e-3] (the certified gap decides; the stage
         precision only has to let the gap fall to tol, and it is tightened by mu whenever the gap is all that
-        is missing, or falls by less than kappa did: then the same kappa is solved again); the paper's EPS2_PAPER with tol=None.
+        is missing, or falls by less than kappa did: then the same kappa is solved again); the paper's
+        EPS2_PAPER with tol=None.
     mu : kappa <- mu kappa between stages, in (0, 1).
     d : (M,) positive per-kernel weights d_j of (P) (None: all 1).
     tol : stop when the relative duality gap certified over all kernels is <= tol (module docstring,
@@ -371,8 +374,8 @@ class _SMO:
             before = self.log.history[-1] if self.log.history else {}
             # the MY bias falls like kappa^2: a gap that fell by less than kappa did is held up by the SMO
             # precision (checkpointed through the history, so a resumed run decides the same)
-            stalled = (self.tol is not None and before.get("kappa", 0.0) > kappa and np.isfinite(before.get("gap", np.nan))
-                       and gap > (kappa / before["kappa"]) * before["gap"])
+            stalled = (self.tol is not None and before.get("kappa", 0.0) > kappa
+                       and np.isfinite(before.get("gap", np.nan)) and gap > (kappa / before["kappa"]) * before["gap"])
             self._record(kappa, alpha, q, dW, w, (opt4, excess, primal, dual, gap), W.size, steps,
                          violation, smo_ok, n_violators=int(violators.size), smo_eps=smo_eps)
             if certified and (gap <= self.tol if self.tol is not None else paper_test):
