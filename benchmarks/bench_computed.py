@@ -13,8 +13,10 @@ as the issue asks) and once computed; the same ``quad_forms`` pass (one vector) 
 stored / computed (the computed pass's speed as a share of the stored one's; target >= 0.5), and
 the process's CPU seconds of each pass (all threads: a measure that other load on the machine
 disturbs less).
-Beside it the machine's floor for computing the kernels: ``shards.fill_block`` of every kernel on
-the same threads with no reduction (what a computed pass cannot beat), and the exp rate of one core
+The computed pass is fused (each kernel computed on its upper triangle and folded into u^T K u at
+once, ``shards.quad_block``). Beside it the machine's floors for computing the kernels: the values the
+fused pass computes with no reduction (``quad_block`` with no vector: what the pass cannot beat), and
+``shards.fill_block`` of every whole kernel on the same threads, and the exp rate of one core
 (numpy float32 exp), in kernel evaluations per second; and on 2^14 values in cache, one core's rate of
 the float32 Gaussian kernel's exp (arithmetic 3: ``exp_f32_scaled``, with the argument's split and
 the scale, called from Python once per 2^14 values) beside numpy's float32 exp.
@@ -71,7 +73,7 @@ sys.path.insert(0, str(HERE))
 from machine import describe_machine, write_record  # noqa: E402
 
 from mklscale.bank import KernelBank, build_bank, families  # noqa: E402
-from mklscale.bank.shards import fill_block  # noqa: E402
+from mklscale.bank.shards import fill_block, quad_block  # noqa: E402
 from mklscale.engine import Engine  # noqa: E402
 
 RELEVANT = 10
@@ -84,14 +86,20 @@ def timed_pass(engine, u) -> float:
     return time.perf_counter() - t0
 
 
-def compute_floor(bank, threads: int) -> float:
+def compute_floor(bank, threads: int, upper: bool = False) -> float:
     """Seconds to compute every kernel of ``bank`` once (``fill_block`` per run of kernels sharing a
-    base, on ``threads`` threads), no reduction: the floor of a computed pass."""
+    base, on ``threads`` threads), no reduction: the floor of a pass over whole kernels; ``upper``: only
+    the values a fused quad-forms pass computes (``quad_block`` with no vector: each kernel's upper
+    triangle, a tile of rows at a time, folded into nothing), the floor of that pass."""
     Xs, specs, n = np.ascontiguousarray(bank.X_train), bank.specs, bank.n
     runs = [list(range(s, min(s + 4, len(specs)))) for s in range(0, len(specs), 4)]  # a feature's 4 kernels
     local = threading.local()
+    none = np.empty((0, n))
 
     def one(run):
+        if upper:
+            quad_block([specs[m] for m in run], Xs, bank.normalize, bank.dtype, none, False)
+            return
         if getattr(local, "out", None) is None:
             local.out = np.empty((4, n, n), np.float32)
         fill_block([specs[m] for m in run], Xs, bank.normalize, local.out[:len(run)])
@@ -179,6 +187,11 @@ def run_pass(args) -> None:
             c0 = time.process_time()
             floors.append((compute_floor(computed, threads), time.process_time() - c0))
         record["compute_floor_s"], record["compute_floor_cpu_s"] = min(f[0] for f in floors), min(f[1] for f in floors)
+        floors = []
+        for _ in range(3):
+            c0 = time.process_time()
+            floors.append((compute_floor(computed, threads, upper=True), time.process_time() - c0))
+        record["upper_floor_s"], record["upper_floor_cpu_s"] = min(f[0] for f in floors), min(f[1] for f in floors)
         record["exp_per_s_one_core"] = exp_rate()
         record["exp_f32_per_s_one_core_cached"], record["numpy_exp_per_s_one_core_cached"] = exp_rates_cached()
         record["threads"] = threads

@@ -24,6 +24,8 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from mklscale.simd import vdot
+
 #: Which bytes a spec computes to, recorded in every bank build_bank creates. 1: every Gaussian
 #: kernel from ``exp_f64``; 2: float32 Gaussian kernels from ``exp_single``; 3: float32 Gaussian
 #: kernels from ``exp_f32_scaled``, in float32 arithmetic (float64 banks are computed as in 1 by
@@ -544,6 +546,102 @@ def fill_grams(Xsub: np.ndarray, kind: int, params: np.ndarray, norm: int, out: 
         raise ValueError("fill_grams: out must be C-contiguous")
     return _fill_grams(_feature_major(Xsub), kind, params[:, 0].astype(np.int64), params[:, 1].copy(),
                        params[:, 2].astype(np.int64), norm, out, exp_kind(out.dtype, arithmetic))
+
+
+# ---- quad forms computed on the fly (a computed bank's passes) ---------------------------------
+@numba.njit(cache=True, nogil=True, inline="always")
+def _fold_upper_row(y, off, i, U, c0, k, q):
+    """q[c] += u_i (K_ii u_i + 2 vdot(K[i, i+1:], u[i+1:])) for k vectors u (rows c0.. of U (., n)),
+    row i's upper part K[i, i:] being the 1-D y's values from ``off`` (``simd.vdot``: 16 lanes, a
+    fixed order)."""
+    n = U.shape[1]
+    kii = np.float64(y[off])
+    for c in range(k):
+        ui = U[c0 + c, i]
+        q[c] += ui * (kii * ui + 2.0 * vdot(y, off + 1, U, (c0 + c) * n + i + 1, n - i - 1))
+
+
+@numba.njit(cache=True, nogil=True)
+def quad_upper(Kb, U, each, q):
+    """q[g, c] = u_c^T K_g u_c of whole symmetric kernels Kb (G, n, n) (C-contiguous) from their upper
+    triangles, u^T K u = sum_i u_i (K_ii u_i + 2 sum_{j>i} K_ij u_j) with rows added in order, bit for
+    bit as ``_quad_grams`` computing the kernels on the fly (a computed bank's pass over kernels it
+    has just checked). ``each``: kernel g with vector U[g] only, into q[g, 0]."""
+    G, n = Kb.shape[0], Kb.shape[1]
+    k = 1 if each else U.shape[0]
+    flat = Kb.reshape(G * n * n)
+    for g in range(G):
+        q[g, :] = 0.0
+        for i in range(n):
+            _fold_upper_row(flat, (g * n + i) * n + i, i, U, g if each else 0, k, q[g])
+
+
+@numba.njit(cache=True, nogil=True)
+def _quad_grams(Xt, kind, fams, a, p, norm, how, U, each, y, q):
+    """q[g, c] = u_c^T K_g u_c for kernels g sharing one base, each K_g computed tile by tile on its
+    upper triangle with the values ``_fill_grams`` stores (the same functions on the same bases) and
+    folded at once (``_fold_upper_row``), never held whole: half the kernel evaluations of a stored
+    kernel's n^2 values and no n x n buffer. y: a scratch of the bank's dtype, at least
+    _TILE n + _PAD32 long (the kernel values of a tile of rows). ``each`` as in ``quad_upper``."""
+    n, G = Xt.shape[1], fams.shape[0]
+    if G == 0:
+        return
+    if a.shape[0] != G or p.shape[0] != G or q.shape[0] != G or y.shape[0] < _TILE * n + _PAD32:
+        raise ValueError("_quad_grams: a, p, q need one entry per kernel and y _TILE n + _PAD32 values")
+    factors, scales = _normalisers(Xt, kind, fams, a, p, norm)
+    tiles = how == EXP_F32 and kind == SQDIST and G > 0
+    for g in range(G):
+        if tiles and (fams[g] != GAUSSIAN or np.any(scales[g] != 1.0)):
+            raise ValueError("_quad_grams: EXP_F32 tiles hold Gaussian kernels (unit diagonal) only")
+    k = 1 if each else U.shape[0]
+    q[:, :] = 0.0
+    B = np.empty(_TILE * n if tiles else n)
+    xf = np.empty(_TILE * n + _PAD32 if tiles else 0, dtype=np.float32)
+    xl = np.empty_like(xf)
+    tail = np.empty(_PAD32, dtype=np.float32)
+    g0, ratio = _power_of_two_ratios(a)
+    # g0 first (its split is the one a width ladder scales), then the ladder, then widths off it
+    order = np.empty(G, dtype=np.int64)
+    order[0], at = g0, 1
+    for ladder in (True, False):
+        for g in range(G):
+            if g != g0 and (ratio[g] > 0) == ladder:
+                order[at] = g
+                at += 1
+    for I in range(0, n, _TILE):
+        I1 = min(I + _TILE, n)
+        if tiles:
+            W = n - I
+            for i in range(I, I1):
+                base_row(Xt, i, Xt, I, n, kind, B[(i - I) * W:(i - I + 1) * W])
+            L = (I1 - I) * W
+            for g in order:
+                if g != g0 and ratio[g] > 0:
+                    _gaussian_f32_scaled_split(L, ratio[g], _F32(factors[g]), xf, xl, y, tail)
+                else:
+                    _gaussian_f32(B, L, a[g], _F32(factors[g]), xf, xl, y, tail)
+                for i in range(I, I1):
+                    _fold_upper_row(y, (i - I) * W + (i - I), i, U, g if each else 0, k, q[g])
+        else:
+            for i in range(I, I1):
+                base_row(Xt, i, Xt, i, n, kind, B)
+                for g in range(G):
+                    _kernel_row(B[:n - i], fams[g], a[g], p[g], factors[g] * scales[g, i], scales[g, i:], y, how)
+                    _fold_upper_row(y, 0, i, U, g if each else 0, k, q[g])
+
+
+def quad_grams(Xsub: np.ndarray, kind: int, params: np.ndarray, norm: int, U: np.ndarray, each: bool,
+               dtype, arithmetic: int = ARITHMETIC) -> np.ndarray:
+    """Quad forms of the normalised training kernels of G specs sharing one base (arguments as
+    ``fill_grams``; kernels of ``dtype`` with arithmetic ``arithmetic``) with the vectors U (k, n),
+    computed on the fly (``_quad_grams``): (G, k), or (G, 1) with ``each`` (U (G, n): one per kernel)."""
+    G, n = params.shape[0], Xsub.shape[0]
+    q = np.empty((G, 1 if each else U.shape[0]))
+    y = np.empty(_TILE * n + _PAD32, dtype=dtype)
+    _quad_grams(_feature_major(Xsub), kind, params[:, 0].astype(np.int64), params[:, 1].copy(),
+                params[:, 2].astype(np.int64), norm, exp_kind(np.dtype(dtype), arithmetic),
+                np.ascontiguousarray(U, dtype=np.float64), bool(each), y, q)
+    return q
 
 
 # ---- statistics of a stored matrix -------------------------------------------------------------

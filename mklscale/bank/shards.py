@@ -181,6 +181,23 @@ def fill_block(specs: Sequence[KernelSpec], Xs: np.ndarray, normalize, out: np.n
     return factors
 
 
+def quad_block(specs: Sequence[KernelSpec], Xs: np.ndarray, normalize, dtype, U: np.ndarray, each: bool,
+               arithmetic: int = _compute.ARITHMETIC) -> np.ndarray:
+    """u^T K_m u of the kernels ``specs`` as ``fill_block`` would fill them (of ``dtype``), computed on
+    their upper triangles and reduced at once, never held whole (``_compute.quad_grams``, one sweep
+    per group sharing a base): (len(specs), k) for U (k, n), or (len(specs),) with ``each`` (U
+    (len(specs), n): one vector per kernel)."""
+    q = np.empty((len(specs), 1 if each else U.shape[0]))
+    for first, stop in _base_groups(specs):
+        group = specs[first:stop]
+        cols = slice(None) if group[0].features is None else list(group[0].features)
+        kind = _compute.SQDIST if group[0].base_key[0] == "sqdist" else _compute.DOT
+        q[first:stop] = _compute.quad_grams(Xs[:, cols], kind, np.array([_kernel_params(sp) for sp in group]),
+                                            _NORM_CODES[normalize], U[first:stop] if each else U, each, dtype,
+                                            arithmetic)
+    return q[:, 0] if each else q
+
+
 def _build_factor_shard(path: str, specs: list[KernelSpec], Xs: np.ndarray, normalize, dtype: np.dtype, s: int,
                         layout: tuple[int, int], expected: np.ndarray | None, st: factor_math.FactorSettings,
                         stats: dict) -> tuple[int, dict]:

@@ -52,7 +52,7 @@ from mklscale.bank.metadata import read_metadata
 from mklscale.bank.inputs import DTYPES, NORMALIZATIONS, check_gram, validate_dtype, validate_features
 from mklscale.bank.normalize import cross_kernels, normalize_block
 from mklscale.bank.shard_format import write_shard_file
-from mklscale.bank.shards import fill_block
+from mklscale.bank.shards import fill_block, quad_block
 from mklscale.bank.size import check_fits
 from mklscale.bank.spec import KernelSpec
 from mklscale.bank.stats import checksum, kernel_stats, meta_checksums
@@ -393,21 +393,38 @@ class KernelBank:
         normalisation and the kernel arithmetic version it recorded (``_compute.ARITHMETIC``), as
         (len(idx), n, n) of the bank's dtype (into ``out`` when given): the bytes a build stores
         (``shards.fill_block``), whatever the bank stores."""
+        arithmetic = self._arithmetic()
+        if out is None:
+            out = np.empty((len(idx), self.n, self.n), self.dtype)
+        fill_block([self.specs[int(m)] for m in idx], self._computation_features(), self.normalize, out, arithmetic)
+        return out
+
+    def compute_quad_forms(self, idx: Sequence[int], U: np.ndarray, each: bool = False) -> np.ndarray:
+        """u^T K_m u for kernels idx computed as ``compute_kernels`` computes them (the same values) and
+        reduced on their upper triangles at once, never held whole (``shards.quad_block``): (len(idx), k)
+        for U (k, n), (len(idx),) with ``each`` (U (len(idx), n))."""
+        return quad_block([self.specs[int(m)] for m in idx], self._computation_features(), self.normalize,
+                          self.dtype, U, each, self._arithmetic())
+
+    def _arithmetic(self) -> int:
+        """The kernel arithmetic version the bank recorded (``_compute.ARITHMETIC``), one this mklscale computes."""
         arithmetic = int(self._attrs.get("arithmetic", 1))
         if arithmetic not in _compute.ARITHMETICS:
             raise BankMismatchError(
                 f"bank {self.path} records kernel arithmetic version {arithmetic}, which this mklscale does not "
                 f"compute (it knows {', '.join(map(str, _compute.ARITHMETICS))}); read it with the newer mklscale "
                 "that created it")
+        return arithmetic
+
+    def _computation_features(self) -> np.ndarray:
+        """The standardised training features the kernels are computed from (float64, read and checked
+        against their crc32c once per bank object)."""
         if self._Xs is None:
             Xs = self.X_train  # checked against its crc32c
             if Xs is None:
                 raise SpecError(f"bank {self.path} holds no features to compute its kernels from")
             self._Xs = np.ascontiguousarray(Xs, dtype=np.float64)
-        if out is None:
-            out = np.empty((len(idx), self.n, self.n), self.dtype)
-        fill_block([self.specs[int(m)] for m in idx], self._Xs, self.normalize, out, arithmetic)
-        return out
+        return self._Xs
 
     # ---- factor banks -------------------------------------------------------------------------
     def _require_factor(self, what: str) -> None:

@@ -6,7 +6,7 @@ and the views ``RowSubsetEngine`` / ``KernelSubsetEngine`` (views.py). The layer
 one job each:
 plan.py (kernels -> tasks), runner.py (threaded or distributed Dask execution), tasks.py (what a
 task does, on the worker), reader.py (shard files -> row panels in a reused buffer), kernels.py
-(numba chunk kernels), simd.py (explicit vector IR with a fixed summation order), cache.py (LRU
+(numba chunk kernels; their vector IR with a fixed summation order is mklscale/simd.py), cache.py (LRU
 block cache), validate.py (input checks). representation.py (Dense, Factor) holds every operation
 that differs between the ways a bank holds its kernels; the engine and the solver toolkit ask it.
 """

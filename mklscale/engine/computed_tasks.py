@@ -5,14 +5,23 @@ computed from the bank's standardised features inside the task and reduced at on
 tasks are the dense bank's own (``tasks``) with this reader: the same numba reductions over the same
 bytes. A piece is a run of consecutive kernels of at most ``PIECE_BYTES``, made of whole groups of
 kernels sharing a pairwise base (a feature's Gaussian width ladder) where they fit, computed by
-``shards.fill_block`` (a group's base once) into the thread's reused buffer: the bytes a build would have stored (with the kernel arithmetic version the bank
-recorded, ``KernelBank.compute_kernels``), checked once per process against the crc32c recorded when
-the bank was created (a kernel computed differently here is an error, never a result).
+``shards.fill_block`` (a group's base once) into the thread's reused buffer: the bytes a build would
+have stored (with the kernel arithmetic version the bank recorded, ``KernelBank.compute_kernels``),
+checked once per process against the crc32c recorded when the bank was created (a kernel computed
+differently here is an error, never a result).
 
-Cost: a kernel of n rows costs n^2 / 2 kernel evaluations (an exp for a Gaussian, mirrored; n^2
-for float32 kernels on few features, whose whole rows cost less than the mirror) plus its pairwise
-base, instead of reading 4 n^2 bytes; the bank's features travel with the bank (each
-worker process opens the bank, and reads X, once).
+Quad forms (the pass every solver screens all M kernels with) are fused instead: a kernel this
+process has checked is computed on its upper triangle a tile of rows at a time and folded into
+u^T K u = sum_i u_i (K_ii u_i + 2 sum_{j>i} K_ij u_j) at once (``KernelBank.compute_quad_forms``),
+never held whole: half the kernel evaluations and no n x n buffer. A kernel not yet checked is
+computed whole, checked, and folded by the same sums from its upper triangle
+(``_compute.quad_upper``), so every pass gives the same bits whichever path a kernel took. They
+agree with a stored bank's pass (which sums whole rows) to rounding, not bit for bit.
+
+Cost: a kernel of n rows costs n^2 / 2 kernel evaluations (an exp for a Gaussian) in a quad-forms
+pass; other passes compute it whole (n^2 / 2 and a mirror; n^2 for float32 kernels on few features,
+whose whole rows cost less than the mirror), plus its pairwise base, instead of reading 4 n^2 bytes;
+the bank's features travel with the bank (each worker process opens the bank, and reads X, once).
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from mklscale.bank import _compute
 from mklscale.bank.direct_io import thread_buffer
 from mklscale.bank.stats import checksum
 from mklscale.engine import tasks
@@ -101,6 +111,21 @@ class ComputedReader:
                 "arithmetic, or damaged metadata), so no result was computed from them; run `mklscale bank verify "
                 f"{self.bank.path}`, and rebuild the bank with this mklscale if it reports the kernel")
 
+    def quad_forms(self, kernels: Sequence[int], U: np.ndarray, each: bool = False) -> np.ndarray:
+        """u^T K_m u for ``kernels`` (module doc, "Quad forms"): (len(kernels), k) for U (k, n), or
+        (len(kernels),) with ``each`` (U (len(kernels), n): one vector per kernel)."""
+        kernels = np.asarray(kernels, dtype=np.int64)
+        out = np.empty((len(kernels), 1 if each else U.shape[0]))
+        for pos, count in self._runs(kernels):
+            ms = [int(m) for m in kernels[pos:pos + count]]
+            vecs = U[pos:pos + count] if each else U
+            if all(m in self._checked for m in ms):
+                out[pos:pos + count] = self.bank.compute_quad_forms(ms, vecs, each).reshape(count, -1)
+            else:
+                _compute.quad_upper(self._compute(ms), np.ascontiguousarray(vecs, dtype=np.float64), each,
+                                    out[pos:pos + count])
+        return out[:, 0] if each else out
+
     def pieces(self, kernels: Sequence[int]) -> Iterator[tuple[int, int, int, int, np.ndarray]]:
         """``KernelReader.pieces``: (pos, count, 0, n, block), whole kernels only."""
         kernels = np.asarray(kernels, dtype=np.int64)
@@ -122,11 +147,15 @@ class ComputedReader:
 
 
 def quad_task(path: str, kernels: np.ndarray, U: np.ndarray) -> np.ndarray:
-    return tasks.quad_task(path, kernels, U, reader_class=ComputedReader)
+    """``tasks.quad_task``, computed on the fly (``ComputedReader.quad_forms``)."""
+    with ComputedReader(tasks.open_bank(path)) as reader:
+        return reader.quad_forms(kernels, U)
 
 
 def quad_each_task(path: str, kernels: np.ndarray, U: np.ndarray) -> np.ndarray:
-    return tasks.quad_each_task(path, kernels, U, reader_class=ComputedReader)
+    """``tasks.quad_each_task``, computed on the fly (``ComputedReader.quad_forms``)."""
+    with ComputedReader(tasks.open_bank(path)) as reader:
+        return reader.quad_forms(kernels, U, each=True)
 
 
 def matvec_task(path: str, kernels: np.ndarray, U: np.ndarray) -> np.ndarray:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from numba import njit
 
-from mklscale.engine.simd import tile_ukv, vdot
+from mklscale.simd import tile_ukv, vdot
 
 #: Rows per sub-panel in the quad-form sweep of a panel in L2 (just copied there by the reader):
 #: the sub-panel (<= 128 rows) stays in L2 while every 16-column strip of it is swept for all vectors.
