@@ -589,7 +589,7 @@ def _quad_grams(Xt, kind, fams, a, p, norm, how, U, each, y, q):
     if a.shape[0] != G or p.shape[0] != G or q.shape[0] != G or y.shape[0] < _TILE * n + _PAD32:
         raise ValueError("_quad_grams: a, p, q need one entry per kernel and y _TILE n + _PAD32 values")
     factors, scales = _normalisers(Xt, kind, fams, a, p, norm)
-    tiles = how == EXP_F32 and kind == SQDIST and G > 0
+    tiles = how == EXP_F32 and kind == SQDIST
     for g in range(G):
         if tiles and (fams[g] != GAUSSIAN or np.any(scales[g] != 1.0)):
             raise ValueError("_quad_grams: EXP_F32 tiles hold Gaussian kernels (unit diagonal) only")
