@@ -165,7 +165,7 @@ def main() -> None:
 
     RESULTS.mkdir(exist_ok=True)
     machine = describe_machine(Path(args.workdir))
-    base = ["--workdir", args.workdir]
+    base = ["--workdir", args.workdir] + (["--keep"] if args.keep else [])
     if args.scale or args.quick:
         argv = base + (["--n", "3000", "--M", "20", "--n-test", "2000"] if args.quick else
                        ["--n", str(args.n), "--M", str(args.M), "--rank", str(args.rank), "--n-test", str(args.n_test)])
