@@ -464,7 +464,7 @@ def test_width_ladders_of_powers_of_two_give_each_kernels_bits():
 
 
 def test_base_tiles_sum_as_base_rows():
-    """_base_tile (whole rows of few features) gives base_row's bits, -0.0 products included."""
+    """_base_tile (whole rows, or a band from a column on) gives base_row's bits, -0.0 products included."""
     from mklscale.bank import _compute
 
     rng = np.random.default_rng(7)
@@ -472,12 +472,14 @@ def test_base_tiles_sum_as_base_rows():
         Xt = rng.normal(size=(d, 45))
         Xt[:, 3] = 0.0  # 0 * negative = -0.0: base_row's 0.0 + (-0.0) is 0.0
         for kind in (_compute.SQDIST, _compute.DOT):
-            B = np.empty(32 * 45)
-            _compute._base_tile(Xt, 32, 45, kind, B)
-            for i in range(32, 45):
-                row = np.empty(45)
-                _compute.base_row(Xt, i, Xt, 0, 45, kind, row)
-                assert row.tobytes() == B[(i - 32) * 45:(i - 31) * 45].tobytes(), (d, kind, i)
+            for J0 in (0, 32):  # whole rows (_fill_grams); a tile's band from its first row on (_quad_grams)
+                W = 45 - J0
+                B = np.empty(32 * W)
+                _compute._base_tile(Xt, 32, 45, J0, kind, B)
+                for i in range(32, 45):
+                    row = np.empty(W)
+                    _compute.base_row(Xt, i, Xt, J0, 45, kind, row)
+                    assert row.tobytes() == B[(i - 32) * W:(i - 31) * W].tobytes(), (d, kind, i, J0)
 
 
 def test_float32_kernels_whole_rows_and_tiles_give_the_same_bits():

@@ -387,32 +387,34 @@ def _base_diag(Xt, kind):
 
 
 @numba.njit(cache=True, nogil=True)
-def _base_tile(Xt, I, I1, kind, B):
-    """B[(i - I) n + j] = base(x_i, x_j) for the rows i in [I, I1) and every j, bit for bit as
-    ``base_row`` sums it: 0.0 plus one feature after the other in feature order (its groups of four
-    add in that order too; 0.0 + v, kept, turns -0.0 into 0.0 as there), one loop over a row per
-    feature and no call per row (whole rows of few features, ``_fill_grams``)."""
+def _base_tile(Xt, I, I1, J0, kind, B):
+    """B[(i - I) W + j - J0] = base(x_i, x_j) for the rows i in [I, I1) and the columns j in [J0, n)
+    (W = n - J0), bit for bit as ``base_row`` sums it: 0.0 plus one feature after the other in feature
+    order (its groups of four add in that order too; 0.0 + v, kept, turns -0.0 into 0.0 as there), one
+    loop over a row per feature and no call per row (whole rows of few features in ``_fill_grams``,
+    J0 = 0; a tile's band from its first row's column on in ``_quad_grams``, J0 = I)."""
     d, n = Xt.shape
+    W = n - J0
     for i in range(I, I1):
-        out = B[(i - I) * n:(i - I + 1) * n]
+        out = B[(i - I) * W:(i - I + 1) * W]
         if d == 0:
             out[:] = 0.0
         for k in range(d):
             x = Xt[k, i]
-            row = Xt[k]
+            row = Xt[k, J0:]
             if k == 0 and kind == SQDIST:
-                for j in range(n):
+                for j in range(W):
                     t = x - row[j]
                     out[j] = 0.0 + t * t
             elif k == 0:
-                for j in range(n):
+                for j in range(W):
                     out[j] = 0.0 + x * row[j]
             elif kind == SQDIST:
-                for j in range(n):
+                for j in range(W):
                     t = x - row[j]
                     out[j] += t * t
             else:
-                for j in range(n):
+                for j in range(W):
                     out[j] += x * row[j]
 
 
@@ -497,7 +499,7 @@ def _fill_grams(Xt, kind, fams, a, p, norm, out, how):
     for I in range(0, n, _TILE):
         I1 = min(I + _TILE, n)
         if whole:
-            _base_tile(Xt, I, I1, kind, B)
+            _base_tile(Xt, I, I1, 0, kind, B)
             if tiles:  # the kernel of smallest |a| first, then those whose a is 2^m times its, the rest
                 L = (I1 - I) * n
                 _gaussian_f32(B, L, a[g0], _F32(factors[g0]), xf, xl, flat[g0, I * n:I1 * n], tail)
@@ -595,7 +597,7 @@ def _quad_grams(Xt, kind, fams, a, p, norm, how, U, each, y, q):
             raise ValueError("_quad_grams: EXP_F32 tiles hold Gaussian kernels (unit diagonal) only")
     k = 1 if each else U.shape[0]
     q[:, :] = 0.0
-    B = np.empty(_TILE * n if tiles else n)
+    B = np.empty(_TILE * n)
     xf = np.empty(_TILE * n + _PAD32 if tiles else 0, dtype=np.float32)
     xl = np.empty_like(xf)
     tail = np.empty(_PAD32, dtype=np.float32)
@@ -609,11 +611,9 @@ def _quad_grams(Xt, kind, fams, a, p, norm, how, U, each, y, q):
                 order[at] = g
                 at += 1
     for I in range(0, n, _TILE):
-        I1 = min(I + _TILE, n)
+        I1, W = min(I + _TILE, n), n - I
+        _base_tile(Xt, I, I1, I, kind, B)  # the tile's rows from column I on: row i's upper part from (i - I)
         if tiles:
-            W = n - I
-            for i in range(I, I1):
-                base_row(Xt, i, Xt, I, n, kind, B[(i - I) * W:(i - I + 1) * W])
             L = (I1 - I) * W
             for g in order:
                 if g != g0 and ratio[g] > 0:
@@ -624,9 +624,9 @@ def _quad_grams(Xt, kind, fams, a, p, norm, how, U, each, y, q):
                     _fold_upper_row(y, (i - I) * W + (i - I), i, U, g if each else 0, k, q[g])
         else:
             for i in range(I, I1):
-                base_row(Xt, i, Xt, i, n, kind, B)
+                row = B[(i - I) * W + (i - I):(i - I + 1) * W]
                 for g in range(G):
-                    _kernel_row(B[:n - i], fams[g], a[g], p[g], factors[g] * scales[g, i], scales[g, i:], y, how)
+                    _kernel_row(row, fams[g], a[g], p[g], factors[g] * scales[g, i], scales[g, i:], y, how)
                     _fold_upper_row(y, 0, i, U, g if each else 0, k, q[g])
 
 
