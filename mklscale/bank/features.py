@@ -382,4 +382,10 @@ class StoredRef:
 
 _OPEN: OrderedDict[tuple, StoredFeatures] = OrderedDict()
 _OPEN_LOCK = threading.Lock()
-_MAX_OPEN = 4
+_MAX_OPEN = 2
+
+
+def release_stored() -> None:
+    """Forget this process's ``StoredRef.open`` features (their cached chunks): the end of a build."""
+    with _OPEN_LOCK:
+        _OPEN.clear()

@@ -25,7 +25,7 @@ from threadpoolctl import threadpool_limits
 from mklscale.bank import _compute
 from mklscale.bank import factor as factor_math
 from mklscale.bank.direct_io import aligned_empty
-from mklscale.bank.features import StoredRef
+from mklscale.bank.features import StoredRef, release_stored
 from mklscale.bank.fs_errors import raise_store_error
 from mklscale.bank.group import FACTOR_META, PER_KERNEL_FLOATS, data_array_name
 from mklscale.bank.size import bank_bytes, human
@@ -106,6 +106,7 @@ def compute_shards(bank, specs: Sequence[KernelSpec], Xs: np.ndarray | None, sha
             raise
         finally:
             _BLOCKS.clear()
+            release_stored()  # this process's cached column chunks of X (worker processes keep theirs)
     return computed
 
 
