@@ -247,3 +247,13 @@ def test_the_size_formula_counts_the_column_chunks(bank):
     # X: its zarr.json and 8 chunk files, X_mean and X_scale: a zarr.json and a chunk each (4 KiB blocks)
     without = bank_bytes(len(bank), N, "float32", n_features=0, computed=True, **TINY)
     assert predicted - without >= (1 + 8 + 4) * 4096
+
+
+def test_worker_processes_build_and_repair_from_the_chunks_they_need(bank, X, tmp_path, cluster_client):
+    """A computed build on a cluster sends each task the bank's location (``StoredRef``), not X."""
+    np.save(tmp_path / "x.npy", X)
+    other = build_bank(str(tmp_path / "x.npy"), _specs(), tmp_path / "procs", client=cluster_client, progress=False,
+                       computed=True, **TINY)
+    np.testing.assert_array_equal(other.checksums, bank.checksums)
+    report = other.repair(kernels=[3, 40], client=cluster_client, progress=False)
+    assert report.ok and other.verify().ok
