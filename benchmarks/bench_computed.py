@@ -501,18 +501,20 @@ def run_peer(args) -> None:
 
 
 def write_synthetic(folder: Path, n: int, n_test: int, d: int, seed: int = 0,
-                    block_bytes: int = 64 * 2**20) -> tuple[Path, Path, np.ndarray, np.ndarray]:
+                    block_bytes: int = 64 * 2**20, write_test: bool = True) -> tuple[Path, Path, np.ndarray, np.ndarray]:
     """``synthetic(n + n_test, d, seed)`` written to folder/train.npy (its first n rows) and test.npy (the
-    rest) as C-order float64, row block by row block from the same random stream (the same values; no
-    array of the whole X is held). Returns (train path, test path, y_train, y_test)."""
+    rest; only drawn, not written, without ``write_test``) as C-order float64, row block by row block from
+    the same random stream (the same values; no array of the whole X is held). Returns (train path, test
+    path, y_train, y_test)."""
     rng = np.random.default_rng(seed)
     N, step = n + n_test, max(1, block_bytes // (8 * d))
     f = np.empty(N)
     paths = (folder / "train.npy", folder / "test.npy")
-    outs = [np.lib.format.open_memmap(p, mode="w+", dtype=np.float64, shape=(k, d)) for p, k in zip(paths, (n, n_test))]
+    sizes = (n, n_test) if write_test else (n,)
+    outs = [np.lib.format.open_memmap(p, mode="w+", dtype=np.float64, shape=(k, d)) for p, k in zip(paths, sizes)]
     del outs  # only the headers and sizes: the rows are written with plain writes below
     offsets = []
-    for p in paths:
+    for p in paths[:len(sizes)]:
         with open(p, "rb") as fh:
             np.lib.format.read_magic(fh)
             np.lib.format.read_array_header_1_0(fh)
@@ -522,7 +524,7 @@ def write_synthetic(folder: Path, n: int, n_test: int, d: int, seed: int = 0,
         B = rng.normal(size=(r1 - r0, d))
         f[r0:r1] = (np.sin(2 * B[:, 0]) + B[:, 1] * B[:, 2] + B[:, 3] ** 2 + np.cos(B[:, 4]) + np.abs(B[:, 5])
                     + B[:, 6] * B[:, 7] + np.sin(B[:, 8]) * B[:, 9])
-        for k, (lo, hi) in enumerate(((0, n), (n, N))):
+        for k, (lo, hi) in enumerate(((0, n), (n, N))[:len(sizes)]):
             a, b = max(r0, lo), min(r1, hi)
             if a < b:
                 with open(paths[k], "r+b") as fh:
@@ -556,7 +558,8 @@ def run_million(args) -> None:
                 print(name, {k: round(v, 2) for k, v in stages[name].items()}, flush=True)
                 return out
 
-            train, test, y, yt = stage("generate", lambda: write_synthetic(folder, args.n, args.n_test, d))
+            train, test, y, yt = stage("generate", lambda: write_synthetic(folder, args.n, args.n_test, d,
+                                                                            write_test=d <= args.predict_max_d))
             specs = stage("specs", lambda: families.resolve(OURS["ours1"], d))
             run["M"] = len(specs)
             bank = stage("create", lambda: build_bank(train, specs, folder / "bank", progress=False, computed=True))

@@ -257,3 +257,23 @@ def test_worker_processes_build_and_repair_from_the_chunks_they_need(bank, X, tm
     np.testing.assert_array_equal(other.checksums, bank.checksums)
     report = other.repair(kernels=[3, 40], client=cluster_client, progress=False)
     assert report.ok and other.verify().ok
+
+
+def test_the_cli_passes_a_npy_file_on_to_be_read_by_column_blocks(X, tmp_path, capsys):
+    from mklscale.cli import main
+
+    np.save(tmp_path / "X.npy", X)
+    out = tmp_path / "cli"
+    assert main(["bank", "build", "--features", str(tmp_path / "X.npy"), "--family", "per_feature", "--widths", "1",
+                 "--linear", "no", "--computed", "--out", str(out), "--quiet"]) == 0
+    cli = KernelBank.open(out)
+    mem = build_bank(X, families.resolve({"family": "per_feature", "widths": [1.0], "linear": False}, D),
+                     tmp_path / "mem", progress=False, computed=True)
+    assert cli.attrs["fingerprint"] == mem.attrs["fingerprint"]
+    np.testing.assert_array_equal(cli.checksums, mem.checksums)
+    Y = X.copy()
+    Y[12, 33] = np.nan
+    np.save(tmp_path / "Y.npy", Y)
+    assert main(["bank", "build", "--features", str(tmp_path / "Y.npy"), "--family", "per_feature", "--computed",
+                 "--out", str(tmp_path / "never"), "--quiet"]) != 0
+    assert "NaN/inf" in capsys.readouterr().err and not (tmp_path / "never").exists()
