@@ -5,6 +5,7 @@ stored, and feature selection at scale.
     python benchmarks/bench_computed.py scale [--n 1000 --d 25000]
     python benchmarks/bench_computed.py lambda [--n 500 --M 2000 20000 --pairs 3]
     python benchmarks/bench_computed.py peer   [--n 500 --d 10000 100000]
+    python benchmarks/bench_computed.py million [--n 500 --d 1000000]
 
 ``pass``: per_feature kernels (3 Gaussian widths and the linear kernel per feature: M = 4 d) at
 n = 500, once as a stored dense float32 bank (read through its mapping: the page cache holds it,
@@ -48,8 +49,19 @@ rate of the held-out labels. A HSIC Lasso run whose design matrix (n B M d float
 twice while joblib's results are stacked) would not fit in the memory available is not started: the
 record says why and how much it needed.
 
+``million``: the target M = 10^6 (issue 31): the ``peer`` data (``synthetic(n + n_test, d)``, the same
+values, generated row block by row block from the same random stream and written to C-order float64
+``.npy`` files, so no 4 GB array is ever held), HSIC Lasso's kernel (one Gaussian of width 1 per
+standardised feature, M = d, "ours1"), a computed bank built from the training file (read by column
+blocks), C_max, SpicyMKL logistic to tol 1e-3 at c_ratio C_max, the ranking of features by their
+kernels' summed weight, and (up to --predict-max-d) held-out accuracy. Per stage: seconds, the peak
+resident set of the process tree during the stage (``TreePeak``, 20 Hz) and the resident set at its
+end; the peak over the target's stages (specs to ranking; ``peak_run_GB``: with generation and
+prediction); passes, gap, kept kernels, ranks of the planted features (recovery counted over
+the 4 with a marginal effect, as ``peer``). Runs of other d already in the file are kept.
+
 Results: benchmarks/results/computed_pass.json, computed_scale.json, computed_lambda.json,
-computed_peer.json (rendered by make_readme.py).
+computed_peer.json, computed_million.json (rendered by make_readme.py).
 Run it alone on the machine.
 """
 
@@ -319,17 +331,26 @@ class TreePeak:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.total())
+            self._stop.wait(self.dt)
+
+    def reset(self) -> int:
+        """Start a new peak from the current resident set of the tree; returns the old peak."""
+        old = self.peak
+        self.peak = self.total()
+        return old
+
+    def total(self) -> int:
         import psutil
 
-        while not self._stop.is_set():
-            total = 0
-            for p in [self.proc, *self.proc.children(recursive=True)]:
-                try:
-                    total += p.memory_info().rss
-                except psutil.Error:
-                    pass
-            self.peak = max(self.peak, total)
-            self._stop.wait(self.dt)
+        total = 0
+        for p in [self.proc, *self.proc.children(recursive=True)]:
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                pass
+        return total
 
     def __enter__(self) -> TreePeak:
         self._thread.start()
@@ -491,6 +512,112 @@ def run_peer(args) -> None:
     write_record(record, target)
 
 
+
+def write_synthetic(folder: Path, n: int, n_test: int, d: int, seed: int = 0,
+                    block_bytes: int = 64 * 2**20, write_test: bool = True) -> tuple[Path, Path, np.ndarray, np.ndarray]:
+    """``synthetic(n + n_test, d, seed)`` written to folder/train.npy (its first n rows) and test.npy (the
+    rest; only drawn, not written, without ``write_test``) as C-order float64, row block by row block from
+    the same random stream (the same values; no array of the whole X is held). Returns (train path, test
+    path, y_train, y_test)."""
+    rng = np.random.default_rng(seed)
+    N, step = n + n_test, max(1, block_bytes // (8 * d))
+    f = np.empty(N)
+    paths = (folder / "train.npy", folder / "test.npy")
+    sizes = (n, n_test) if write_test else (n,)
+    outs = [np.lib.format.open_memmap(p, mode="w+", dtype=np.float64, shape=(k, d)) for p, k in zip(paths, sizes)]
+    del outs  # only the headers and sizes: the rows are written with plain writes below
+    offsets = []
+    for p in paths[:len(sizes)]:
+        with open(p, "rb") as fh:
+            np.lib.format.read_magic(fh)
+            np.lib.format.read_array_header_1_0(fh)
+            offsets.append(fh.tell())
+    for r0 in range(0, N, step):
+        r1 = min(r0 + step, N)
+        B = rng.normal(size=(r1 - r0, d))
+        f[r0:r1] = (np.sin(2 * B[:, 0]) + B[:, 1] * B[:, 2] + B[:, 3] ** 2 + np.cos(B[:, 4]) + np.abs(B[:, 5])
+                    + B[:, 6] * B[:, 7] + np.sin(B[:, 8]) * B[:, 9])
+        for k, (lo, hi) in enumerate(((0, n), (n, N))[:len(sizes)]):
+            a, b = max(r0, lo), min(r1, hi)
+            if a < b:
+                with open(paths[k], "r+b") as fh:
+                    fh.seek(offsets[k] + (a - lo) * d * 8)
+                    fh.write(np.ascontiguousarray(B[a - r0:b - r0]).tobytes())
+    y = np.where(f > np.median(f), 1, -1)
+    return paths[0], paths[1], y[:n], y[n:]
+
+
+def run_million(args) -> None:
+    import json
+    import os
+
+    from mklscale.model import MKLModel
+    from mklscale.solvers import spicy
+    from mklscale.solvers.registry import fit_solver
+
+    d = args.d
+    run = {"d": d, "n": args.n, "n_test": args.n_test, "c_ratio": args.c_ratio, "bank": OURS["ours1"],
+           "load_average_at_start": [round(x, 2) for x in os.getloadavg()], "stages": {}}
+    folder = Path(tempfile.mkdtemp(prefix="bench-computed-million-", dir=args.scratch))
+    stages = run["stages"]
+    try:
+        with TreePeak() as peak:
+            def stage(name, fn):
+                peak.reset()
+                t0 = time.perf_counter()
+                out = fn()
+                stages[name] = {"s": time.perf_counter() - t0, "peak_GB": max(peak.peak, peak.total()) / 1e9,
+                                "end_GB": peak.total() / 1e9}
+                print(name, {k: round(v, 2) for k, v in stages[name].items()}, flush=True)
+                return out
+
+            train, test, y, yt = stage("generate", lambda: write_synthetic(folder, args.n, args.n_test, d,
+                                                                            write_test=d <= args.predict_max_d))
+            specs = stage("specs", lambda: families.resolve(OURS["ours1"], d))
+            run["M"] = len(specs)
+            bank = stage("create", lambda: build_bank(train, specs, folder / "bank", progress=False, computed=True))
+            engine = stage("engine", lambda: Engine(bank))
+            C = args.c_ratio * stage("c_max", lambda: spicy.c_max(engine, y, "logistic"))
+            passes = engine.stats["passes"]
+            r = stage("fit", lambda: fit_solver("spicy", engine, y, "classification", C=C,
+                                                params={"tol": 1e-3, "loss": "logistic"}))
+            run.update(C=C, passes=engine.stats["passes"] - passes, gap=float(r.gap), converged=bool(r.converged),
+                       kept=int(np.count_nonzero(r.weights)))
+            engine.close()
+
+            def rank():
+                importance = np.zeros(d)
+                kept = np.flatnonzero(r.weights)
+                np.add.at(importance, [specs[m].features[0] for m in kept], r.weights[kept])
+                return [int(j) for j in np.argsort(-importance, kind="stable") if importance[j] > 0]
+
+            order = stage("rank", rank)
+            run.update(ranked=len(order), ranks=_ranks(order, d), top=order[:20])
+            if d <= args.predict_max_d:
+                def predict():
+                    model = MKLModel.from_results(bank, r, "classification", CLASSES)
+                    return float(np.mean(np.sign(model.decision_function(np.load(test))) == yt))
+
+                run["accuracy_spicy"] = stage("predict", predict)
+            run["majority_rate"] = float(max(np.mean(yt == 1), np.mean(yt == -1)))
+        target = ("specs", "create", "engine", "c_max", "fit", "rank")  # the target's: features to ranking
+        run["peak_tree_GB"] = max(x["peak_GB"] for k, x in stages.items() if k in target)
+        run["peak_run_GB"] = max([peak.peak / 1e9] + [x["peak_GB"] for x in stages.values()])  # with predict
+        run["time_s"] = sum(x["s"] for k, x in stages.items() if k in target)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    run["ru_maxrss_GB"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+    run["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    run["note"] = args.note
+    target = HERE / "results" / "computed_million.json"
+    record = {"machine": describe_machine(), "marginal": list(MARGINAL), "runs": []}
+    if target.exists():
+        record["runs"] = [x for x in json.loads(target.read_text())["runs"] if x["d"] != d]
+    record["runs"] = sorted(record["runs"] + [run], key=lambda x: x["d"])
+    write_record(record, target)
+    print({k: v for k, v in run.items() if k not in ("top", "stages")})
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="case", required=True)
@@ -526,8 +653,17 @@ def main() -> None:
         else:
             q.add_argument("--method", choices=["ours", "ours1", "hsic"], required=True)
             q.add_argument("--out", required=True)
+    mil = sub.add_parser("million")
+    mil.add_argument("--n", type=int, default=500)
+    mil.add_argument("--n-test", type=int, default=500)
+    mil.add_argument("--d", type=int, default=1_000_000)
+    mil.add_argument("--c-ratio", type=float, default=0.5)
+    mil.add_argument("--predict-max-d", type=int, default=100_000,
+                     help="held-out accuracy up to this d (the model holds its support rows' features)")
+    mil.add_argument("--scratch", default=None, help="folder for the data files and the bank (default: the temp folder)")
+    mil.add_argument("--note", default="", help="recorded with the run (e.g. the machine's load)")
     args = p.parse_args()
-    {"pass": run_pass, "scale": run_scale, "lambda": run_lambda, "peer": run_peer,
+    {"million": run_million, "pass": run_pass, "scale": run_scale, "lambda": run_lambda, "peer": run_peer,
      "_peer_child": run_peer_child}[args.case](args)
 
 

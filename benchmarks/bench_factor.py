@@ -4,6 +4,8 @@
                                                          # (logistic) + prediction of 10^5 rows, peak RSS
     python benchmarks/bench_factor.py --half-million     # n = 500,000, M = 100, r = 64 (12.8 GB): the same
                                                          # items, targets 30 min and 8 GB peak RSS
+    python benchmarks/bench_factor.py --vs-dense         # every solver at its defaults on the dense bank and on
+                                                         # factor banks of the same kernels, interleaved
     python benchmarks/bench_factor.py --n-slope          # fit time over n = 2000 ... 50,000 (M = 100, r = 64)
     python benchmarks/bench_factor.py --accuracy         # factor vs dense test accuracy, ranks 32 ... 256
     python benchmarks/bench_factor.py --larger-than-memory   # n = 10,000, M = 10,000, r = 64 (~26 GB bank)
@@ -130,6 +132,50 @@ def item_accuracy(args) -> dict:
     return {"rows": rows}
 
 
+def item_vs_dense(args) -> dict:
+    """Every solver of ``args.solvers`` at its defaults (the registry's, as ``fit_solver`` gives them) on the
+    dense bank and on factor banks of ranks ``args.ranks`` of the same specs, fitted in turn (dense, then
+    each rank, ``args.repeats`` rounds): seconds (medians), each round's factor / dense ratio, bank bytes,
+    held-out accuracy. Issue 32: a factor bank no slower than the dense bank whenever it is the smaller."""
+    from mklscale.bank import build_bank, families
+    from mklscale.engine import Engine
+    from mklscale.model import MKLModel
+    from mklscale.solvers.registry import fit_solver
+
+    rows = []
+    for name in args.datasets:
+        for n in args.sizes:
+            X, y, Xt, yt = _data(n, 2000, name)
+            specs = families.random_subsets(X.shape[1], args.M, seed=0)
+            ranks = [None] + [r for r in args.ranks if r < X.shape[0]]
+            banks = {r: build_bank(X, specs, Path(args.workdir) / f"vs-{name}-{n}-{r or 'dense'}", progress=False,
+                                   **({} if r is None else {"rank": r})) for r in ranks}
+            for solver in args.solvers:
+                times = {r: [] for r in ranks}
+                last = {}
+                for _ in range(args.repeats):
+                    for r in ranks:
+                        with Engine(banks[r]) as engine:
+                            t0 = time.perf_counter()
+                            res = fit_solver(solver, engine, y, "classification")
+                            times[r].append(time.perf_counter() - t0)
+                        last[r] = res
+                for r in ranks:
+                    model = MKLModel.from_results(banks[r], last[r], "classification", classes=np.array([-1.0, 1.0]))
+                    accuracy = float(np.mean(np.where(model.decision_function(Xt) > 0, 1.0, -1.0) == yt))
+                    rows.append({"dataset": name, "n": int(X.shape[0]), "solver": solver, "rank": r or "dense",
+                                 "bank_bytes": int(banks[r].nbytes), "seconds": times[r],
+                                 "median_s": float(np.median(times[r])), "accuracy": accuracy,
+                                 "gap": float(last[r].gap), "converged": bool(last[r].converged),
+                                 "ratios_to_dense": None if r is None else
+                                 [a / b for a, b in zip(times[r], times[None])]})
+                    print({k: v for k, v in rows[-1].items() if k != "seconds"}, flush=True)
+            if not args.keep:
+                for r in ranks:
+                    shutil.rmtree(Path(args.workdir) / f"vs-{name}-{n}-{r or 'dense'}", ignore_errors=True)
+    return {"rows": rows, "M": args.M, "repeats": args.repeats}
+
+
 def run_item(item: str, argv: list[str]) -> dict:
     """Run ``item`` in a fresh process (so its peak RSS is its own) and return its JSON."""
     out = subprocess.run([sys.executable, __file__, "--item", item, *argv], check=True, capture_output=True,
@@ -141,6 +187,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scale", action="store_true")
     p.add_argument("--half-million", action="store_true")
+    p.add_argument("--vs-dense", action="store_true")
+    p.add_argument("--solvers", nargs="+", default=["spicy", "smo", "pfbs", "citi", "gcd", "sgd", "easymkl",
+                                                      "alignment", "uniform"])
+    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--n-slope", action="store_true")
     p.add_argument("--accuracy", action="store_true")
     p.add_argument("--larger-than-memory", action="store_true")
@@ -159,7 +209,7 @@ def main() -> None:
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
 
     if args.item:
-        fn = {"scale": item_scale, "accuracy": item_accuracy}[args.item]
+        fn = {"scale": item_scale, "accuracy": item_accuracy, "vs_dense": item_vs_dense}[args.item]
         print(json.dumps(fn(args)))
         return
 
@@ -180,6 +230,11 @@ def main() -> None:
         (RESULTS / "bench_factor_half_million.json").write_text(json.dumps(
             {"machine": machine, "result": res, "targets": {"total_s": 1800, "peak_rss_GB": 8}}, indent=1))
         print(json.dumps(res, indent=1))
+    if args.vs_dense:
+        argv = base + ["--M", str(args.M), "--sizes", *map(str, args.sizes), "--ranks", *map(str, args.ranks),
+                       "--datasets", *args.datasets, "--solvers", *args.solvers, "--repeats", str(args.repeats)]
+        res = run_item("vs_dense", argv)
+        (RESULTS / "bench_factor_vs_dense.json").write_text(json.dumps({"machine": machine, **res}, indent=1))
     if args.n_slope:
         rows = []
         for n in args.sizes:

@@ -19,8 +19,8 @@ sys.path.insert(0, str(HERE))
 
 from readme_engine import (render_build, render_checkpoint, render_hosts_scaling, render_objstore,  # noqa: E402
                            render_pass, render_pass_big, render_scaling)
-from readme_computed import (render_computed_lambda, render_computed_pass, render_computed_peer,  # noqa: E402
-                             render_computed_scale)
+from readme_computed import (render_computed_lambda, render_computed_million, render_computed_pass,  # noqa: E402
+                             render_computed_peer, render_computed_scale)
 from readme_factor_fits import render_profile_factor, render_skglm  # noqa: E402
 from readme_first_hour import render_cv_path, render_defaults, render_quickstart  # noqa: E402
 from readme_peers import (render_ab_fits, render_compare_versions, render_mutation, render_peers,  # noqa: E402
@@ -36,7 +36,8 @@ RENDERERS: list[Callable[[], str]] = [render_quickstart, render_defaults, render
                                       render_ab_fits, render_factor, render_lowrank_floor, render_spicy_newton,
                                       render_smo_factor, render_peers_factor, render_profile_factor, render_skglm,
                                       render_objstore, render_mutation, render_computed_pass, render_computed_scale,
-                                      render_computed_peer, render_computed_lambda, render_hosts_scaling]
+                                      render_computed_peer, render_computed_lambda, render_computed_million,
+                                      render_hosts_scaling]
 
 HEADER = """# Benchmarks
 

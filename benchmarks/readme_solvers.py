@@ -248,6 +248,36 @@ def _smo_cvxpy_repeats() -> str:
 
 
 # ---- factor banks (issue 17) ----------------------------------------------------------------------
+def _factor_vs_dense() -> str:
+    """``--vs-dense``: every solver at its defaults on the dense bank and on factor banks of the same kernels."""
+    title = "### Factor banks against the dense bank, every solver (`--vs-dense`)\n\n"
+    v = _load("bench_factor_vs_dense.json")
+    if v is None:
+        return title + "Not recorded yet.\n"
+    import statistics
+
+    rows, slower = [], []
+    for x in v["rows"]:
+        ratio = None if x["ratios_to_dense"] is None else statistics.median(x["ratios_to_dense"])
+        rows.append([x["dataset"], x["n"], x["solver"], x["rank"], f"{x['bank_bytes'] / 1e6:.0f}", x["median_s"],
+                     "-" if ratio is None else f"{ratio:.2f}", x["accuracy"], x["gap"], x["converged"]])
+        if ratio is not None and ratio > 1.0:
+            slower.append(f"{x['solver']} on {x['dataset']} at rank {x['rank']} ({ratio:.2f})")
+    factor_rows = sum(x["ratios_to_dense"] is not None for x in v["rows"])
+    return (title + f"Machine: {_machine(v['machine'])}; load average at record "
+            f"{v['machine'].get('load_average_at_record')}.\n\n"
+            f"Each solver at its defaults (`fit_solver(name, engine, y, 'classification')`), M = {v['M']} Gaussian "
+            f"kernels on random feature subsets, on the dense float32 bank and on factor banks of the same specs; "
+            f"{v['repeats']} rounds, each fitting on the dense bank and then on each factor bank in turn; seconds are "
+            "medians, the ratio is the median over rounds of factor / dense (below 1: the factor bank is faster). "
+            "Every factor bank here is the smaller one (bank MB). Target (issue 32): no solver slower on a factor "
+            f"bank than on the dense bank whenever the factor bank is smaller: {factor_rows - len(slower)} of "
+            f"{factor_rows} factor rows meet it"
+            + (f"; slower: {', '.join(slower)}" if slower else "") + ".\n\n"
+            + _table(["dataset", "n", "solver", "rank", "bank MB", "fit s", "factor / dense", "test accuracy", "gap",
+                      "converged"], rows) + "\n")
+
+
 def render_factor() -> str:
     head = "## Factor banks: MKL at large n (`python benchmarks/bench_factor.py`)\n\n"
     parts = [head + (
@@ -297,6 +327,7 @@ def render_factor() -> str:
                       "approx. error median", "fit s", "gap"], rows)
             + "\n\nTarget: within 0.5 accuracy points of the dense bank at a stated rank. "
             + _accuracy_verdict(a["rows"]) + "\n")
+    parts.append(_factor_vs_dense())
     lm = _load("bench_factor_larger_than_memory.json")
     if lm is not None:
         x = lm["result"]

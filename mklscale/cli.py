@@ -585,12 +585,28 @@ def _load_features(args) -> np.ndarray:
     return X if args.rows is None else X[: args.rows]
 
 
+def _build_features(args):
+    """The features of ``bank build``: a ``.npy`` file given alone (no --rows, --target, --dataset) is
+    passed on as its path, which ``build_bank`` reads by column blocks (``bank.features``: a 500 x 10^6
+    file is never loaded whole), after ``read_table``'s checks and messages on its first rows;
+    anything else is read by ``_load_features``."""
+    from mklscale.tabular import kind, read_table
+
+    if (args.dataset or args.features is None or args.rows is not None or args.target is not None
+            or kind(Path(args.features)) != "npy"):
+        return _load_features(args)
+    read_table(args.features, rows=2)  # the file, its shape and dtype (every value: build_bank's scan)
+    from mklscale.bank.features import FeatureSource
+
+    return FeatureSource(Path(args.features), f"--features {args.features}")
+
+
 def _cmd_build(args) -> int:
     from mklscale.bank import build_bank, families
     from mklscale.bank.size import check_fits, count_kernels
 
     kernels = _kernels(args)
-    X = _load_features(args)
+    X = _build_features(args)
     check_fits(args.out, count_kernels(kernels, X.shape[1]), X.shape[0], args.dtype, args.rank,
                n_features=X.shape[1], overwrite=args.overwrite, spelling="cli-build", computed=args.computed)
     specs = families.resolve(kernels, X.shape[1])

@@ -462,9 +462,8 @@ class _MKLBase(BaseEstimator):
         for attr in ("n_features_in_", "feature_names_in_"):
             if hasattr(self, attr):
                 delattr(self, attr)
-        X = bank.X_train
-        if X is not None:
-            self.n_features_in_ = int(X.shape[1])
+        if bank.features is not None:  # its width only: X is not read
+            self.n_features_in_ = int(bank.features.shape[1])
         return bank, y
 
     # ---- prediction ---------------------------------------------------------------------------

@@ -179,7 +179,7 @@ class MKLModel:
                 if used else np.zeros(0, np.int64))
         dual = np.array([r.dual_coef[rows] if r.active.size else np.zeros(rows.size) for r in results],
                         dtype=np.float64).reshape(len(results), rows.size)
-        std = bank.attrs.get("standardization")
+        std = bank.standardization
         X_train = bank.X_train
         labels = [None] * len(results) if classes is None or len(results) == 1 else list(classes)
         heads = [{"bias": r.bias, "solver": r.solver, "objective": r.objective, "gap": r.gap, "converged": r.converged,
@@ -191,8 +191,8 @@ class MKLModel:
             norm_factor=np.asarray(bank.norm_factor, dtype=np.float64)[kept],
             weights=weights, dual_coef=dual, bias=np.array([r.bias for r in results], dtype=np.float64),
             X_rows=None if X_train is None or factor is not None else np.ascontiguousarray(X_train[rows], dtype=np.float64),
-            mean=None if std is None else np.asarray(std["mean"], dtype=np.float64),
-            scale=None if std is None else np.asarray(std["scale"], dtype=np.float64),
+            mean=None if std is None else std[0],
+            scale=None if std is None else std[1],
             rows=rows, train_row_ids=bank.train_rows[rows], bank_kernels=kept, n_bank_kernels=int(bank.M),
             n_train=int(bank.n), n_features=None if X_train is None else int(X_train.shape[1]),
             heads=heads, info=dict(info or {}), factor=factor,

@@ -25,11 +25,12 @@ import numpy as np
 from mklscale.bank import _compute, integrity
 from mklscale.bank import factor as factor_math
 from mklscale.bank.group import creation_info, json_attr
-from mklscale.bank.inputs import NORMALIZATIONS, validate_dtype, validate_features
+from mklscale.bank.features import as_source, fingerprint_rows, scan, write_columns
+from mklscale.bank.inputs import NORMALIZATIONS, validate_dtype
 from mklscale.bank.integrity import RepairReport
 from mklscale.bank.shards import compute_shards, unfinished_shards
 from mklscale.bank.size import check_fits
-from mklscale.bank.spec import KernelSpec, specs_to_json
+from mklscale.bank.spec import KernelSpec, hash_specs_json
 from mklscale.bank.storage import storage_for
 from mklscale.bank.store import KernelBank, prepare_path, refuse_target
 from mklscale.errors import InvalidInputError, SpecError
@@ -76,9 +77,12 @@ def build_bank(
     trace error (tr K - tr K~) / tr K exceeds ``max_error`` warns (UserWarning) naming the worst
     kernels.
 
-    X is raw (n x d); with ``standardize`` every column is centred and scaled to unit variance
-    (constant columns are only centred) and the transform is recorded so cross kernels on new data
-    match. ``normalize``: "trace" (K / trace K, unit trace as in SimpleMKL/SpicyMKL), "diag"
+    X is raw (n x d): an array, a zarr array or the path of a ``.npy`` file, read by column blocks
+    (``features``: X is never held whole, nor converted whole to float64); with ``standardize`` every
+    column is centred and scaled to unit variance (constant columns are only centred) and the
+    transform is recorded so cross kernels on new data match. The bank stores the standardised X in
+    chunks of whole columns with a crc32c each; a computed bank's tasks read only the chunks of the
+    features their kernels use. ``normalize``: "trace" (K / trace K, unit trace as in SimpleMKL/SpicyMKL), "diag"
     (K_ij / sqrt(K_ii K_jj)) or None. ``client``: a ``distributed.Client`` to run the tasks on,
     or None for Dask's threaded scheduler in this process.
 
@@ -102,9 +106,10 @@ def build_bank(
     BankLockedError naming it (pid and host) at once, a number after that many seconds. Two equal
     builds started together therefore compute the kernels once: the second resumes the finished bank.
     """
-    X = validate_features(X, "X")
-    specs = _validate_specs(specs, X.shape[1])
-    factor = None if rank is None else factor_math.settings(rank, method, landmarks, tol, seed, X.shape[0])
+    source = as_source(X, "X")
+    n, d = source.shape
+    specs = _validate_specs(specs, d)
+    factor = None if rank is None else factor_math.settings(rank, method, landmarks, tol, seed, n)
     if computed and factor is not None:
         raise InvalidInputError("computed=True computes every kernel from the features in each pass and stores "
                                 "none; rank= stores factors: choose one (computed=True for many kernels over few rows, "
@@ -112,18 +117,17 @@ def build_bank(
     if normalize not in NORMALIZATIONS:
         raise InvalidInputError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
     dt = validate_dtype(dtype)
-    rows = list(range(X.shape[0])) if row_ids is None else [int(r) for r in row_ids]
-    if len(rows) != X.shape[0]:
-        raise InvalidInputError(f"row_ids has {len(rows)} entries but X has {X.shape[0]} rows; pass one id per "
+    rows = list(range(n)) if row_ids is None else [int(r) for r in row_ids]
+    if len(rows) != n:
+        raise InvalidInputError(f"row_ids has {len(rows)} entries but X has {n} rows; pass one id per "
                                 "row of X, or row_ids=None")
 
-    mean, scale = _standardisation(X) if standardize else (None, None)
-    Xs = X if mean is None else (X - mean) / scale
-    fingerprint = _fingerprint(X, specs, normalize, dt.name, standardize, rows, factor, computed)
+    found = scan(source, standardize)  # every value checked, the standardisation: by column blocks
+    fingerprint = _fingerprint(source, specs, normalize, dt.name, standardize, rows, factor, computed)
     storage = storage_for(path, storage_options)  # a folder, or s3://bucket/prefix
     action = refuse_target(storage, overwrite, fingerprint)  # refused input leaves everything as it was, the lock file too
     # a bank that would not fit its disk is refused here, before the lock file or anything else is written
-    check_fits(storage, len(specs), X.shape[0], dt.name, None if factor is None else factor.rank, n_features=X.shape[1],
+    check_fits(storage, len(specs), n, dt.name, None if factor is None else factor.rank, n_features=d,
                chunk_mb=chunk_mb, shard_mb=shard_mb, action=action, computed=computed)
     # one writer per bank (``writer_lock``; ``objlock`` on an object store, whose writes go through the fenced URL)
     with storage.writer("build", wait) as target:
@@ -131,7 +135,6 @@ def build_bank(
         if action != "resume":
             attrs = {
                 "normalize": normalize,
-                "standardization": None if mean is None else json_attr({"mean": mean.tolist(), "scale": scale.tolist()}),
                 "train_rows": rows,
                 "fingerprint": fingerprint,
                 "source": "build_bank",
@@ -140,7 +143,11 @@ def build_bank(
             }
             if factor is not None:
                 attrs["factor"] = json_attr(factor.to_attrs())
-            kw = dict(specs=specs, n=X.shape[0], dtype=dt, attrs=attrs, X=Xs, chunk_mb=chunk_mb, shard_mb=shard_mb,
+
+            def write_X(group):  # the standardised features, a column chunk at a time (``features``)
+                return write_columns(group, source, found, chunk_mb)
+
+            kw = dict(specs=specs, n=n, dtype=dt, attrs=attrs, X=write_X, chunk_mb=chunk_mb, shard_mb=shard_mb,
                       rank=None if factor is None else factor.rank, computed=bool(computed))
             target.create_group(replace=action == "replace", **kw)
 
@@ -148,7 +155,10 @@ def build_bank(
         done = bank.complete
         bank.last_build_computed = 0  # kernels computed by this call (tests check resumption with it)
         if not done.all():
+            del bank  # one opened bank (its specs) at a time
             bank = KernelBank.open(target, mode="r+")  # ReadOnlyStoreError here, before any task runs
+            # a computed bank's tasks read the features they need from the bank; stored kernels get X whole
+            Xs = None if computed else bank.X_train
             bank.last_build_computed = compute_shards(bank, specs, Xs, unfinished_shards(done, bank.kernels_per_shard),
                                                        keep=done, client=client, progress=progress,
                                                        flush_every_s=flush_every_s)
@@ -191,18 +201,14 @@ def _validate_specs(specs, n_features: int) -> list[KernelSpec]:
     return specs
 
 
-def _standardisation(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    mean = X.mean(axis=0)
-    scale = X.std(axis=0)
-    return mean, np.where(scale > 1e-12 * np.maximum(1.0, np.abs(mean)), scale, 1.0)
-
-
-def _fingerprint(X: np.ndarray, specs, normalize, dtype: str, standardize: bool, rows, factor=None,
+def _fingerprint(source, specs, normalize, dtype: str, standardize: bool, rows, factor=None,
                  computed: bool = False) -> str:
+    """sha256 of X's shape and C-order float64 bytes (``features.fingerprint_rows``: by row blocks, the
+    digest of ``X.tobytes()``), the specs and the settings: what a resumed build must match."""
     h = hashlib.sha256()
-    h.update(repr(X.shape).encode())
-    h.update(np.ascontiguousarray(X).tobytes())
-    h.update(specs_to_json(specs).encode())
+    h.update(repr(source.shape).encode())
+    fingerprint_rows(h, source)
+    hash_specs_json(h, specs)  # = h.update(specs_to_json(specs).encode()), in batches
     h.update(repr((normalize, dtype, bool(standardize))).encode())
     h.update(np.asarray(rows, dtype=np.int64).tobytes())
     if factor is not None:  # dense banks keep the fingerprint they always had

@@ -11,7 +11,11 @@ Layout of a bank (see docs/design.md, "The bank on disk")::
     landmarks    (M, r) int64    training rows of kernel m's landmarks, -1 padded (factor banks)
     transform    (M, r, r) float64  T_m: L_m(x) = k_m(x, X[landmarks_m]) T_m (factor banks; ``factor``)
     approx_error, exact_trace  (M,) float64  (tr K_m - tr K~_m) / tr K_m and tr K_m, before normalisation
-    X            (n, d) float64  standardised training features (banks built from features)
+    X            (n, d) float64  standardised training features (banks built from features), uncompressed,
+                 in chunks of whole columns (n, c) with each chunk's crc32c (``features``, attribute
+                 X_chunks); banks written before: one chunk, its crc32c in the attribute X_checksum
+    X_mean, X_scale  (d,) float64  the standardisation (X - mean) / scale (banks built with it; before
+                 these arrays, the attribute standardization held both as lists)
     cross_gram   (M, n_cross, n) optional cross kernels imported with ``from_arrays``
     complete     (M,) bool      data of kernel m is on disk (set only after the write)
     trace, fro, lambda_max, norm_factor  (M,) float64  of the STORED (normalised) matrix (factor banks:
@@ -41,7 +45,6 @@ import zarr
 
 from mklscale.bank.fs_errors import raise_store_error
 from mklscale.bank.spec import KernelSpec
-from mklscale.bank.stats import checksum
 from mklscale.errors import InvalidInputError, SchemaVersionError
 from mklscale.runtime.atomic import swap_into_place
 
@@ -102,7 +105,7 @@ def create_bank_group(
     n: int,
     dtype: np.dtype,
     attrs: dict,
-    X: np.ndarray | None,
+    X,
     chunk_mb: float,
     shard_mb: float,
     fill=None,
@@ -113,7 +116,9 @@ def create_bank_group(
     """Create the bank's group and arrays in a temporary sibling folder and rename it into place,
     so ``path`` either does not exist or holds a well-formed bank. ``fill(group)`` may write data
     (``from_arrays``) before the rename. ``rank``: None for a dense bank (``gram``), r for a factor
-    bank (``factor`` (M, n, r) and the arrays of ``FACTOR_META``). ``computed``: no data array at
+    bank (``factor`` (M, n, r) and the arrays of ``FACTOR_META``). ``X``: None, or ``write(group)``
+    writing the features (``features.write_columns``; the build's) and returning the attributes it adds.
+    ``computed``: no data array at
     all, a computed bank (its kernels computed from ``X`` in every pass). ``replace``: an existing store
     at ``path`` is swapped out for the new one (``runtime.atomic.swap_into_place``) and then
     removed; without it only a missing or empty folder is replaced."""
@@ -143,11 +148,10 @@ def create_bank_group(
         group.create_array("meta_checksum", data=np.zeros(M, dtype=np.uint32), chunks=(M,))
         spec_array = group.create_array("spec", shape=(M,), dtype="str", chunks=(M,))
         spec_array[:] = np.array([s.to_json() for s in specs], dtype=object)
-        if X is not None:
-            group.create_array("X", data=X, chunks=X.shape)
+        written = {} if X is None else X(group)
         group.update_attributes({  # one write of zarr.json (attrs.update writes it once per key)
             **attrs,
-            **({} if X is None else {"X_checksum": checksum(np.asarray(group["X"][:]))}),  # X_train checks it
+            **written,  # the stored features' chunk checksums (X_train and every read check them)
             "mklscale": {"kind": "kernel_bank", "schema_version": SCHEMA_VERSION},
             "n": int(n), "M": int(M), "dtype": dtype.name,
             "representation": representation, "rank": None if rank is None else int(rank),

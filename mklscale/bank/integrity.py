@@ -92,12 +92,8 @@ def verify(bank, kernels: Sequence[int] | None = None, threads: int = 4, progres
     report.checked = int(todo.size)
     S = bank.kernels_per_shard
     groups = [todo[(todo // S) == s] for s in np.unique(todo // S)]
-    if "X" in bank.group:
-        try:
-            problem = bank.X_problem(bank.group["X"][:])
-        except Exception as exc:  # an undecodable chunk
-            problem = f"the stored features X cannot be read ({type(exc).__name__}: {exc})"
-        report.problems += [problem] if problem else []
+    if bank.features is not None:  # every column chunk of X read and checked once
+        report.problems += bank.features.scan_problems()[:1]
     found: list[tuple[int, str, str]] = _check_metadata(bank, todo)
     with ThreadPoolExecutor(max(1, threads)) as pool:
         for bad in tqdm(pool.map(functools.partial(_check_shard, bank), groups), total=len(groups), disable=not progress,
@@ -211,8 +207,7 @@ def repair(storage, open_bank: Callable, kernels: Sequence[int] | None = None, c
 
 
 def _repair_locked(bank, kernels, client, progress: bool) -> RepairReport:
-    Xs = bank.X_train
-    if Xs is None:
+    if bank.features is None:
         raise SpecError(f"bank {bank.path} was imported from Gram matrices (KernelBank.from_arrays) and holds no "
                         "features, so its kernels cannot be recomputed; re-import them: "
                         "KernelBank.from_arrays(grams, path, ..., overwrite=True)")
@@ -227,6 +222,8 @@ def _repair_locked(bank, kernels, client, progress: bool) -> RepairReport:
     keep = bank.complete
     keep[targets] = False
     shards = sorted({m // S for m in targets})
+    # stored kernels get X whole (checked); a computed bank's tasks read the checked chunks they need
+    Xs = bank.X_train if bank.stores_kernels else None
     compute_shards(bank, bank.specs, Xs, shards, keep=keep, client=client, progress=progress)
     forget_bad(bank, targets)
     rewritten = [m for s in shards for m in range(*bank.shard_range(s))]

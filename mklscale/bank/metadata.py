@@ -17,7 +17,7 @@ import zarr
 
 from mklscale.bank.group import FACTOR_META, PER_KERNEL_FLOATS, REPRESENTATIONS, data_array_name
 from mklscale.bank.inputs import DTYPES, NORMALIZATIONS
-from mklscale.bank.spec import KernelSpec
+from mklscale.bank.spec import KernelSpec, specs_from_entries
 from mklscale.errors import BankCorruptError
 
 
@@ -106,13 +106,17 @@ def read_metadata(path: Path, group: zarr.Group) -> BankMetadata:
     if representation == "factor":
         for name in FACTOR_META:
             array(name, {"landmarks": (M, width), "transform": (M, width, width)}.get(name, (M,)))
-    specs = []
-    for m, entry in enumerate(values(array("spec", (M,)))):
-        try:
-            specs.append(KernelSpec.from_json(entry))
-        except Exception as exc:
-            raise fail(f"the spec of kernel {m} is not a valid kernel spec ({type(exc).__name__}: {exc}): "
-                       f"{str(entry)[:80]!r}") from None
+    entries = values(array("spec", (M,)))
+    try:
+        specs = specs_from_entries(entries)
+    except Exception:  # name the first bad entry
+        for m, entry in enumerate(entries):
+            try:
+                KernelSpec.from_json(entry)
+            except Exception as exc:
+                raise fail(f"the spec of kernel {m} is not a valid kernel spec ({type(exc).__name__}: {exc}): "
+                           f"{str(entry)[:80]!r}") from None
+        raise
     if "X" in group:
         X = group["X"]
         if not isinstance(X, zarr.Array) or X.ndim != 2 or X.shape[0] != n:

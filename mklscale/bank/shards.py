@@ -25,6 +25,7 @@ from threadpoolctl import threadpool_limits
 from mklscale.bank import _compute
 from mklscale.bank import factor as factor_math
 from mklscale.bank.direct_io import aligned_empty
+from mklscale.bank.features import StoredRef, release_stored
 from mklscale.bank.fs_errors import raise_store_error
 from mklscale.bank.group import FACTOR_META, PER_KERNEL_FLOATS, data_array_name
 from mklscale.bank.size import bank_bytes, human
@@ -48,10 +49,14 @@ def unfinished_shards(done: np.ndarray, per_shard: int) -> list[int]:
     return sorted({int(m) // per_shard for m in np.flatnonzero(~done)})
 
 
-def compute_shards(bank, specs: Sequence[KernelSpec], Xs: np.ndarray, shards: list[int], *,
+def compute_shards(bank, specs: Sequence[KernelSpec], Xs: np.ndarray | None, shards: list[int], *,
                     keep: np.ndarray, client, progress: bool, flush_every_s: float = 2.0) -> int:
     """Recompute and rewrite whole shards of an opened (writable) bank, one task per shard; return
     the number of kernels computed.
+
+    ``Xs``: the standardised features, sent to every task; None: each task reads the columns its
+    kernels use from the bank (``features.StoredRef``: a computed bank's build and repair, which never
+    hold X whole).
 
     Kernels flagged in ``keep`` are already stored and verified: their recomputed bytes must match
     the recorded checksums bit for bit (the build is deterministic), else that shard's task raises
@@ -69,7 +74,10 @@ def compute_shards(bank, specs: Sequence[KernelSpec], Xs: np.ndarray, shards: li
     computed = 0
     todo = sum(len(range(*bank.shard_range(s))) for s in shards)
     compiling = bool(progress and todo) and will_compile(_ENTRY_POINTS["dense" if bank.rank is None else "factor"])
-    nbytes = bank_bytes(bank.M, bank.n, bank.dtype.name, bank.rank, n_features=Xs.shape[1], layout=layout,
+    if Xs is None:
+        Xs = StoredRef(bank.storage.worker_location, bank.attrs.get("fingerprint"))
+    n_features = bank.group["X"].shape[1]
+    nbytes = bank_bytes(bank.M, bank.n, bank.dtype.name, bank.rank, n_features=n_features, layout=layout,
                         computed=not bank.stores_kernels)
     what = f"{bank.M} kernels, {human(nbytes)}" + ("" if bank.stores_kernels else " stored: computed bank")
     with _progress(len(specs), len(specs) - todo, progress, what, compiling) as bar:
@@ -98,6 +106,7 @@ def compute_shards(bank, specs: Sequence[KernelSpec], Xs: np.ndarray, shards: li
             raise
         finally:
             _BLOCKS.clear()
+            release_stored()  # this process's cached column chunks of X (worker processes keep theirs)
     return computed
 
 
@@ -121,7 +130,7 @@ def _check_arithmetic(bank) -> None:
 
 
 # ---- the task --------------------------------------------------------------------------------------
-def build_shard(path: str, specs_json: str, Xs: np.ndarray, normalize, dtype: str, s: int,
+def build_shard(path: str, specs_json: str, Xs, normalize, dtype: str, s: int,
                 layout: tuple[int, int], expected: np.ndarray | None = None,
                 factor: dict | None = None, store: bool = True) -> tuple[int, dict]:
     """Compute, normalise and write the kernels of shard s; return (first kernel, statistics).
@@ -143,8 +152,13 @@ def build_shard(path: str, specs_json: str, Xs: np.ndarray, normalize, dtype: st
     filled in one sweep that computes each row of the base once (``_compute.fill_grams``): the
     stored matrix is cast(f(base) * normalisation), e.g. K = exp(-||x - z||^2 / (2 s^2)) / tr K
     for a trace-normalised Gaussian, exactly symmetric. All heavy steps release the GIL.
+
+    ``Xs``: the standardised features (n, d), or a ``features.StoredRef``: then the columns these
+    kernels use are read from the bank (checked chunks) and the specs re-indexed to them (the same bytes).
     """
     specs = specs_from_json(specs_json)
+    if isinstance(Xs, StoredRef):
+        Xs, specs = Xs.features_for(specs)
     stats = {k: np.empty(len(specs)) for k in PER_KERNEL_FLOATS}
     stats["checksum"] = np.empty(len(specs), dtype=np.uint32)
     per_chunk, per_shard = layout
@@ -388,7 +402,7 @@ def _run_distributed(client, path, specs, Xs, normalize, dtype, layout, shards, 
     S = layout[1]
     if not storage_for(path).reachable_from_workers:
         require_shared_folder(client, path, f"the build of {path}")
-    X_future = client.scatter(Xs, broadcast=True)
+    X_future = Xs if isinstance(Xs, StoredRef) else client.scatter(Xs, broadcast=True)
     futures = [
         client.submit(build_shard, path, specs_to_json(specs[s * S:(s + 1) * S]), X_future, normalize, dtype, s, layout,
                       expected[s], factor, store, key=f"mklscale-build-{os.path.basename(str(path))}-{s}-{os.getpid()}-{time.monotonic_ns()}", pure=False)
@@ -451,6 +465,7 @@ class _MetadataWriter:
         self._rows: dict[int, dict] = {}  # first kernel -> {name: rows} not written yet
         self._every = every_s
         self._last = time.monotonic()
+        self._cost = 0.0  # seconds the last flush took
 
     def record(self, first: int, stats: dict) -> None:
         k = len(stats["checksum"])
@@ -465,10 +480,13 @@ class _MetadataWriter:
                 for q in range(k)]
         self._arrays["complete"][first:first + k] = True
         self._owned[first:first + k] = True
-        if time.monotonic() - self._last >= self._every:
+        # every ``every_s`` seconds (0: after every shard), and then at most ~10% of the time (a flush
+        # rewrites (M,) arrays: 10^6 kernels)
+        if self._every <= 0 or time.monotonic() - self._last >= max(self._every, 10 * self._cost):
             self.flush()
 
     def flush(self) -> None:
+        t0 = time.monotonic()
         for first, rows in list(self._rows.items()):
             for name, values in rows.items():
                 self._group[name][first:first + len(values)] = values
@@ -479,6 +497,7 @@ class _MetadataWriter:
                 on_disk[self._owned] = self._arrays[name][self._owned]
                 self._group[name][:] = on_disk
         self._last = time.monotonic()
+        self._cost = self._last - t0
 
 
 _BAR = "build bank"

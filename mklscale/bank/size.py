@@ -23,6 +23,7 @@ import os
 import numpy as np
 
 from mklscale.bank import cache
+from mklscale.bank.features import chunk_columns
 from mklscale.bank.group import PER_KERNEL_FLOATS, layout_for
 from mklscale.bank.shard_format import index_nbytes
 from mklscale.errors import InvalidInputError
@@ -66,8 +67,9 @@ def bank_bytes(M: int, n: int, dtype: str = "float32", rank: int | None = None, 
       spec's JSON;
       a factor bank adds its rank, landmarks (r int64), transform (r x r float64), approx_error and
       exact_trace (``group.FACTOR_META``);
-    - the standardised features X (n x ``n_features`` float64; 0 for imported Gram matrices) and the
-      attributes (train row ids), imported cross kernels (M x ``n_cross`` x n);
+    - the standardised features X (n x ``n_features`` float64, in chunks of whole columns of about
+      ``chunk_mb``; 0 for imported Gram matrices), their mean and scale, and the attributes (train row
+      ids, X's chunk checksums), imported cross kernels (M x ``n_cross`` x n);
     - every file rounded up to whole ``BLOCK`` bytes, every array with its zarr.json.
 
     Metadata arrays are counted uncompressed (zarr compresses them a little): an upper estimate
@@ -92,11 +94,15 @@ def bank_bytes(M: int, n: int, dtype: str = "float32", rank: int | None = None, 
         for row_bytes in (width * 8, width * width * 8):  # landmarks, transform: one chunk per shard
             total += BLOCK + per_shard_file(lambda k, b=row_bytes: k * b)
     total += sum(BLOCK + _blocks(M * b) for b in per_kernel.values())
-    if n_features:
-        total += BLOCK + _blocks(n * int(n_features) * 8)
+    n_chunks = 0
+    if n_features:  # X in chunks of whole columns (edge chunks stored whole), its mean and scale
+        d = int(n_features)
+        cols = min(d, chunk_columns(n, chunk_mb))
+        n_chunks = -(-d // cols)
+        total += BLOCK + n_chunks * _blocks(n * cols * 8) + 2 * (BLOCK + _blocks(8 * d))
     if n_cross:
         total += BLOCK + M * _blocks(int(n_cross) * n * item)
-    attrs = 2048 + 8 * n + 48 * int(n_features)  # root zarr.json: train_rows, standardisation, layout, ...
+    attrs = 2048 + 8 * n + 12 * n_chunks  # root zarr.json: train_rows, X's chunk checksums, layout, ...
     return total + _blocks(attrs)
 
 

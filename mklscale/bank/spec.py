@@ -38,9 +38,11 @@ FAMILIES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class KernelSpec:
-    """One kernel function. Build with the class methods or ``from_dict``; compare and hash freely."""
+    """One kernel function. Build with the class methods or ``from_dict``; compare and hash freely.
+    Slotted (a bank of 10^6 per-feature kernels holds 10^6 of them); specs read from a bank share their
+    family's parameter tuple (``specs_from_entries``)."""
 
     family: str
     params: tuple[tuple[str, Any], ...] = ()
@@ -201,6 +203,51 @@ def features_text(features, feature_names=None) -> str:
 
 def specs_to_json(specs) -> str:
     return json.dumps([s.to_dict() for s in specs], sort_keys=True)
+
+
+def hash_specs_json(h, specs, batch: int = 4096) -> None:
+    """``h.update(specs_to_json(specs).encode())``, a batch of specs at a time (json.dumps of a list
+    is "[" + ", ".join(each item's dumps) + "]"), so no list of M dicts and no M-spec string is held."""
+    h.update(b"[")
+    for k in range(0, len(specs), batch):
+        part = json.dumps([s.to_dict() for s in specs[k:k + batch]], sort_keys=True)[1:-1]
+        h.update(((", " if k else "") + part).encode())
+    h.update(b"]")
+
+
+def specs_from_entries(entries) -> list[KernelSpec]:
+    """``[KernelSpec.from_json(e) for e in entries]`` (a bank's ``spec`` array), faster for many specs:
+    the family and parameters of each distinct (family, params) are validated once and their tuple
+    shared, only the features are checked per entry (``__post_init__``'s rules). Anything unusual goes
+    through ``from_json``, which raises what it always did."""
+    protos: dict = {}
+    out = []
+    new = object.__new__
+    for e in entries:
+        d = json.loads(e)
+        try:
+            key = (d["family"], tuple(sorted(d["params"].items())))
+            feats = d["features"]
+            ok = len(d) == 3 and (feats is None or (type(feats) is list and feats
+                                                   and all(type(f) is int and f >= 0 for f in feats)))
+            proto = protos.get(key) if ok else None
+        except (TypeError, KeyError, AttributeError):
+            ok, proto = False, None
+        if not ok:
+            out.append(KernelSpec.from_dict(d))
+            continue
+        if proto is None:
+            proto = protos[key] = KernelSpec.from_dict({"family": d["family"], "params": d["params"], "features": None})
+        features = None if feats is None else tuple(sorted(feats))
+        if features is not None and len(set(features)) != len(features):
+            out.append(KernelSpec.from_dict(d))  # raises: a repeated index
+            continue
+        spec = new(KernelSpec)
+        object.__setattr__(spec, "family", proto.family)
+        object.__setattr__(spec, "params", proto.params)
+        object.__setattr__(spec, "features", features)
+        out.append(spec)
+    return out
 
 
 def specs_from_json(s: str) -> list[KernelSpec]:

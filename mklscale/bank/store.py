@@ -34,6 +34,7 @@ import numpy as np
 import zarr
 
 from mklscale.bank import _compute, integrity, shard_format
+from mklscale.bank.features import StoredFeatures, subset
 from mklscale.bank.integrity import VerifyReport
 from mklscale.bank.factor import factor_rows
 from mklscale.bank.direct_io import DIRECT_ALIGN, aligned_empty, write_direct
@@ -57,7 +58,6 @@ from mklscale.bank.size import check_fits
 from mklscale.bank.spec import KernelSpec
 from mklscale.bank.stats import checksum, kernel_stats, meta_checksums
 from mklscale.errors import (
-    BankCorruptError,
     BankIncompleteError,
     BankMismatchError,
     InvalidInputError,
@@ -96,7 +96,8 @@ class KernelBank:
         self.representation: str = attrs.get("representation") or "dense"
         self._data: zarr.Array | None = meta.data  # None: a computed bank stores no kernels
         self._mode = "r"
-        self._Xs: np.ndarray | None = None  # a computed bank's features, read and checked once
+        self._Xs: np.ndarray | None = None  # the whole standardised X, when kernels need most of it
+        self._features: StoredFeatures | None = None  # X by checked column chunks (``features``)
 
     @property
     def stores_kernels(self) -> bool:
@@ -293,25 +294,57 @@ class KernelBank:
         return int(sums[m])
 
     @property
+    def features(self) -> StoredFeatures | None:
+        """The standardised training features by checked column chunks (``features.StoredFeatures``),
+        or None for banks imported from Gram matrices."""
+        if self._features is None and "X" in self._group:
+            self._features = StoredFeatures(self._group, self._attrs, str(self.path))
+        return self._features
+
+    @property
     def X_train(self) -> np.ndarray | None:
-        """Standardised training features, or None for banks imported from Gram matrices; checked
-        against the crc32c recorded at creation (``X_checksum``; banks from before it: unchecked)."""
-        if "X" not in self._group:
-            return None
-        X = self._group["X"][:]
-        problem = self.X_problem(X)
-        if problem:
-            raise BankCorruptError(f"bank {self.path}: {problem}")
-        return X
+        """Standardised training features (n, d) float64, whole, or None for banks imported from Gram
+        matrices; every column chunk checked against the crc32c recorded at creation (``X_chunks``;
+        banks from before it: the whole X against ``X_checksum``, or unchecked). What needs a few
+        features reads them with ``_features_for`` instead."""
+        return None if self.features is None else self.features.all()
 
     def X_problem(self, X: np.ndarray) -> str | None:
-        """What is wrong with the stored features ``X`` (their crc32c does not match), or None."""
-        expected = self._attrs.get("X_checksum")
-        if expected is None or checksum(np.asarray(X)) == int(expected):
+        """What is wrong with the stored features ``X`` (a chunk's crc32c does not match), or None."""
+        feats = self.features
+        for c in range(feats.n_chunks):
+            c0, c1 = feats.chunk_range(c)
+            problem = feats.problem(c, X[:, c0:c1])
+            if problem:
+                return problem
+        return None
+
+    def _features_for(self, specs: Sequence[KernelSpec]) -> tuple[np.ndarray, list[KernelSpec]]:
+        """(Xs, local): the standardised columns the kernels ``specs`` use, float64 C-contiguous (n, k)
+        in increasing column order, and ``specs`` re-indexed to those columns (``features.subset``;
+        ``fill_block(local, Xs, ...)`` gives the bytes of ``fill_block(specs, X_train, ...)``). Only
+        their column chunks are read (checked, a small per-bank cache); a run of kernels using all
+        features or most of them gets the whole X, read once per bank object."""
+        feats = self.features
+        if feats is None:
+            raise SpecError(f"bank {self.path} holds no features to compute its kernels from")
+        cols, local = subset(specs, feats.shape[1])
+        if cols is not None:
+            return feats.columns(cols), local
+        if self._Xs is None:
+            self._Xs = feats.all()
+        return self._Xs, local
+
+    @property
+    def standardization(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(mean, scale) (d,) float64 of the training standardisation (X - mean) / scale, or None.
+        Stored as the arrays X_mean and X_scale; banks from before them hold both in the attribute."""
+        std = self._attrs.get("standardization")
+        if std is None:
             return None
-        return ("the stored features X do not match their checksum (damaged or edited): repair cannot recompute "
-                "kernels from them and cross kernels of new rows would be wrong; rebuild the bank "
-                "(build_bank(..., overwrite=True), `mklscale bank build ... --overwrite`)")
+        if "arrays" in std:
+            return tuple(np.asarray(self._group[name][:], dtype=np.float64) for name in std["arrays"])
+        return np.asarray(std["mean"], dtype=np.float64), np.asarray(std["scale"], dtype=np.float64)
 
     @property
     def train_rows(self) -> np.ndarray:
@@ -396,15 +429,16 @@ class KernelBank:
         arithmetic = self._arithmetic()
         if out is None:
             out = np.empty((len(idx), self.n, self.n), self.dtype)
-        fill_block([self.specs[int(m)] for m in idx], self._computation_features(), self.normalize, out, arithmetic)
+        Xs, local = self._features_for([self.specs[int(m)] for m in idx])
+        fill_block(local, Xs, self.normalize, out, arithmetic)
         return out
 
     def compute_quad_forms(self, idx: Sequence[int], U: np.ndarray, each: bool = False) -> np.ndarray:
         """u^T K_m u for kernels idx computed as ``compute_kernels`` computes them (the same values) and
         reduced on their upper triangles at once, never held whole (``shards.quad_block``): (len(idx), k)
         for U (k, n), (len(idx),) with ``each`` (U (len(idx), n))."""
-        return quad_block([self.specs[int(m)] for m in idx], self._computation_features(), self.normalize,
-                          self.dtype, U, each, self._arithmetic())
+        Xs, local = self._features_for([self.specs[int(m)] for m in idx])
+        return quad_block(local, Xs, self.normalize, self.dtype, U, each, self._arithmetic())
 
     def _arithmetic(self) -> int:
         """The kernel arithmetic version the bank recorded (``_compute.ARITHMETIC``), one this mklscale computes."""
@@ -415,16 +449,6 @@ class KernelBank:
                 f"compute (it knows {', '.join(map(str, _compute.ARITHMETICS))}); read it with the newer mklscale "
                 "that created it")
         return arithmetic
-
-    def _computation_features(self) -> np.ndarray:
-        """The standardised training features the kernels are computed from (float64, read and checked
-        against their crc32c once per bank object)."""
-        if self._Xs is None:
-            Xs = self.X_train  # checked against its crc32c
-            if Xs is None:
-                raise SpecError(f"bank {self.path} holds no features to compute its kernels from")
-            self._Xs = np.ascontiguousarray(Xs, dtype=np.float64)
-        return self._Xs
 
     # ---- factor banks -------------------------------------------------------------------------
     def _require_factor(self, what: str) -> None:
@@ -626,6 +650,7 @@ class KernelBank:
         self._group = self.storage.open_group(self._mode)
         self._attrs = self._group.attrs.asdict()
         self._data = self._group[data_array_name(self.representation)] if self.stores_kernels else None
+        self._features, self._Xs = None, None
 
     @property
     def group(self) -> zarr.Group:
@@ -636,13 +661,13 @@ class KernelBank:
     def standardize(self, X: np.ndarray) -> np.ndarray:
         """Apply the training standardisation recorded at build time to raw features X."""
         X = validate_features(X, "X_new")
-        std = self._attrs.get("standardization")
+        std = self.standardization
         d = self._group["X"].shape[1] if "X" in self._group else None
         if d is not None and X.shape[1] != d:
             raise InvalidInputError(f"X_new has {X.shape[1]} feature(s) but the bank was built on {d}")
         if std is None:
             return X
-        return (X - np.asarray(std["mean"])) / np.asarray(std["scale"])
+        return (X - std[0]) / std[1]
 
     def cross(self, X_new: np.ndarray | None, kernels: Sequence[int] | None = None) -> np.ndarray:
         """K_m(X_new, X_train) with exactly the training normalisation: (len(kernels), n_new, n) float64.
