@@ -6,6 +6,7 @@ stored, and feature selection at scale.
     python benchmarks/bench_computed.py lambda [--n 500 --M 2000 20000 --pairs 3]
     python benchmarks/bench_computed.py peer   [--n 500 --d 10000 100000]
     python benchmarks/bench_computed.py million [--n 500 --d 1000000]
+    python benchmarks/bench_computed.py marginal [--n 500 --d 100000]
 
 ``pass``: per_feature kernels (3 Gaussian widths and the linear kernel per feature: M = 4 d) at
 n = 500, once as a stored dense float32 bank (read through its mapping: the page cache holds it,
@@ -48,6 +49,9 @@ its prediction evaluates all M cross kernels, so it runs up to --uniform-max-d) 
 rate of the held-out labels. A HSIC Lasso run whose design matrix (n B M d float32 values, held
 twice while joblib's results are stacked) would not fit in the memory available is not started: the
 record says why and how much it needed.
+
+``marginal``: the first-pass score q_j = y^T K_j y of every feature on the ``million`` kernel, and where
+it ranks the planted features among d and, by the noise above them, among 10 d (``run_marginal``).
 
 ``million``: the target M = 10^6 (issue 31): the ``peer`` data (``synthetic(n + n_test, d)``, the same
 values, generated row block by row block from the same random stream and written to C-order float64
