@@ -1,4 +1,6 @@
-"""A pipeline stopped by SIGTERM mid-solve exits 75 and `--resume` finishes with the uninterrupted result."""
+"""A pipeline stopped by SIGTERM mid-solve exits 75 and `--resume` finishes with the uninterrupted result,
+on a stored bank and on a computed one (its kernels computed in every pass: the resumed process checks
+each kernel whole on its first pass and then folds its quad forms on the fly, the same bits)."""
 
 from __future__ import annotations
 
@@ -48,9 +50,10 @@ def _arrays(run_dir: Path, name: str) -> dict:
 
 
 @pytest.mark.cluster
-def test_sigterm_then_resume_equals_uninterrupted(tmp_path):
+@pytest.mark.parametrize("computed", [False, True], ids=["stored", "computed"])
+def test_sigterm_then_resume_equals_uninterrupted(tmp_path, computed):
     spec, cluster = tmp_path / "p.toml", tmp_path / "c.toml"
-    spec.write_text(PIPELINE)
+    spec.write_text(PIPELINE.replace("[bank]\n", "[bank]\ncomputed = true\n") if computed else PIPELINE)
     cluster.write_text(CLUSTER)
     whole = run_pipeline(spec, out=tmp_path / "whole", cluster=cluster, quiet=True)
 
@@ -77,7 +80,9 @@ def test_sigterm_then_resume_equals_uninterrupted(tmp_path):
         for key in a:
             np.testing.assert_array_equal(a[key], b[key], err_msg=f"{name}: {key}")
     assert [s["metrics"] for s in resumed["solvers"]] == [s["metrics"] for s in whole["solvers"]]
-    history = json.loads((run_dir / "results.json").read_text())["solvers"][1]["history"]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["bank"].get("representation", "dense") == ("computed" if computed else "dense")
+    history = results["solvers"][1]["history"]
     assert any(h.get("resumed") for h in history)
     assert not list(checkpoint.glob("*.npz"))          # cleared once the result is stored
     assert sorted(os.listdir(run_dir / "models")) == ["first", "sgd"]
