@@ -340,6 +340,36 @@ def _power_of_two_ratios(a):
 
 
 @numba.njit(cache=True, nogil=True)
+def _ladder_order(a):
+    """(g0, s, order): ``_power_of_two_ratios`` and the order in which a tile's float32 Gaussians are
+    computed: g0 first (its split is the one a width ladder scales), then the kernels on its ladder
+    (s > 0: ``_gaussian_f32_scaled_split``), then the widths off it (each its own split)."""
+    G = a.shape[0]
+    g0, ratio = _power_of_two_ratios(a)
+    order = np.empty(G, dtype=np.int64)
+    if G == 0:
+        return g0, ratio, order
+    order[0], at = g0, 1
+    for ladder in (True, False):
+        for g in range(G):
+            if g != g0 and (ratio[g] > 0) == ladder:
+                order[at] = g
+                at += 1
+    return g0, ratio, order
+
+
+@numba.njit(cache=True, nogil=True)
+def _gaussian_tiles(how, kind, fams, scales):
+    """Whether a group's kernels are float32 Gaussians computed by tiles (EXP_F32 on squared
+    distances); ValueError when such a group holds another family or a kernel whose scales are not 1."""
+    tiles = how == EXP_F32 and kind == SQDIST and fams.shape[0] > 0
+    for g in range(fams.shape[0]):
+        if tiles and (fams[g] != GAUSSIAN or np.any(scales[g] != 1.0)):
+            raise ValueError("EXP_F32 tiles hold Gaussian kernels (unit diagonal) only")
+    return tiles
+
+
+@numba.njit(cache=True, nogil=True)
 def _kernel_row(src, fam, a, p, ci, r, dst, how):
     """dst[j] = f(src[j]) * ci * r[j] with the family map f (formulas in spec.py):
 
@@ -484,30 +514,25 @@ def _fill_grams(Xt, kind, fams, a, p, norm, out, how):
     if out.shape[0] != G or out.shape[1] != n or out.shape[2] != n or a.shape[0] != G or p.shape[0] != G:
         raise ValueError("_fill_grams: out must have shape (kernels, n, n) and a, p one entry per kernel")
     factors, scales = _normalisers(Xt, kind, fams, a, p, norm)
-    tiles = how == EXP_F32 and kind == SQDIST and G > 0
+    tiles = _gaussian_tiles(how, kind, fams, scales)
     whole = how == EXP_F32 and Xt.shape[0] <= _WHOLE_ROWS_FEATURES and np.all(scales == 1.0)
-    for g in range(G):
-        if tiles and (fams[g] != GAUSSIAN or np.any(scales[g] != 1.0)):
-            raise ValueError("_fill_grams: EXP_F32 tiles hold Gaussian kernels (unit diagonal) only")
     buf = np.empty(n)
     B = np.empty(_TILE * n if tiles or whole else 0)
     xf = np.empty(_TILE * n + _PAD32 if tiles else 0, dtype=np.float32)
     xl, y = np.empty_like(xf), np.empty_like(xf)
     tail = np.empty(_PAD32, dtype=np.float32)
     flat = out.reshape(G, n * n)
-    g0, ratio = _power_of_two_ratios(a)
+    g0, ratio, order = _ladder_order(a)
     for I in range(0, n, _TILE):
         I1 = min(I + _TILE, n)
         if whole:
             _base_tile(Xt, I, I1, 0, kind, B)
-            if tiles:  # the kernel of smallest |a| first, then those whose a is 2^m times its, the rest
+            if tiles:
                 L = (I1 - I) * n
-                _gaussian_f32(B, L, a[g0], _F32(factors[g0]), xf, xl, flat[g0, I * n:I1 * n], tail)
-                for g in range(G):
+                for g in order:
                     if g != g0 and ratio[g] > 0:
                         _gaussian_f32_scaled_split(L, ratio[g], _F32(factors[g]), xf, xl, flat[g, I * n:I1 * n], tail)
-                for g in range(G):
-                    if g != g0 and ratio[g] == 0:
+                    else:
                         _gaussian_f32(B, L, a[g], _F32(factors[g]), xf, xl, flat[g, I * n:I1 * n], tail)
                 continue
             for g in range(G):
@@ -591,25 +616,14 @@ def _quad_grams(Xt, kind, fams, a, p, norm, how, U, each, y, q):
     if a.shape[0] != G or p.shape[0] != G or q.shape[0] != G or y.shape[0] < _TILE * n + _PAD32:
         raise ValueError("_quad_grams: a, p, q need one entry per kernel and y _TILE n + _PAD32 values")
     factors, scales = _normalisers(Xt, kind, fams, a, p, norm)
-    tiles = how == EXP_F32 and kind == SQDIST
-    for g in range(G):
-        if tiles and (fams[g] != GAUSSIAN or np.any(scales[g] != 1.0)):
-            raise ValueError("_quad_grams: EXP_F32 tiles hold Gaussian kernels (unit diagonal) only")
+    tiles = _gaussian_tiles(how, kind, fams, scales)
     k = 1 if each else U.shape[0]
     q[:, :] = 0.0
     B = np.empty(_TILE * n)
     xf = np.empty(_TILE * n + _PAD32 if tiles else 0, dtype=np.float32)
     xl = np.empty_like(xf)
     tail = np.empty(_PAD32, dtype=np.float32)
-    g0, ratio = _power_of_two_ratios(a)
-    # g0 first (its split is the one a width ladder scales), then the ladder, then widths off it
-    order = np.empty(G, dtype=np.int64)
-    order[0], at = g0, 1
-    for ladder in (True, False):
-        for g in range(G):
-            if g != g0 and (ratio[g] > 0) == ladder:
-                order[at] = g
-                at += 1
+    g0, ratio, order = _ladder_order(a)
     for I in range(0, n, _TILE):
         I1, W = min(I + _TILE, n), n - I
         _base_tile(Xt, I, I1, I, kind, B)  # the tile's rows from column I on: row i's upper part from (i - I)

@@ -186,13 +186,21 @@ def fill_block(specs: Sequence[KernelSpec], Xs: np.ndarray, normalize, out: np.n
     only (``_compute.ARITHMETIC``: a build's; a computed bank's passes use the one it recorded), never on
     its neighbours: a build stores them, a computed bank's passes compute the same bytes again."""
     factors = np.empty(len(specs))
+    for first, stop, Xsub, kind, params in _sweeps(specs, Xs):
+        factors[first:stop] = _compute.fill_grams(Xsub, kind, params, _NORM_CODES[normalize], out[first:stop],
+                                                  arithmetic)
+    return factors
+
+
+def _sweeps(specs: Sequence[KernelSpec], Xs: np.ndarray):
+    """(first, stop, Xsub, kind, params) per run of consecutive specs sharing a pairwise base
+    (``_base_groups``): their feature columns of Xs, the base (SQDIST or DOT) and the (family, a, p)
+    rows the ``_compute`` sweeps take."""
     for first, stop in _base_groups(specs):
         group = specs[first:stop]
         cols = slice(None) if group[0].features is None else list(group[0].features)
         kind = _compute.SQDIST if group[0].base_key[0] == "sqdist" else _compute.DOT
-        factors[first:stop] = _compute.fill_grams(Xs[:, cols], kind, np.array([_kernel_params(sp) for sp in group]),
-                                                  _NORM_CODES[normalize], out[first:stop], arithmetic)
-    return factors
+        yield first, stop, Xs[:, cols], kind, np.array([_kernel_params(sp) for sp in group])
 
 
 def quad_block(specs: Sequence[KernelSpec], Xs: np.ndarray, normalize, dtype, U: np.ndarray, each: bool,
@@ -202,13 +210,9 @@ def quad_block(specs: Sequence[KernelSpec], Xs: np.ndarray, normalize, dtype, U:
     per group sharing a base): (len(specs), k) for U (k, n), or (len(specs),) with ``each`` (U
     (len(specs), n): one vector per kernel)."""
     q = np.empty((len(specs), 1 if each else U.shape[0]))
-    for first, stop in _base_groups(specs):
-        group = specs[first:stop]
-        cols = slice(None) if group[0].features is None else list(group[0].features)
-        kind = _compute.SQDIST if group[0].base_key[0] == "sqdist" else _compute.DOT
-        q[first:stop] = _compute.quad_grams(Xs[:, cols], kind, np.array([_kernel_params(sp) for sp in group]),
-                                            _NORM_CODES[normalize], U[first:stop] if each else U, each, dtype,
-                                            arithmetic)
+    for first, stop, Xsub, kind, params in _sweeps(specs, Xs):
+        q[first:stop] = _compute.quad_grams(Xsub, kind, params, _NORM_CODES[normalize],
+                                            U[first:stop] if each else U, each, dtype, arithmetic)
     return q[:, 0] if each else q
 
 
