@@ -309,16 +309,6 @@ class KernelBank:
         features reads them with ``_features_for`` instead."""
         return None if self.features is None else self.features.all()
 
-    def X_problem(self, X: np.ndarray) -> str | None:
-        """What is wrong with the stored features ``X`` (a chunk's crc32c does not match), or None."""
-        feats = self.features
-        for c in range(feats.n_chunks):
-            c0, c1 = feats.chunk_range(c)
-            problem = feats.problem(c, X[:, c0:c1])
-            if problem:
-                return problem
-        return None
-
     def _features_for(self, specs: Sequence[KernelSpec]) -> tuple[np.ndarray, list[KernelSpec]]:
         """(Xs, local): the standardised columns the kernels ``specs`` use, float64 C-contiguous (n, k)
         in increasing column order, and ``specs`` re-indexed to those columns (``features.subset``;
