@@ -2,7 +2,8 @@
 
 A task receives the bank's path (never its data), reopens the bank through a small per-process
 cache, streams its kernels through ``KernelReader`` (``reader_class``: a computed bank's
-``computed_tasks.ComputedReader``, which computes them) and returns one result per kernel, in the
+``computed_tasks.ComputedReader``, which computes them; its quad forms are computed_tasks' own,
+fused) and returns one result per kernel, in the
 order of its ``kernels`` argument (ascending global indices). The driver places results by kernel
 index, so nothing depends on which worker ran a task or how often (Dask reruns tasks lost with a
 worker).
@@ -83,14 +84,14 @@ def _scratch(k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
     return np.zeros((k, n)), np.zeros((8, 16))
 
 
-def quad_task(path: str, kernels: np.ndarray, U: np.ndarray, reader_class=KernelReader) -> np.ndarray:
+def quad_task(path: str, kernels: np.ndarray, U: np.ndarray) -> np.ndarray:
     """(len(kernels), k): q[m, j] = u_j^T K_m u_j for the k vectors U (k, n)."""
     bank = open_bank(path)
     k, n = U.shape
     Ut = np.ascontiguousarray(U.T)
     out = np.empty((len(kernels), k))
     V, S = _scratch(k, n)
-    with reader_class(bank) as reader:
+    with KernelReader(bank) as reader:
         stream, row_block = quad_sweep(reader.source, k)
         for pos, count, r0, r1, block in reader.pieces(kernels):
             if r0 == 0 and r1 == n:
@@ -104,13 +105,13 @@ def quad_task(path: str, kernels: np.ndarray, U: np.ndarray, reader_class=Kernel
     return out
 
 
-def quad_each_task(path: str, kernels: np.ndarray, U: np.ndarray, reader_class=KernelReader) -> np.ndarray:
+def quad_each_task(path: str, kernels: np.ndarray, U: np.ndarray) -> np.ndarray:
     """(len(kernels),): q_m = u_m^T K_m u_m with one vector per kernel, U (len(kernels), n)."""
     bank = open_bank(path)
     n = bank.n
     out = np.empty(len(kernels))
     V, S = _scratch(1, n)
-    with reader_class(bank) as reader:
+    with KernelReader(bank) as reader:
         stream, row_block = quad_sweep(reader.source, 1)
         for pos, count, r0, r1, block in reader.pieces(kernels):
             for c in range(count):
