@@ -90,7 +90,7 @@ import numpy as np
 from mklscale.engine.cache import parse_bytes
 from mklscale.errors import InvalidInputError
 from mklscale.solvers._threads import single_blas_thread_for_small_n
-from mklscale.solvers import duality
+from mklscale.solvers import bcd, duality
 from mklscale.solvers import _validation as check
 from mklscale.solvers._spicy_inner import NEWTON_BACKENDS, InnerProblem, KernelTerm, newton
 from mklscale.solvers._spicy_loss_terms import make_loss_term
@@ -109,9 +109,9 @@ TAU_FACTOR = 10.0
 GAMMA_MAX = 1e6            # cap: beyond this the Newton systems lose accuracy, nothing is gained
 INITIAL_WORKING_SET = 32
 MIN_ADDITIONS = 16
-GROWTH = {"proximal": 1, "one_step": 3}   # W grows by at most max(MIN_ADDITIONS, GROWTH |W|) per round
+GROWTH = {"proximal": 1, "one_step": 3, "bcd": 1}   # W grows by at most max(MIN_ADDITIONS, GROWTH |W|) per round
 INNER_GTOL = 1e-10
-METHODS = ("auto", "proximal", "one_step")
+METHODS = ("auto", "proximal", "one_step", "bcd")
 
 
 #: What to do when the working set does not fit (its byte budget or the machine's memory).
@@ -123,6 +123,7 @@ class _Spicy:
                  max_inner: int, working_set, method: str, verbose: bool, working_set_bytes: int | None = None,
                  newton_solver: str = "auto"):
         self.n, self.M, lambda_max = check.check_engine(engine, allow_unavailable=True)
+        self.engine, self.lambda_max = engine, lambda_max
         self.y = check.check_targets(y, self.n, loss.is_classification, loss.name)
         self.C, self.loss, self.penalty, self.bias = C, loss, penalty, bias
         self.tol, self.max_outer, self.max_inner = tol, max_outer, max_inner
@@ -225,6 +226,13 @@ class _Spicy:
         if size == 0:
             return min(violators, self.initial_size)
         return min(violators, max(MIN_ADDITIONS, GROWTH[self.method] * size))
+
+    def block_descent(self) -> "bcd.BlockDescent":
+        """The primal block coordinate descent (method="bcd", ``bcd.py``) on this solver's problem and
+        working-set rules; max_outer bounds its epochs."""
+        return bcd.BlockDescent(self.engine, self.y, self.C, self.loss, self.penalty, self.bias, self.tol,
+                                self.max_outer, self._growth, self.working_set_rule, self.kernels.held.budget,
+                                self.log.verbose, self.lambda_max)
 
     # -- one outer step ------------------------------------------------------------------------
     def _proximal_update(self, point) -> list[np.ndarray]:
@@ -518,8 +526,11 @@ def fit(engine, y, C, loss="logistic", penalty="l1", lam=0.5, q=1.5, eps=0.1, bi
     MKLResult with f = sum_m weights[m] K_m dual_coef + bias, ``objective`` = P at that model and
     ``gap`` its relative duality gap certified over all kernels.
     """
-    return _build(engine, y, C, loss, penalty, lam, q, eps, bias, tol, max_outer, max_inner, working_set,
-                  method, verbose, working_set_bytes, newton_solver).run(checkpoint, init)
+    solver = _build(engine, y, C, loss, penalty, lam, q, eps, bias, tol, max_outer, max_inner, working_set,
+                    method, verbose, working_set_bytes, newton_solver)
+    if solver.method == "bcd":
+        return solver.block_descent().run(checkpoint, init)
+    return solver.run(checkpoint, init)
 
 
 def c_max(engine, y, loss: str = "logistic", penalty: str = "l1", lam: float = 0.5, bias: bool = True) -> float:
@@ -574,6 +585,13 @@ def _build(engine, y, C, loss, penalty, lam, q, eps, bias, tol, max_outer, max_i
     if method == "one_step" and not penalty_obj.smooth_conjugate:
         raise InvalidInputError("method='one_step' needs a twice-differentiable penalty conjugate "
                                 "(elastic_net with lam > 0, or block_q); use method='proximal'")
+    if method == "bcd":
+        why = bcd.supports(loss_obj, penalty_obj)
+        if why is None and not getattr(engine.kernel_representation, "blocks_are_factors", False):
+            why = ("method='bcd' runs on factor banks (build_bank(..., rank=r)); this engine holds "
+                   f"{engine.kernel_representation.name} kernels: use method='auto'")
+        if why is not None:
+            raise InvalidInputError(why)
     if working_set_bytes is not None:
         working_set_bytes = parse_bytes(working_set_bytes, "working_set_bytes")
     check.require_engine(engine)

@@ -1,0 +1,428 @@
+"""SpicyMKL's problem (42) on a factor bank, solved in the primal by block coordinate descent
+(``spicy.fit(..., method="bcd")``; issue 32: many active kernels at large n).
+
+Problem: on a factor bank (K_m = L_m L_m^T, L_m (n, r)) the functions of kernel m are f_m = L_m v_m
+with RKHS norm ||v_m||, so (42) with the block 1-norm or the elastic net reads
+
+    min_{v, b}  P(v, b) = sum_i loss(y_i, f_i) + sum_m g~_C(||v_m||),   f = sum_m L_m v_m + b,
+    g~_C(x) = t x + (q / 2) x^2,  t = C (1 - lam) (the threshold), q = C lam (lam = 0: block 1-norm),
+
+a group lasso over Phi = [L_1 ... L_M] (skglm's problem; benchmarks/bench_skglm.py). Losses: logistic
+and square (twice differentiable, ``_bcd_kernels``).
+
+Method: block coordinate (proximal) Newton with an Armijo line search, the coordinate gradient descent
+of Tseng & Yun (Math. Program. 117, 2009) with one block per kernel. For block m, with
+z = grad_{v_m} loss = L~_m^T loss'(y, f) and H = L~_m^T diag(loss''(y, f)) L~_m (r x r: the Newton
+system in the r-dimensional space of the block, n r^2 flops), the direction is d = w - v_m with
+
+    w = argmin_w (1/2) w^T (H + q I) w - (H v_m - z)^T w + t ||w||
+
+(zero when ||H v_m - z|| <= t, else ``_bcd_kernels.group_minimiser`` on the eigendecomposition of
+H + q I), and the step s in {1, 1/2, ...} is the first with
+P(v_m + s d) <= P(v_m) + sigma s Delta, Delta = z^T d + g~(||w||) - g~(||v_m||) (Tseng & Yun (9),
+sigma = 1e-4). A block at v_m = 0 with ||z|| <= t stays at zero without its H. One epoch updates
+every block of the working set in turn, then the bias by Newton steps on the one-dimensional loss.
+Cost of an epoch: two passes over the held factors (L^T g and L d, O(n r) per block) and the block
+Hessians of the blocks that move (O(n r^2) each, float32 products); never an n x n or an R x R array.
+SpicyMKL's Newton step on the dual costs O(n R^2) in the summed rank R of the kernels in its system
+(``_spicy_inner``), which dominates once ~100 kernels are active.
+
+Centring: with a bias the columns of each L_m are centred, L~_m = L_m - 1 mu_m^T (mu_m the column
+means). f = sum_m L~_m v_m + b~ with b~ = b + sum_m mu_m^T v_m is the same function and the same
+penalty, so the problem is unchanged; without it every block is coupled to the bias through the
+kernels' means, and block descent crawls (ringnorm n = 10,000, M = 200, C = 0.05: relative gap 0.17
+after 200 epochs uncentred, 7e-3 after 40 centred).
+
+Certificate and model: the dual point is rho = -loss'(y, f), projected (``duality.project_dual``);
+the returned model is SpicyMKL's: c = rho~/C shared by every kernel, d_m = C v_m^T L_m^T rho~ /
+||L_m^T rho~||^2 (the least-squares weight, >= 0; at the optimum v_m = (d_m / C) L_m^T rho*), the bias
+refitted by Newton on the loss, and ``objective`` / ``gap`` are evaluated at that model, as in
+spicy.py. Working set W: as SpicyMKL's proximal method (``spicy._Spicy._growth``): the violators of
+the first pass (at the best constant model), largest first; W is solved until its restricted gap is
+below tol, then certified over all M kernels (the screening bound, else one quad_forms pass), and
+the violators join W.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mklscale.errors import InvalidInputError
+from mklscale.solvers import duality
+from mklscale.solvers._bcd_kernels import (LOSS_CODES, derivatives, group_minimiser, loss_along, product,
+                                           scaled_centred, transposed_product)
+from mklscale.solvers.losses import Loss
+from mklscale.solvers.penalties import ElasticNet, L1, Penalty
+from mklscale.solvers.result import MKLResult
+from mklscale.solvers.toolkit import RunLog
+from mklscale.solvers.toolkit.screening import Screening
+from mklscale.solvers.toolkit.working_set import HeldKernels
+
+ARMIJO = 1e-4
+#: a block's Hessian is recomputed after this many epochs (or when the line search cut its last step)
+METRIC_EPOCHS = 5
+#: Anderson extrapolation from this many epochs' differences (skglm's default)
+ANDERSON_DEPTH = 5
+MAX_HALVINGS = 40
+#: the Armijo test allows a rise of the objective at its rounding level: near the optimum a block's
+#: first-order residual (which the gap sees, times ||v_m||) is ~sqrt(eps) while the decrease it buys
+#: is below rounding, and without the slack every step there is refused (gap stuck near 1e-9)
+ROUNDING = 1e-13
+BIAS_NEWTON_STEPS = 5
+#: a block's Hessian is floored at RIDGE x its mean eigenvalue (padded or collinear factor columns)
+RIDGE = 1e-10
+_REMEDY = "raise working_set_bytes (or the engine's cache_bytes), or use a larger C (fewer active kernels)"
+
+
+def supports(loss: Loss, penalty: Penalty) -> str | None:
+    """None when method="bcd" solves this loss and penalty, else why not."""
+    if loss.name not in LOSS_CODES:
+        return (f"method='bcd' needs a twice-differentiable loss ({', '.join(LOSS_CODES)}); got {loss.name!r}: "
+                "use method='proximal'")
+    if not isinstance(penalty, (L1, ElasticNet)):
+        return f"method='bcd' solves the block 1-norm and the elastic net; got {penalty.name!r}: use method='auto'"
+    return None
+
+
+class BlockDescent:
+    """One solve; see the module docstring. ``growth(size, violators)`` is SpicyMKL's rule."""
+
+    def __init__(self, engine, y, C: float, loss: Loss, penalty: Penalty, bias: bool, tol: float, max_epochs: int,
+                 growth, initial_rule, working_set_bytes: int | None, verbose: bool, lambda_max: np.ndarray):
+        self.engine, self.y, self.C, self.loss, self.penalty = engine, y, float(C), loss, penalty
+        self.bias, self.tol, self.max_epochs = bool(bias), float(tol), int(max_epochs)
+        self.n, self.M = int(engine.n), int(engine.M)
+        self.growth, self.initial_rule = growth, initial_rule
+        self.t = penalty.threshold(C)
+        self.q = self.C * penalty.lam if isinstance(penalty, ElasticNet) else 0.0
+        self.code = LOSS_CODES[loss.name]
+        self.held = HeldKernels(engine, working_set_bytes, "SpicyMKL (bcd)")
+        self.screen = Screening(engine, lambda_max)
+        self.log = RunLog(engine, "spicy/bcd", verbose, not_monotone="the gap of the model built from each epoch's "
+                          "dual point is not monotone")
+        self.r = int(engine.rank)
+        self.blocks: list[np.ndarray] = []       # L_m of W, views into the held chunks
+        self.mu = np.zeros((0, self.r))          # column means (zero without a bias)
+        self.V = np.zeros((0, self.r))
+        self.b = 0.0                             # b~ of the centred parametrisation
+        self.f = np.zeros(self.n)
+        self.grad, self.curv = np.zeros(self.n), np.zeros(self.n)
+        self.loss_value = 0.0
+        self._scratch = None
+        self.metrics: list = []                  # per block: (eigenvalues, eigenvectors, epoch computed) or None
+        self.last_step = np.zeros(0)             # per block: the last accepted step (0: refused)
+        self.epochs = 0
+        self._anderson: list[np.ndarray] = []
+        self._z, self._u = np.zeros(self.r), np.zeros(self.n)
+
+    @property
+    def index(self) -> np.ndarray:
+        return self.held.index
+
+    # -- working set ---------------------------------------------------------------------------
+    def _add(self, idx: np.ndarray) -> None:
+        room = self.held.capacity() - self.index.size
+        if idx.size and room < 1:
+            per = self.held.kernel_nbytes
+            raise InvalidInputError(
+                f"the SpicyMKL (bcd) working set is full: it holds {self.index.size} kernels "
+                f"({self.index.size * per / 1e9:.3g} GB) and kernels outside it still violate the optimality "
+                f"condition; working_set_bytes = {self.held.budget / 1e9:.3g} GB; {_REMEDY}")
+        idx = idx[: int(min(idx.size, room))]
+        added = self.held.fetch(idx, _REMEDY)
+        if added.size == 0:
+            return
+        new = self.held.chunks[-1]
+        self.blocks.extend(new[j] for j in range(new.shape[0]))
+        mu = new.mean(axis=1, dtype=np.float64) if self.bias else np.zeros((new.shape[0], self.r))
+        self.mu = np.concatenate([self.mu, mu])
+        self.V = np.concatenate([self.V, np.zeros((new.shape[0], self.r))])
+        self.metrics.extend([None] * new.shape[0])
+        self.last_step = np.concatenate([self.last_step, np.ones(new.shape[0])])
+
+    # -- the pieces ----------------------------------------------------------------------------
+    def _penalty(self, norm: float) -> float:
+        return self.t * norm + 0.5 * self.q * norm * norm
+
+    def _refresh(self) -> None:
+        """f = sum_m L~_m v_m + b~ from scratch, and the loss derivatives there."""
+        self.f[:] = self.b
+        for p, L in enumerate(self.blocks):
+            if np.any(self.V[p]):
+                product(L, self.V[p], float(self.mu[p] @ self.V[p]), self._u)
+                self.f += self._u
+        self.loss_value = derivatives(self.code, self.y, self.f, self.grad, self.curv)
+
+    def _block_gradient(self, p: int) -> np.ndarray:
+        transposed_product(self.blocks[p], self.grad, self._z)
+        if self.bias:
+            self._z -= self.mu[p] * float(self.grad.sum())
+        return self._z
+
+    def _metric(self, p: int) -> tuple[np.ndarray, np.ndarray]:
+        """Block p's Hessian (:meth:`_hessian`), reused for METRIC_EPOCHS epochs (loss'' changes slowly;
+        the square loss's never does) unless the block's last step was cut by the line search."""
+        kept = self.metrics[p]
+        if kept is None or (self.code != LOSS_CODES["square"] and
+                            (self.epochs - kept[2] >= METRIC_EPOCHS or self.last_step[p] < 1.0)):
+            kept = (*self._hessian(p), self.epochs)
+            self.metrics[p] = kept
+        return kept[0], kept[1]
+
+    def _hessian(self, p: int) -> tuple[np.ndarray, np.ndarray]:
+        """Eigendecomposition of L~^T diag(loss'') L~ for block p (the bank's precision, float64 eigh)."""
+        L = self.blocks[p]
+        if self._scratch is None:   # the bank's precision: float32 products for a float32 bank
+            self._scratch = np.empty((self.n, self.r), dtype=L.dtype)
+        scaled_centred(L, self.mu[p], np.sqrt(self.curv), self._scratch)
+        H = (self._scratch.T @ self._scratch).astype(np.float64)
+        lam, Q = np.linalg.eigh(H)
+        lam = np.maximum(lam, RIDGE * max(float(np.mean(np.abs(lam))), 1e-300))
+        return lam, Q
+
+    def _update_block(self, p: int) -> bool:
+        """One coordinate Newton step on block p; True when it moved."""
+        z = self._block_gradient(p)
+        v = self.V[p]
+        v_norm = float(np.linalg.norm(v))
+        if v_norm == 0.0 and float(np.linalg.norm(z)) <= self.t:
+            return False
+        lam, Q = self._metric(p)
+        a_rot = lam * (Q.T @ v) - Q.T @ z
+        if float(np.linalg.norm(a_rot)) <= self.t:
+            w = np.zeros(self.r)
+        else:
+            w = Q @ group_minimiser(lam + self.q, a_rot, self.t)
+        d = w - v
+        if not np.any(d):
+            return False
+        delta = min(float(z @ d) + self._penalty(float(np.linalg.norm(w))) - self._penalty(v_norm), 0.0)
+        product(self.blocks[p], d, float(self.mu[p] @ d), self._u)
+        base = self.loss_value + self._penalty(v_norm)
+        slack = ROUNDING * (1.0 + abs(base))
+        step = 1.0
+        for _ in range(MAX_HALVINGS):
+            trial = loss_along(self.code, self.y, self.f, self._u, step) + \
+                self._penalty(float(np.linalg.norm(v + step * d)))
+            if trial <= base + ARMIJO * step * delta + slack:
+                break
+            step *= 0.5
+        else:
+            self.last_step[p] = 0.0
+            return False
+        self.last_step[p] = step
+        self.V[p] = v + step * d
+        self.f += step * self._u
+        self.loss_value = derivatives(self.code, self.y, self.f, self.grad, self.curv)
+        return True
+
+    def _update_bias(self) -> None:
+        """Newton steps on b~ (one-dimensional; halving until the loss does not rise)."""
+        if not self.bias:
+            return
+        ones = np.ones(self.n)
+        for _ in range(BIAS_NEWTON_STEPS):
+            g, h = float(self.grad.sum()), float(self.curv.sum())
+            if h <= 0.0 or abs(g) <= 1e-12 * (1.0 + self.n):
+                return
+            step = -g / h
+            for _ in range(MAX_HALVINGS):
+                if loss_along(self.code, self.y, self.f, ones, step) <= self.loss_value:
+                    break
+                step *= 0.5
+            else:
+                return
+            self.b += step
+            self.f += step
+            self.loss_value = derivatives(self.code, self.y, self.f, self.grad, self.curv)
+
+    def epoch(self) -> int:
+        """Every block of W once, then the bias, then (every ANDERSON_DEPTH epochs) the extrapolation;
+        returns how many blocks moved."""
+        moved = sum(self._update_block(p) for p in range(len(self.blocks)))
+        self._update_bias()
+        self.epochs += 1
+        self._extrapolate()
+        return moved
+
+    def _objective(self) -> float:
+        return self.loss_value + float(np.sum(self._penalty_all(np.linalg.norm(self.V, axis=1))))
+
+    def _penalty_all(self, norms: np.ndarray) -> np.ndarray:
+        return self.t * norms + 0.5 * self.q * norms * norms
+
+    def _extrapolate(self) -> None:
+        """Anderson acceleration of the epochs (as skglm's solvers; Bertrand & Massias, AISTATS 2021):
+        from the last ANDERSON_DEPTH + 1 iterates x_k = (v, b~) and their differences U, the point
+        sum_k c_k x_k with c = (U^T U)^{-1} 1 / 1^T (U^T U)^{-1} 1 replaces the iterate when its objective
+        is lower. The history restarts when W grows."""
+        x = np.concatenate([self.V.ravel(), [self.b]])
+        if self._anderson and self._anderson[-1].size != x.size:
+            self._anderson = []
+        self._anderson.append(x)
+        if len(self._anderson) <= ANDERSON_DEPTH:
+            return
+        X = np.array(self._anderson)
+        self._anderson = []
+        U = np.diff(X, axis=0)
+        gram = U @ U.T
+        try:
+            z = np.linalg.solve(gram + 1e-12 * max(float(np.trace(gram)), 1e-300) * np.eye(gram.shape[0]),
+                                np.ones(gram.shape[0]))
+        except np.linalg.LinAlgError:
+            return
+        if not np.all(np.isfinite(z)) or abs(float(z.sum())) < 1e-300:
+            return
+        c = z / z.sum()
+        extrapolated = c @ X[1:]
+        V, b = extrapolated[:-1].reshape(self.V.shape), float(extrapolated[-1])
+        before = (self.V, self.b, self.f.copy(), self.grad.copy(), self.curv.copy(), self.loss_value)
+        value = self._objective()
+        self.V, self.b = V, b
+        self._refresh()
+        if not self._objective() < value:
+            self.V, self.b, self.f, self.grad, self.curv, self.loss_value = before
+
+    # -- model and certificate -----------------------------------------------------------------
+    def _model(self):
+        """(rho~, norms on W, weights on W, bias, f of the model, block norms) (module docstring)."""
+        rho = duality.project_dual(self.loss, self.y, -self.grad, self.bias)
+        norms = np.zeros(len(self.blocks))
+        d = np.zeros(len(self.blocks))
+        f = np.zeros(self.n)
+        z = np.zeros(self.r)
+        for p, L in enumerate(self.blocks):
+            transposed_product(L, rho, z)
+            zz = float(z @ z)
+            norms[p] = np.sqrt(zz)
+            if zz > 0.0 and np.any(self.V[p]):
+                d[p] = max(self.C * float(self.V[p] @ z) / zz, 0.0)
+                if d[p] > 0.0:
+                    product(L, z, 0.0, self._u)
+                    f += (d[p] / self.C) * self._u
+        b = self.b - float(np.einsum("mr,mr->", self.mu, self.V)) if self.bias else 0.0
+        if self.bias:
+            b = self._refit_bias(f, b)
+        return rho, norms, d, b, f + b, d * norms / self.C
+
+    def _refit_bias(self, f: np.ndarray, b: float) -> float:
+        grad, curv = np.empty(self.n), np.empty(self.n)
+        ones = np.ones(self.n)
+        value = derivatives(self.code, self.y, f + b, grad, curv)
+        for _ in range(BIAS_NEWTON_STEPS):
+            g, h = float(grad.sum()), float(curv.sum())
+            if h <= 0.0:
+                break
+            step = -g / h
+            for _ in range(MAX_HALVINGS):
+                if loss_along(self.code, self.y, f + b, ones, step) <= value:
+                    break
+                step *= 0.5
+            else:
+                break
+            b += step
+            value = derivatives(self.code, self.y, f + b, grad, curv)
+        return b
+
+    def _certify(self, rho, norms_w):
+        """Dual value over ALL kernels and the violators outside W (bound first, then a pass)."""
+        outside = np.setdiff1d(np.flatnonzero(self.screen.available), self.index)
+        if outside.size == 0 or np.all(self.screen.upper_bounds(rho, outside) <= self.t):
+            return duality.dual_value(self.loss, self.penalty, self.y, self.C, rho, norms_w)[0], outside[:0]
+        norms = self.screen.full_pass(rho)
+        outside = outside[self.screen.available[outside]]
+        dual = duality.dual_value(self.loss, self.penalty, self.y, self.C, rho,
+                                  np.concatenate([norms_w, norms[outside]]))[0]
+        above = outside[norms[outside] > self.t]
+        return dual, above[np.argsort(-norms[above], kind="stable")]
+
+    # -- main loop -----------------------------------------------------------------------------
+    def _initial_point(self, init: MKLResult | None) -> None:
+        """The best constant model (or ``init``'s model), the first pass, W."""
+        y = self.y
+        if self.bias:
+            if self.code == 0:
+                p = float(np.clip(np.mean(y > 0), 1e-12, 1 - 1e-12))
+                self.b = float(np.log(p / (1.0 - p)))
+            else:
+                self.b = float(np.mean(y))
+        self.f[:] = self.b
+        self.loss_value = derivatives(self.code, y, self.f, self.grad, self.curv)
+        rho = duality.project_dual(self.loss, y, -self.grad, self.bias)
+        norms0 = self.screen.full_pass(rho)
+        rule = self.initial_rule
+        if isinstance(rule, np.ndarray):
+            start = rule
+        elif rule == "all" or self.t <= 0.0:
+            start = np.flatnonzero(self.screen.available)
+        else:
+            above = np.flatnonzero((norms0 > self.t) & self.screen.available)
+            start = above[np.argsort(-norms0[above], kind="stable")]
+            start = start[: self.growth(0, start.size)]
+        if init is not None and init.active.size:
+            previous = init.active[self.screen.available[init.active]]
+            start = np.concatenate([previous, start[~np.isin(start, previous)]])
+        self._add(np.asarray(start, dtype=np.int64))
+        if init is not None and init.active.size:
+            self._warm(init)
+
+    def _warm(self, init: MKLResult) -> None:
+        """v_m = L_m^T alpha_m with alpha_m = d_m c (init's model), b~ from its bias."""
+        c = np.asarray(init.dual_coef, dtype=np.float64)
+        if c.shape != (self.n,) or init.weights.shape != (self.M,):
+            raise InvalidInputError(f"init has {c.size} dual coefficients and {init.weights.size} weights; a warm "
+                                    f"start needs a result on this engine (n = {self.n}, M = {self.M})")
+        z = np.zeros(self.r)
+        for p, m in enumerate(self.index):
+            if init.weights[m] > 0.0:
+                transposed_product(self.blocks[p], c, z)
+                self.V[p] = init.weights[m] * z
+        self.b = float(init.bias) + (float(np.einsum("mr,mr->", self.mu, self.V)) if self.bias else 0.0)
+        self._refresh()
+
+    def run(self, checkpoint=None, init: MKLResult | None = None) -> MKLResult:
+        self._initial_point(init)
+        best, converged = None, False
+        for epoch in range(1, self.max_epochs + 1):
+            moved = self.epoch()
+            rho, norms_w, d, b, f, x = self._model()
+            primal = duality.primal_value(self.loss, self.penalty, self.y, self.C, f, x)
+            dual = duality.dual_value(self.loss, self.penalty, self.y, self.C, rho, norms_w)[0]
+            gap = duality.relative_gap(primal, dual)
+            certified = self.index.size == np.count_nonzero(self.screen.available)
+            violators = np.zeros(0, dtype=np.int64)
+            if gap <= self.tol or epoch == self.max_epochs:
+                dual, violators = self._certify(rho, norms_w)
+                gap, certified = duality.relative_gap(primal, dual), True
+            self._record(epoch, primal, dual, gap, certified, d, moved, violators)
+            if certified and (best is None or gap <= best[4]):
+                best = (d.copy(), b, rho.copy(), primal, gap, self.index.copy())
+            if certified and gap <= self.tol and violators.size == 0:
+                converged = True
+                break
+            if violators.size:
+                self._add(violators[: self.growth(self.index.size, violators.size)])
+        return self._result(best, converged)
+
+    def _record(self, epoch, primal, dual, gap, certified, d, moved, violators) -> None:
+        entry = {"iteration": epoch, "primal": float(primal), "dual": float(dual), "gap": float(gap),
+                 "certified": bool(certified), "n_active": int(np.count_nonzero(d)),
+                 "working_set": int(self.index.size), "violators": int(violators.size), "blocks_moved": int(moved)}
+        self.log.record(entry)
+        if not certified:
+            self.log.explain("(W)", f"the gap covers only the working set W; once it is below tol it is re-measured "
+                                    f"over all {self.M} kernels (it may then rise), and kernels outside W that "
+                                    "violate the optimality test join W")
+        joined = f"  {violators.size} kernel(s) outside W violate the optimality test" if violators.size else ""
+        self.log.say(f"epoch {epoch:4d} primal {primal:.10g} dual {dual:.10g} gap {gap:.3e}"
+                     f"{'' if certified else ' (W)'} active {entry['n_active']}/{self.index.size}/{self.M}"
+                     f" moved {moved} passes {entry['passes']}{joined}",
+                     gap=gap, scope="all" if certified else "working set")
+
+    def _result(self, best, converged) -> MKLResult:
+        d, b, rho, primal, gap, index = best
+        weights = np.zeros(self.M)
+        weights[index[: d.size]] = d
+        return MKLResult(weights=weights, dual_coef=rho / self.C, bias=b, active=np.flatnonzero(weights),
+                         objective=primal, gap=gap, history=self.log.history, converged=converged,
+                         solver="spicy/bcd", params={})
