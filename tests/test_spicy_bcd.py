@@ -125,6 +125,30 @@ def test_a_float32_factor_bank_agrees_with_the_proximal_method(tmp_path):
     np.testing.assert_allclose(ours.weights, prox.weights, atol=1e-3 * prox.weights.max())
 
 
+def test_a_resumed_run_gives_the_same_bits(bank, tmp_path):
+    """Interrupted after the checkpoint of an epoch past the first Anderson extrapolation and W's
+    growth, then run again from the file: the uninterrupted run's result, bit for bit."""
+    from test_factor_solvers import _stopped_then_resumed
+
+    from mklscale.runtime.checkpoint import Checkpoint
+
+    L, K, X = factor_bank(n=40, M=10, r=4, seed=3)
+    y = targets(X, "logistic", 1)
+
+    def fit(checkpoint=None):
+        return spicy.fit(InMemoryFactorEngine(L), y, 0.05, method="bcd", tol=TOL, max_outer=EPOCHS,
+                         working_set=[0], checkpoint=checkpoint)
+
+    full = fit()
+    assert len(full.history) > 12 and full.history[-1]["working_set"] > 1
+    ck = Checkpoint(tmp_path / "ck.npz", {"case": "bcd"}, every_s=None, every_iter=1)
+    resumed = _stopped_then_resumed(fit, ck, stop_at=12)
+    np.testing.assert_array_equal(resumed.weights, full.weights)
+    np.testing.assert_array_equal(resumed.dual_coef, full.dual_coef)
+    assert resumed.objective == full.objective and resumed.gap == full.gap
+    assert [h["primal"] for h in resumed.history] == [h["primal"] for h in full.history]
+
+
 def test_what_it_cannot_solve_is_refused(bank):
     L, K, X = bank
     y = targets(X, "logistic", 1)

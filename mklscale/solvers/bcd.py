@@ -381,9 +381,19 @@ class BlockDescent:
         self._refresh()
 
     def run(self, checkpoint=None, init: MKLResult | None = None) -> MKLResult:
-        self._initial_point(init)
-        best, converged = None, False
-        for epoch in range(1, self.max_epochs + 1):
+        """Epochs until the certified gap is below tol; ``checkpoint`` (``mklscale.runtime.checkpoint``)
+        saves the state at the top of epochs and a run started from a saved state continues it bit for
+        bit; ``init`` (ignored when resuming) warm-starts from another C's result."""
+        state = checkpoint.load() if checkpoint is not None else None
+        if state is None:
+            self._initial_point(init)
+            best, first = None, 1
+        else:
+            best, first = self._restore(state)
+        converged = False
+        for epoch in range(first, self.max_epochs + 1):
+            if checkpoint is not None:
+                checkpoint.step(epoch, lambda: self._state(best))
             moved = self.epoch()
             rho, norms_w, d, b, f, x = self._model()
             primal = duality.primal_value(self.loss, self.penalty, self.y, self.C, f, x)
@@ -403,6 +413,45 @@ class BlockDescent:
             if violators.size:
                 self._add(violators[: self.growth(self.index.size, violators.size)])
         return self._result(best, converged)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def _state(self, best) -> dict:
+        """Everything the next epochs read: W, v, b~, f, the epoch count, the blocks' metrics and last
+        steps, Anderson's history, the screening pass, the log, the best certified model."""
+        w, r = len(self.blocks), self.r
+        born = np.array([-1 if m is None else m[2] for m in self.metrics], dtype=np.int64)
+        eigenvalues = np.zeros((w, r))
+        eigenvectors = np.zeros((w, r, r))
+        for p, m in enumerate(self.metrics):
+            if m is not None:
+                eigenvalues[p], eigenvectors[p] = m[0], m[1]
+        state = {"index": self.index, "V": self.V, "b": float(self.b), "f": self.f, "epochs": int(self.epochs),
+                 "metric_born": born, "metric_values": eigenvalues, "metric_vectors": eigenvectors,
+                 "last_step": self.last_step, "anderson": np.array(self._anderson).reshape(len(self._anderson), self.V.size + 1),
+                 **self.screen.state(), **self.log.state()}
+        if best is not None:
+            d, b, rho, primal, gap, index = best
+            state.update(best_d=d, best_b=float(b), best_rho=rho, best_primal=float(primal), best_gap=float(gap),
+                         best_index=index)
+        return state
+
+    def _restore(self, state: dict):
+        """Set the solver to a state of :meth:`_state`; returns (best, the epoch to run next)."""
+        self.screen.restore(state)
+        self._add(state["index"].astype(np.int64))
+        self.V, self.b, self.f = state["V"], float(state["b"]), state["f"]
+        self.loss_value = derivatives(self.code, self.y, self.f, self.grad, self.curv)
+        self.epochs = int(state["epochs"])
+        self.metrics = [None if born < 0 else (lam, Q, int(born)) for born, lam, Q in
+                        zip(state["metric_born"], state["metric_values"], state["metric_vectors"])]
+        self.last_step = state["last_step"]
+        self._anderson = list(state["anderson"])
+        self.log.restore(state)
+        best = None
+        if "best_d" in state:
+            best = (state["best_d"], state["best_b"], state["best_rho"], state["best_primal"], state["best_gap"],
+                    state["best_index"].astype(np.int64))
+        return best, int(state["iteration"])
 
     def _record(self, epoch, primal, dual, gap, certified, d, moved, violators) -> None:
         entry = {"iteration": epoch, "primal": float(primal), "dual": float(dual), "gap": float(gap),
