@@ -80,6 +80,23 @@ def test_working_set_grows_from_one_kernel(loss, monkeypatch):
     assert (ours.objective - optimum) / abs(ours.objective) <= max(ours.gap, 0.0) + 1e-9
 
 
+def test_a_full_working_set_drops_its_zero_blocks(monkeypatch):
+    """With room for 4 kernels, W drops its blocks at v = 0 to take in new violators and still reaches
+    the optimum while the active kernels fit (4 of 6 held without a cap); with 7 active it stops with
+    the working-set error."""
+    monkeypatch.setattr(representation, "WORKING_SET_START_COLUMNS", 4)
+    L, K, X = factor_bank(n=40, M=10, r=4, seed=3)
+    y = targets(X, "logistic", 1)
+    room = 4 * 40 * 4 * 8
+    roomy = bcd(L, y, 0.3)
+    assert roomy.active.size == 4 and max(h["working_set"] for h in roomy.history) > 4
+    tight = bcd(L, y, 0.3, working_set_bytes=room)
+    assert max(h["working_set"] for h in tight.history) <= 4
+    assert tight.converged and tight.objective == pytest.approx(roomy.objective, rel=1e-9)
+    with pytest.raises(InvalidInputError, match="working set is full"):
+        bcd(L, y, 0.2, working_set_bytes=room)
+
+
 def test_cut_short_gap_still_bounds_the_suboptimality(bank):
     L, K, X = bank
     y = targets(X, "logistic", 3)

@@ -121,7 +121,13 @@ class BlockDescent:
 
     # -- working set ---------------------------------------------------------------------------
     def _add(self, idx: np.ndarray) -> None:
+        """Hold the kernels ``idx`` (most important first) as new blocks at v = 0, as many as the byte
+        budget leaves room for; when they do not all fit, the blocks at v = 0 leave W first (as in
+        SpicyMKL: a kernel that violates again later comes back with the next certification)."""
         room = self.held.capacity() - self.index.size
+        if idx.size > room:
+            self._drop_zero_blocks()
+            room = self.held.capacity() - self.index.size
         if idx.size and room < 1:
             per = self.held.kernel_nbytes
             raise InvalidInputError(
@@ -139,6 +145,16 @@ class BlockDescent:
         self.V = np.concatenate([self.V, np.zeros((new.shape[0], self.r))])
         self.metrics.extend([None] * new.shape[0])
         self.last_step = np.concatenate([self.last_step, np.ones(new.shape[0])])
+
+    def _drop_zero_blocks(self) -> None:
+        keep = np.any(self.V != 0.0, axis=1)
+        if np.all(keep):
+            return
+        self.held.keep(keep)
+        self.blocks = [chunk[j] for chunk in self.held.chunks for j in range(chunk.shape[0])]
+        self.mu, self.V, self.last_step = self.mu[keep], self.V[keep], self.last_step[keep]
+        self.metrics = [m for m, k in zip(self.metrics, keep) if k]
+        self._anderson = []
 
     # -- the pieces ----------------------------------------------------------------------------
     def _penalty(self, norm: float) -> float:
