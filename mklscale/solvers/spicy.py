@@ -587,7 +587,7 @@ def _build(engine, y, C, loss, penalty, lam, q, eps, bias, tol, max_outer, max_i
                                 "(elastic_net with lam > 0, or block_q); use method='proximal'")
     if method == "bcd":
         why = bcd.supports(loss_obj, penalty_obj)
-        if why is None and not getattr(engine.kernel_representation, "blocks_are_factors", False):
+        if why is None and not engine.kernel_representation.blocks_are_factors:
             why = ("method='bcd' runs on factor banks (build_bank(..., rank=r)); this engine holds "
                    f"{engine.kernel_representation.name} kernels: use method='auto'")
         if why is not None:
