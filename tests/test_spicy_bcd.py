@@ -166,6 +166,18 @@ def test_a_resumed_run_gives_the_same_bits(bank, tmp_path):
     assert [h["primal"] for h in resumed.history] == [h["primal"] for h in full.history]
 
 
+def test_auto_takes_it_on_factor_banks_for_the_smooth_losses(bank):
+    L, K, X = bank
+    for loss, method in (("logistic", "bcd"), ("square", "bcd"), ("hinge", "proximal"),
+                         ("eps_insensitive", "proximal")):
+        y = targets(X, loss, 1)
+        assert spicy.fit(InMemoryFactorEngine(L), y, 0.1, loss=loss, max_outer=3).params["method"] == method
+        assert spicy.fit(InMemoryEngine(K), y, 0.1, loss=loss, max_outer=3).params["method"] == "proximal"
+    y = targets(X, "logistic", 1)
+    assert spicy.fit(InMemoryFactorEngine(L), y, 0.1, penalty="block_q", max_outer=3).params["method"] == "one_step"
+    assert spicy.fit(InMemoryFactorEngine(L), y, 0.1).params["max_outer"] == spicy.MAX_OUTER["bcd"]
+
+
 def test_what_it_cannot_solve_is_refused(bank):
     L, K, X = bank
     y = targets(X, "logistic", 1)

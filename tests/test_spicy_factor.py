@@ -1,6 +1,8 @@
 """SpicyMKL on factor banks (issue 17): K~_m = L_m L_m^T stored as L_m (InMemoryFactorEngine).
 
-Every loss and penalty reaches the optimum of the same problem on the dense engine of the K~_m
+The proximal and one-step methods (on factors "auto" takes the primal block descent for the smooth
+losses, ``method="bcd"``, tests/test_spicy_bcd.py). Every loss and penalty reaches the optimum of the
+same problem on the dense engine of the K~_m
 (InMemoryEngine(L L^T)) and the cvxpy oracle of tests/test_spicy.py; a full-rank factor (L from
 eigh of K) gives the dense result; the reported gap bounds the true suboptimality; the Woodbury
 back end of the Newton system agrees with the dense Cholesky; nothing n x n is allocated.
@@ -45,8 +47,11 @@ def bank():
 
 
 def fit_both(L, K, y, **kwargs):
+    """(factor, dense) results; the factor fit runs the method the dense fit chose (on factors "auto"
+    takes method="bcd" for smooth losses, tested in tests/test_spicy_bcd.py)."""
     params = dict(lam=LAM, q=Q, eps=EPS, tol=TOL, max_outer=300) | kwargs
-    return spicy.fit(InMemoryFactorEngine(L), y, **params), spicy.fit(InMemoryEngine(K), y, **params)
+    dense = spicy.fit(InMemoryEngine(K), y, **params)
+    return spicy.fit(InMemoryFactorEngine(L), y, **(params | {"method": dense.params["method"]})), dense
 
 
 @pytest.mark.parametrize("penalty", PENALTIES)
@@ -82,7 +87,7 @@ def test_full_rank_factor_gives_the_dense_result(loss):
     w, V = np.linalg.eigh(grams)
     L = V * np.sqrt(np.maximum(w, 0.0))[:, None, :]              # r = n: K = L L^T up to rounding
     y = targets(X, loss, 1)
-    ours = spicy.fit(InMemoryFactorEngine(L), y, 0.05, loss=loss, tol=TOL, max_outer=300)
+    ours = spicy.fit(InMemoryFactorEngine(L), y, 0.05, loss=loss, tol=TOL, max_outer=300, method="proximal")
     dense = spicy.fit(InMemoryEngine(grams), y, 0.05, loss=loss, tol=TOL, max_outer=300)
     assert ours.converged and ours.objective == pytest.approx(dense.objective, rel=1e-7)
     np.testing.assert_allclose(ours.weights, dense.weights, atol=1e-5)
@@ -98,7 +103,8 @@ def test_full_rank_factor_through_the_block_solves_gives_the_dense_result(newton
     w, V = np.linalg.eigh(grams)
     L = V * np.sqrt(np.maximum(w, 0.0))[:, None, :]
     y = targets(X, "logistic", 1)
-    ours = spicy.fit(InMemoryFactorEngine(L), y, 0.05, tol=TOL, max_outer=300, newton_solver=newton_solver)
+    ours = spicy.fit(InMemoryFactorEngine(L), y, 0.05, tol=TOL, max_outer=300, newton_solver=newton_solver,
+                     method="proximal")
     dense = spicy.fit(InMemoryEngine(grams), y, 0.05, tol=TOL, max_outer=300)
     assert ours.converged and ours.objective == pytest.approx(dense.objective, rel=1e-7)
     np.testing.assert_allclose(ours.weights, dense.weights, atol=1e-5)
@@ -134,7 +140,8 @@ def test_cut_short_gap_still_bounds_the_suboptimality(bank):
     y = targets(X, "logistic", 3)
     optimum = cvxpy_optimum(K, y, 0.1, "logistic", "l1")
     for max_outer in (1, 2, 4):
-        res = spicy.fit(InMemoryFactorEngine(L), y, 0.1, loss="logistic", tol=1e-12, max_outer=max_outer)
+        res = spicy.fit(InMemoryFactorEngine(L), y, 0.1, loss="logistic", tol=1e-12, max_outer=max_outer,
+                        method="proximal")
         assert (res.objective - optimum) / abs(res.objective) <= res.gap + 1e-12
 
 
@@ -285,8 +292,9 @@ def test_dense_kernels_of_low_rank_use_woodbury_from_the_threshold(monkeypatch):
 
 # ---- no n x n -------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("method", ("auto", "proximal"))
 @pytest.mark.parametrize("loss", ("logistic", "square"))
-def test_large_factor_bank_fits_fast_in_little_memory(loss):
+def test_large_factor_bank_fits_fast_in_little_memory(loss, method):
     """n = 20,000, r = 10, M = 5: an n x n float64 matrix would take 3.2 GB; the fit stays far below."""
     n, r = 20_000, 10
     rng = np.random.default_rng(0)
@@ -297,7 +305,7 @@ def test_large_factor_bank_fits_fast_in_little_memory(loss):
     engine = InMemoryFactorEngine(L)
     tracemalloc.start()
     start = time.perf_counter()
-    res = spicy.fit(engine, y, 1.0, loss=loss, tol=1e-6)
+    res = spicy.fit(engine, y, 1.0, loss=loss, tol=1e-6, method=method)
     seconds = time.perf_counter() - start
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()

@@ -89,14 +89,16 @@ def supports(loss: Loss, penalty: Penalty) -> str | None:
 
 
 class BlockDescent:
-    """One solve; see the module docstring. ``growth(size, violators)`` is SpicyMKL's rule."""
+    """One solve; see the module docstring. ``growth(size, violators)`` and ``initial_rule`` are SpicyMKL's
+    working-set rules, ``params`` the parameters the result records."""
 
     def __init__(self, engine, y, C: float, loss: Loss, penalty: Penalty, bias: bool, tol: float, max_epochs: int,
-                 growth, initial_rule, working_set_bytes: int | None, verbose: bool, lambda_max: np.ndarray):
+                 growth, initial_rule, working_set_bytes: int | None, verbose: bool, lambda_max: np.ndarray,
+                 params: dict | None = None):
         self.engine, self.y, self.C, self.loss, self.penalty = engine, y, float(C), loss, penalty
         self.bias, self.tol, self.max_epochs = bool(bias), float(tol), int(max_epochs)
         self.n, self.M = int(engine.n), int(engine.M)
-        self.growth, self.initial_rule = growth, initial_rule
+        self.growth, self.initial_rule, self.params = growth, initial_rule, dict(params or {})
         self.t = penalty.threshold(C)
         self.q = self.C * penalty.lam if isinstance(penalty, ElasticNet) else 0.0
         self.code = LOSS_CODES[loss.name]
@@ -496,4 +498,4 @@ class BlockDescent:
         weights[index[: d.size]] = d
         return MKLResult(weights=weights, dual_coef=rho / self.C, bias=b, active=np.flatnonzero(weights),
                          objective=primal, gap=gap, history=self.log.history, converged=converged,
-                         solver="spicy/bcd", params={})
+                         solver="spicy/bcd", params=dict(self.params))

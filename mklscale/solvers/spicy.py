@@ -112,6 +112,9 @@ MIN_ADDITIONS = 16
 GROWTH = {"proximal": 1, "one_step": 3, "bcd": 1}   # W grows by at most max(MIN_ADDITIONS, GROWTH |W|) per round
 INNER_GTOL = 1e-10
 METHODS = ("auto", "proximal", "one_step", "bcd")
+#: max_outer's default: outer iterations, or epochs of the block descent (each costs about one matrix-
+#: vector product per kernel of W; waveform n = 2000, 594 kernels, 49 active: 542 epochs, 7.5 s)
+MAX_OUTER = {"proximal": 500, "one_step": 500, "bcd": 5000}
 
 
 #: What to do when the working set does not fit (its byte budget or the machine's memory).
@@ -232,7 +235,7 @@ class _Spicy:
         working-set rules; max_outer bounds its epochs."""
         return bcd.BlockDescent(self.engine, self.y, self.C, self.loss, self.penalty, self.bias, self.tol,
                                 self.max_outer, self._growth, self.working_set_rule, self.kernels.held.budget,
-                                self.log.verbose, self.lambda_max)
+                                self.log.verbose, self.lambda_max, self.params)
 
     # -- one outer step ------------------------------------------------------------------------
     def _proximal_update(self, point) -> list[np.ndarray]:
@@ -486,7 +489,7 @@ class _Spicy:
 
 @single_blas_thread_for_small_n
 def fit(engine, y, C, loss="logistic", penalty="l1", lam=0.5, q=1.5, eps=0.1, bias=True, tol=1e-3,
-        max_outer=500, max_inner=50, working_set=None, method="auto", working_set_bytes=None,
+        max_outer=None, max_inner=50, working_set=None, method="auto", working_set_bytes=None,
         newton_solver="auto", verbose=False, checkpoint=None, init=None) -> MKLResult:
     """Solve problem (42) of SpicyMKL over the kernels of ``engine``; see the module docstring.
 
@@ -499,7 +502,8 @@ def fit(engine, y, C, loss="logistic", penalty="l1", lam=0.5, q=1.5, eps=0.1, bi
     penalty : "l1" | "elastic_net" (uses lam in [0, 1]) | "block_q" (uses q > 1).
     bias : fit an unregularised offset b.
     tol : duality gap (P - D)/max(|P|, 1) to stop at, certified over all M kernels.
-    max_outer, max_inner : outer (proximal / multiplier) and inner (Newton) iteration limits.
+    max_outer, max_inner : outer (proximal / multiplier; method="bcd": epochs) and inner (Newton)
+        iteration limits; max_outer None: MAX_OUTER[method] (500 outer iterations, 5000 epochs).
     working_set : None or "auto" (grow from violators), "all", or initial kernel indices.
     method : "auto" (one_step when the penalty conjugate is smooth, else proximal), "proximal",
         "one_step" (§4.3; elastic net with lam > 0 or block q-norm only).
@@ -574,14 +578,17 @@ def _build(engine, y, C, loss, penalty, lam, q, eps, bias, tol, max_outer, max_i
     check.check_choice("newton_solver", newton_solver, NEWTON_BACKENDS)
     C = check.check_positive("C", C)
     tol = check.check_positive("tol", tol)
-    max_outer = check.check_count("max_outer", max_outer)
     max_inner = check.check_count("max_inner", max_inner)
     if not isinstance(bias, (bool, np.bool_)):
         raise InvalidInputError(f"bias must be True or False; got {bias!r}")
     loss_obj = make_loss(loss, eps)
     penalty_obj = make_penalty(penalty, lam, q)
+    check.require_engine(engine)
     if method == "auto":
-        method = "one_step" if penalty_obj.smooth_conjugate else "proximal"
+        if engine.kernel_representation.blocks_are_factors and bcd.supports(loss_obj, penalty_obj) is None:
+            method = "bcd"
+        else:
+            method = "one_step" if penalty_obj.smooth_conjugate else "proximal"
     if method == "one_step" and not penalty_obj.smooth_conjugate:
         raise InvalidInputError("method='one_step' needs a twice-differentiable penalty conjugate "
                                 "(elastic_net with lam > 0, or block_q); use method='proximal'")
@@ -592,9 +599,9 @@ def _build(engine, y, C, loss, penalty, lam, q, eps, bias, tol, max_outer, max_i
                    f"{engine.kernel_representation.name} kernels: use method='auto'")
         if why is not None:
             raise InvalidInputError(why)
+    max_outer = MAX_OUTER[method] if max_outer is None else check.check_count("max_outer", max_outer)
     if working_set_bytes is not None:
         working_set_bytes = parse_bytes(working_set_bytes, "working_set_bytes")
-    check.require_engine(engine)
     engine.kernel_representation.newton_backend(newton_solver)   # refuses a back end the kernels cannot serve
     solver = _Spicy(engine, y, C, loss_obj, penalty_obj, bool(bias), tol, max_outer, max_inner,
                     working_set, method, verbose, working_set_bytes, newton_solver)
