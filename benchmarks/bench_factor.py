@@ -4,6 +4,8 @@
                                                          # (logistic) + prediction of 10^5 rows, peak RSS
     python benchmarks/bench_factor.py --half-million     # n = 500,000, M = 100, r = 64 (12.8 GB): the same
                                                          # items, targets 30 min and 8 GB peak RSS
+    python benchmarks/bench_factor.py --many-active      # the --scale bank at C = 0.0018 C_max: ~120 kernels
+                                                         # active (target: >= 100 active, under 300 s)
     python benchmarks/bench_factor.py --vs-dense         # every solver at its defaults on the dense bank and on
                                                          # factor banks of the same kernels, interleaved
     python benchmarks/bench_factor.py --n-slope          # fit time over n = 2000 ... 50,000 (M = 100, r = 64)
@@ -14,11 +16,12 @@
 Protocol (as bench_scaling.py): ringnorm (``load("ringnorm", n_samples=n, seed=0)``, test rows drawn
 with seed 1), Gaussian kernels on random feature subsets (``families.random_subsets(20, M, seed=0)``),
 unit trace, float32; factor banks by Nystrom on k-means++ landmarks drawn per kernel. SpicyMKL
-logistic, block-1 penalty, C = C_PER_N * n (6e-5 n: 0.3 at n = 5000, 3 at n = 50,000; the loss
+logistic, block-1 penalty (on a factor bank its "auto" method is the primal block descent,
+``method="bcd"``), C = C_PER_N * n (6e-5 n: 0.3 at n = 5000, 3 at n = 50,000; the loss
 is a sum over the n points, so C grows with n to keep a comparable number of active kernels across
-sizes), tol 1e-3. Why not bench_spicy.py's C = 0.05: SpicyMKL's Newton step on factors costs O(n R^2)
-with R = r x (kernels in the Newton system); at n = 5000, M = 1000, r = 64 C = 0.05 keeps ~100 kernels
-active (R ~ 6400 > n) and the fit took 309 s, against 33 s for C = 0.3 (11 active, test accuracy 0.985). Each item runs in its own process
+sizes), tol 1e-3; ``--many-active``: C = MANY_ACTIVE_FRACTION x C_max, ~120 kernels active. (Before
+the block descent, SpicyMKL's proximal Newton step on factors cost O(n R^2) with R = r x (kernels in the
+Newton system): at n = 5000, M = 1000, r = 64 C = 0.05 kept ~100 kernels active and took 309 s.) Each item runs in its own process
 (``--item`` re-invokes this script), so the peak RSS recorded (``ru_maxrss`` of that process) is the
 item's own. Results: benchmarks/results/bench_factor_<item>.json; README via make_readme.py.
 """
@@ -42,6 +45,10 @@ from machine import describe_machine  # noqa: E402
 
 RESULTS = HERE / "results"
 C_PER_N = 6e-5
+#: --many-active: C = this x C_max keeps ~120 of the 1000 kernels active at n = 50,000 (issue 32: >= 100),
+#: whose factors (12.8 MB each) need a working set above the engine's 2 GB default
+MANY_ACTIVE_FRACTION = 0.0018
+MANY_ACTIVE_BYTES = "4GB"
 
 
 def _peak_rss_gb() -> float:
@@ -64,8 +71,10 @@ def _data(n: int, n_test: int, name: str = "ringnorm"):
     return train.X, y, test.X, yt
 
 
-def fit_and_score(X, y, Xt, yt, specs, path: Path, rank: int | None, solver: str = "spicy") -> dict:
-    """Build (or reuse) the bank, fit ``solver``, predict the test rows; seconds of each stage."""
+def fit_and_score(X, y, Xt, yt, specs, path: Path, rank: int | None, solver: str = "spicy",
+                  c_fraction: float | None = None, working_set_bytes: str | None = None) -> dict:
+    """Build (or reuse) the bank, fit ``solver``, predict the test rows; seconds of each stage. SpicyMKL's
+    C is C_PER_N n, or ``c_fraction`` x C_max (``spicy.c_max``: one pass, counted in the fit's seconds)."""
     from mklscale.bank import build_bank
     from mklscale.engine import Engine
     from mklscale.model import MKLModel
@@ -78,7 +87,13 @@ def fit_and_score(X, y, Xt, yt, specs, path: Path, rank: int | None, solver: str
     with Engine(bank) as engine:
         t0 = time.perf_counter()
         params = {"loss": "logistic", "tol": 1e-3} if solver == "spicy" else {}
+        if working_set_bytes:
+            params["working_set_bytes"] = working_set_bytes
         C = C_PER_N * len(y) if solver == "spicy" else None
+        if c_fraction is not None:
+            from mklscale.solvers import spicy
+
+            C = c_fraction * spicy.c_max(engine, y)
         res = fit_solver(solver, engine, y, "classification", C=C, params=params)
         t_fit = time.perf_counter() - t0
         passes = engine.counters().passes
@@ -89,7 +104,8 @@ def fit_and_score(X, y, Xt, yt, specs, path: Path, rank: int | None, solver: str
     out = {"build_s": t_build, "fit_s": t_fit, "predict_s": t_predict, "passes": int(passes),
            "accuracy": float(np.mean(np.where(f > 0, 1.0, -1.0) == yt)), "active": int(res.active.size),
            "gap": float(res.gap), "converged": bool(res.converged), "objective": float(res.objective),
-           "bank_GB": bank.nbytes / 1e9, "model_bytes": int(sum(a.nbytes for a in model.arrays().values()))}
+           "bank_GB": bank.nbytes / 1e9, "model_bytes": int(sum(a.nbytes for a in model.arrays().values())),
+           "C": C, "method": res.params.get("method")}
     if rank is not None:
         rel = np.asarray(bank.approx_error)  # (tr K - tr K~) / tr K per kernel
         out["approx_error_rel"] = {"median": float(np.median(rel)), "max": float(rel.max())}
@@ -104,8 +120,10 @@ def item_scale(args) -> dict:
     specs = families.random_subsets(X.shape[1], M, seed=0)
     path = Path(args.workdir) / f"factor-n{n}-M{M}-r{r}"
     t0 = time.perf_counter()
-    res = fit_and_score(X, y, Xt, yt, specs, path, r)
-    res.update(total_s=time.perf_counter() - t0, n=n, M=M, rank=r, n_test=args.n_test, peak_rss_GB=_peak_rss_gb())
+    res = fit_and_score(X, y, Xt, yt, specs, path, r, c_fraction=args.c_fraction,
+                        working_set_bytes=args.working_set_bytes)
+    res.update(total_s=time.perf_counter() - t0, n=n, M=M, rank=r, n_test=args.n_test, peak_rss_GB=_peak_rss_gb(),
+               C_fraction=args.c_fraction, working_set_bytes=args.working_set_bytes)
     if not args.keep:
         shutil.rmtree(path, ignore_errors=True)
     return res
@@ -187,6 +205,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scale", action="store_true")
     p.add_argument("--half-million", action="store_true")
+    p.add_argument("--many-active", action="store_true")
+    p.add_argument("--c-fraction", type=float, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--working-set-bytes", default=None, help=argparse.SUPPRESS)
     p.add_argument("--vs-dense", action="store_true")
     p.add_argument("--solvers", nargs="+", default=["spicy", "smo", "pfbs", "citi", "gcd", "sgd", "easymkl",
                                                       "alignment", "uniform"])
@@ -229,6 +250,13 @@ def main() -> None:
         res = run_item("scale", base + ["--n", "500000", "--M", "100", "--rank", "64", "--n-test", str(args.n_test)])
         (RESULTS / "bench_factor_half_million.json").write_text(json.dumps(
             {"machine": machine, "result": res, "targets": {"total_s": 1800, "peak_rss_GB": 8}}, indent=1))
+        print(json.dumps(res, indent=1))
+    if args.many_active:
+        res = run_item("scale", base + ["--n", str(args.n), "--M", str(args.M), "--rank", str(args.rank),
+                                        "--n-test", str(args.n_test), "--c-fraction", str(MANY_ACTIVE_FRACTION),
+                                        "--working-set-bytes", MANY_ACTIVE_BYTES])
+        (RESULTS / "bench_factor_many_active.json").write_text(json.dumps(
+            {"machine": machine, "result": res, "targets": {"total_s": 300, "active": 100}}, indent=1))
         print(json.dumps(res, indent=1))
     if args.vs_dense:
         argv = base + ["--M", str(args.M), "--sizes", *map(str, args.sizes), "--ranks", *map(str, args.ranks),

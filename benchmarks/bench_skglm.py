@@ -17,7 +17,8 @@ same +-1 labels), M Gaussian kernels on random feature subsets (``families.rando
 unit trace, float32 factors of rank r (Nystrom on k-means++ landmarks). C = frac x C_max (C_max =
 ``spicy.c_max``, the smallest C keeping no kernel) for each of ``--fractions`` (ringnorm, M = 50, n = 10^4:
 C_max = 22.6 (logistic); 0.03 C_max ~ the C = 0.6 of issue 32: 4 kernels active; 0.01: 5) or the
-values ``--C``; the number of kernels active is recorded per row. Ours: ``spicy.fit`` on the bank's
+values ``--C``; the number of kernels active is recorded per row. Ours: ``spicy.fit`` (its "auto" method: on
+a factor bank the primal block descent, ``method="bcd"``, recorded per row) on the bank's
 engine (its passes read the bank), tol = ``--tol`` (relative duality gap, certified). skglm: on Phi
 (float64, the same float32 factors widened, built once per size outside the timings), tol = ``--skglm-tol`` (its own stopping criterion). Each row
 runs ours, skglm, ours, skglm, ... (``--repeats`` each, interleaved); times are medians, and the speed-up
@@ -116,6 +117,7 @@ def run_size(n: int, args, workdir: Path) -> list[dict]:
                     "ours_gap": float(ours_res.gap), "ours_converged": bool(ours_res.converged),
                     "ours_active": int(ours_res.active.size), "skglm_active": skglm_group.active_groups(ptr, v),
                     "ours_passes": int(ours_res.history[-1].get("passes", 0)) if ours_res.history else 0,
+                    "ours_method": ours_res.params.get("method"),
                     "build_s": build_s, "design_s": design_s,
                 }
                 rows.append(row)

@@ -12,7 +12,7 @@ def render_profile_factor() -> str:
     if r is None:
         return head + "Not recorded yet.\n"
     out = [head + (
-        "SpicyMKL (logistic, block-1, C = 6e-5 n, tol 1e-3) on the factor bank of issue 32: ringnorm, M Gaussian "
+        "SpicyMKL's proximal method (logistic, block-1, C = 6e-5 n, tol 1e-3; before the primal block descent became \"auto\" on factor banks) on the factor bank of issue 32: ringnorm, M Gaussian "
         "kernels on random feature subsets, rank r, float32. The fit runs once plainly (fit s) and once under "
         "cProfile with timers around its phases (inclusive seconds; indented phases are inside the one above; "
         "\"other\" is the fit outside the top-level phases: proximal updates, the gamma schedule, logging). "
@@ -71,11 +71,11 @@ def render_skglm() -> str:
         st = r["settings"]
         rows = [[x["n"], x["loss"], f"{x['C_fraction']:.3g}", x["C"], x["ours_active"], x["skglm_active"],
                  x["ours_s"], x["skglm_s"], x["speedup"], x["ours_gap"], f"{x['objective_rel_diff']:+.1e}",
-                 x["ours_passes"]] for x in r["rows"]]
+                 x["ours_passes"], x.get("ours_method", "proximal")] for x in r["rows"]]
         out.append(
             f"`results/{name}`: skglm {r['skglm_version']}, M = {st['M']}, r = {st['rank']}, ours to a certified "
             f"relative gap of {st['tol']:g}, skglm to its tol {st['skglm_tol']:g}, {st['repeats']} runs each. "
             + machine_with_load(r["machine"]) + "\n\n"
             + _table(["n", "loss", "C / C_max", "C", "active (ours)", "active (skglm)", "ours s", "skglm s",
-                      "skglm / ours", "our gap", "P diff", "our passes"], rows) + "\n")
+                      "skglm / ours", "our gap", "P diff", "our passes", "our method"], rows) + "\n")
     return "\n".join(out)

@@ -278,14 +278,27 @@ def _factor_vs_dense() -> str:
                       "converged"], rows) + "\n")
 
 
+def _factor_targets(s: dict) -> str:
+    t = s["targets"]
+    parts = [f"total under {t['total_s']} s"]
+    if "peak_rss_GB" in t:
+        parts.append(f"peak RSS under {t['peak_rss_GB']} GB")
+    if "active" in t:
+        parts.append(f"at least {t['active']} kernels active (working set up to {s['result'].get('working_set_bytes')})")
+    return "Targets: " + ", ".join(parts) + (f" ({t['note']})" if "note" in t else "") + "."
+
+
 def render_factor() -> str:
     head = "## Factor banks: MKL at large n (`python benchmarks/bench_factor.py`)\n\n"
     parts = [head + (
         "Every kernel stored as L_m (n x r, float32), K~_m = L_m L_m^T, Nystrom on k-means++ landmarks drawn "
         "per kernel (`build_bank(..., rank=r)`); generated ringnorm, Gaussian kernels on random feature subsets, "
-        "unit trace; SpicyMKL logistic (block-1, C = 6e-5 n: 3 at n = 50,000, 30 at n = 500,000, tol 1e-3); prediction through the fitted model's "
-        "landmarks. Each item runs in its own process; peak RSS is that process's ru_maxrss.\n")]
-    for name, flag in (("bench_factor_scale.json", "--scale"), ("bench_factor_half_million.json", "--half-million")):
+        "unit trace; SpicyMKL logistic (block-1, C = 6e-5 n: 3 at n = 50,000, 30 at n = 500,000; `--many-active`: "
+        "C = 0.0018 C_max, C_max = `spicy.c_max`, one pass counted in the fit; tol 1e-3; on a factor bank its "
+        "\"auto\" method is the primal block descent, `method=\"bcd\"`, shown as method); prediction through the "
+        "fitted model's landmarks. Each item runs in its own process; peak RSS is that process's ru_maxrss.\n")]
+    for name, flag in (("bench_factor_scale.json", "--scale"), ("bench_factor_half_million.json", "--half-million"),
+                       ("bench_factor_many_active.json", "--many-active")):
         s = _load(name)
         if s is None:
             parts.append(f"### `{flag}`\n\nNot recorded yet.\n")
@@ -294,13 +307,12 @@ def render_factor() -> str:
         parts.append(
             f"### `{flag}`: n = {x['n']:,}, M = {x['M']:,}, r = {x['rank']}, {x['n_test']:,} test rows\n\n"
             f"Machine: {_machine(s['machine'])}; load average at record {s['machine'].get('load_average_at_record')}.\n\n"
-            + _table(["build s", "fit s", "predict s", "total s", "peak RSS GB", "bank GB", "passes", "active",
-                      "gap", "test accuracy", "model bytes", "approx. error median / max"],
-                     [[x["build_s"], x["fit_s"], x["predict_s"], x["total_s"], x["peak_rss_GB"], x["bank_GB"],
-                       x["passes"], x["active"], x["gap"], x["accuracy"], x["model_bytes"],
-                       f"{x['approx_error_rel']['median']:.3g} / {x['approx_error_rel']['max']:.3g}"]])
-            + f"\n\nTargets: total under {s['targets']['total_s']} s, peak RSS under {s['targets']['peak_rss_GB']} GB"
-            + (f" ({s['targets']['note']})" if "note" in s["targets"] else "") + ".\n")
+            + _table(["method", "C", "build s", "fit s", "predict s", "total s", "peak RSS GB", "bank GB", "passes",
+                      "active", "gap", "test accuracy", "model bytes", "approx. error median / max"],
+                     [[x.get("method") or "proximal", x.get("C", "-"), x["build_s"], x["fit_s"], x["predict_s"],
+                       x["total_s"], x["peak_rss_GB"], x["bank_GB"], x["passes"], x["active"], x["gap"], x["accuracy"],
+                       x["model_bytes"], f"{x['approx_error_rel']['median']:.3g} / {x['approx_error_rel']['max']:.3g}"]])
+            + "\n\n" + _factor_targets(s) + "\n")
     sl = _load("bench_factor_n_slope.json")
     if sl is None:
         parts.append("### Fit time against n (`--n-slope`)\n\nNot recorded yet.\n")
