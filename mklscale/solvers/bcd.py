@@ -88,6 +88,29 @@ def supports(loss: Loss, penalty: Penalty) -> str | None:
     return None
 
 
+def _newton_on_offset(code: int, y: np.ndarray, f: np.ndarray, grad: np.ndarray, curv: np.ndarray,
+                      value: float) -> tuple[float, float]:
+    """Newton steps on a constant added to f (the bias; one-dimensional, halving until the loss does not
+    rise): f, grad = loss'(y, f) and curv = loss''(y, f) are updated in place; returns (the constant
+    added, the loss there)."""
+    ones, total = np.ones(f.size), 0.0
+    for _ in range(BIAS_NEWTON_STEPS):
+        g, h = float(grad.sum()), float(curv.sum())
+        if h <= 0.0 or abs(g) <= 1e-12 * (1.0 + f.size):
+            break
+        step = -g / h
+        for _ in range(MAX_HALVINGS):
+            if loss_along(code, y, f, ones, step) <= value:
+                break
+            step *= 0.5
+        else:
+            break
+        total += step
+        f += step
+        value = derivatives(code, y, f, grad, curv)
+    return total, value
+
+
 class BlockDescent:
     """One solve; see the module docstring. ``growth(size, violators)`` and ``initial_rule`` are SpicyMKL's
     working-set rules, ``params`` the parameters the result records."""
@@ -165,7 +188,8 @@ class BlockDescent:
         self._anderson = []
 
     # -- the pieces ----------------------------------------------------------------------------
-    def _penalty(self, norm: float) -> float:
+    def _penalty(self, norm):
+        """g~_C at block norm(s) ``norm``: t x + (q / 2) x^2."""
         return self.t * norm + 0.5 * self.q * norm * norm
 
     def _refresh(self) -> None:
@@ -241,24 +265,11 @@ class BlockDescent:
         return True
 
     def _update_bias(self) -> None:
-        """Newton steps on b~ (one-dimensional; halving until the loss does not rise)."""
-        if not self.bias:
-            return
-        ones = np.ones(self.n)
-        for _ in range(BIAS_NEWTON_STEPS):
-            g, h = float(self.grad.sum()), float(self.curv.sum())
-            if h <= 0.0 or abs(g) <= 1e-12 * (1.0 + self.n):
-                return
-            step = -g / h
-            for _ in range(MAX_HALVINGS):
-                if loss_along(self.code, self.y, self.f, ones, step) <= self.loss_value:
-                    break
-                step *= 0.5
-            else:
-                return
-            self.b += step
-            self.f += step
-            self.loss_value = derivatives(self.code, self.y, self.f, self.grad, self.curv)
+        """Newton steps on b~ (:func:`_newton_on_offset`)."""
+        if self.bias:
+            shift, self.loss_value = _newton_on_offset(self.code, self.y, self.f, self.grad, self.curv,
+                                                       self.loss_value)
+            self.b += shift
 
     def epoch(self) -> int:
         """Every block of W once, then the bias, then (every ANDERSON_DEPTH epochs) the extrapolation;
@@ -270,10 +281,7 @@ class BlockDescent:
         return moved
 
     def _objective(self) -> float:
-        return self.loss_value + float(np.sum(self._penalty_all(np.linalg.norm(self.V, axis=1))))
-
-    def _penalty_all(self, norms: np.ndarray) -> np.ndarray:
-        return self.t * norms + 0.5 * self.q * norms * norms
+        return self.loss_value + float(np.sum(self._penalty(np.linalg.norm(self.V, axis=1))))
 
     def _extrapolate(self) -> None:
         """Anderson acceleration of the epochs (as skglm's solvers; Bertrand & Massias, AISTATS 2021):
@@ -327,35 +335,16 @@ class BlockDescent:
         return rho, norms, d, b, f + b, d * norms / self.C
 
     def _refit_bias(self, f: np.ndarray, b: float) -> float:
+        """The best bias for the model's decision values f (without bias), from b."""
+        f = f + b
         grad, curv = np.empty(self.n), np.empty(self.n)
-        ones = np.ones(self.n)
-        value = derivatives(self.code, self.y, f + b, grad, curv)
-        for _ in range(BIAS_NEWTON_STEPS):
-            g, h = float(grad.sum()), float(curv.sum())
-            if h <= 0.0:
-                break
-            step = -g / h
-            for _ in range(MAX_HALVINGS):
-                if loss_along(self.code, self.y, f + b, ones, step) <= value:
-                    break
-                step *= 0.5
-            else:
-                break
-            b += step
-            value = derivatives(self.code, self.y, f + b, grad, curv)
-        return b
+        value = derivatives(self.code, self.y, f, grad, curv)
+        return b + _newton_on_offset(self.code, self.y, f, grad, curv, value)[0]
 
     def _certify(self, rho, norms_w):
         """Dual value over ALL kernels and the violators outside W (bound first, then a pass)."""
-        outside = np.setdiff1d(np.flatnonzero(self.screen.available), self.index)
-        if outside.size == 0 or np.all(self.screen.upper_bounds(rho, outside) <= self.t):
-            return duality.dual_value(self.loss, self.penalty, self.y, self.C, rho, norms_w)[0], outside[:0]
-        norms = self.screen.full_pass(rho)
-        outside = outside[self.screen.available[outside]]
-        dual = duality.dual_value(self.loss, self.penalty, self.y, self.C, rho,
-                                  np.concatenate([norms_w, norms[outside]]))[0]
-        above = outside[norms[outside] > self.t]
-        return dual, above[np.argsort(-norms[above], kind="stable")]
+        norms, violators = self.screen.certify(rho, self.index, norms_w, self.t)
+        return duality.dual_value(self.loss, self.penalty, self.y, self.C, rho, norms)[0], violators
 
     # -- main loop -----------------------------------------------------------------------------
     def _initial_point(self, init: MKLResult | None) -> None:
@@ -451,7 +440,8 @@ class BlockDescent:
                 eigenvalues[p], eigenvectors[p] = m[0], m[1]
         state = {"index": self.index, "V": self.V, "b": float(self.b), "f": self.f, "epochs": int(self.epochs),
                  "metric_born": born, "metric_values": eigenvalues, "metric_vectors": eigenvectors,
-                 "last_step": self.last_step, "certify_below": float(self._certify_below), "anderson": np.array(self._anderson).reshape(len(self._anderson), self.V.size + 1),
+                 "last_step": self.last_step, "certify_below": float(self._certify_below),
+                 "anderson": np.array(self._anderson).reshape(len(self._anderson), self.V.size + 1),
                  **self.screen.state(), **self.log.state()}
         if best is not None:
             d, b, rho, primal, gap, index = best

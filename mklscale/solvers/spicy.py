@@ -27,6 +27,9 @@ Methods
   residual of f = -grad L*(-rho) at the next primal iterate. gamma schedule [CODE]: ck = smallest
   maximal violation so far; a block whose violation exceeds ck/2 gets gamma *= 10, else += 10;
   gamma is capped at 1e6 (beyond that alpha_m + gamma rho loses the digits the update needs).
+"bcd" (factor banks; logistic / square loss, block 1-norm / elastic net; "auto" there): the same
+  problem in the primal, f = sum_m L_m v_m + b with ||f_m|| = ||v_m||, by block coordinate Newton with
+  r x r block Hessians (``bcd.py``), with this module's working sets, certificate and returned model.
 "one_step" (ElastMKL, §4.3; elastic net with lam > 0, block q-norm): Newton on the dual (48)
   directly, 1^T rho = 0 kept exactly (the paper penalises C_b (1^T rho)^2). For hinge and
   eps-insensitive the box constraints of L* still need the slack augmented Lagrangian (§3.4), so
@@ -303,18 +306,8 @@ class _Spicy:
 
     def _certify(self, rho_tilde, norms_w):
         """Dual value over ALL kernels and the violators outside W (bound first, then a pass)."""
-        outside = np.setdiff1d(np.flatnonzero(self.screen.available), self.index)
-        if outside.size == 0:
-            return duality.dual_value(self.loss, self.penalty, self.y, self.C, rho_tilde, norms_w)[0], outside
-        if np.all(self.screen.upper_bounds(rho_tilde, outside) <= self.threshold):
-            return duality.dual_value(self.loss, self.penalty, self.y, self.C, rho_tilde, norms_w)[0], outside[:0]
-        norms = self.screen.full_pass(rho_tilde)
-        norms[self.index] = norms_w
-        outside = outside[self.screen.available[outside]]
-        dual = duality.dual_value(self.loss, self.penalty, self.y, self.C, rho_tilde,
-                               np.concatenate([norms_w, norms[outside]]))[0]
-        above = outside[norms[outside] > self.threshold]
-        return dual, above[np.argsort(-norms[above], kind="stable")]
+        norms, violators = self.screen.certify(rho_tilde, self.index, norms_w, self.threshold)
+        return duality.dual_value(self.loss, self.penalty, self.y, self.C, rho_tilde, norms)[0], violators
 
     # -- main loop -----------------------------------------------------------------------------
     def run(self, checkpoint=None, init: MKLResult | None = None) -> MKLResult:
@@ -505,8 +498,10 @@ def fit(engine, y, C, loss="logistic", penalty="l1", lam=0.5, q=1.5, eps=0.1, bi
     max_outer, max_inner : outer (proximal / multiplier; method="bcd": epochs) and inner (Newton)
         iteration limits; max_outer None: MAX_OUTER[method] (500 outer iterations, 5000 epochs).
     working_set : None or "auto" (grow from violators), "all", or initial kernel indices.
-    method : "auto" (one_step when the penalty conjugate is smooth, else proximal), "proximal",
-        "one_step" (§4.3; elastic net with lam > 0 or block q-norm only).
+    method : "auto" (on a factor bank with the logistic or square loss and the block 1-norm or elastic
+        net: bcd; else one_step when the penalty conjugate is smooth, else proximal), "proximal",
+        "one_step" (§4.3; elastic net with lam > 0 or block q-norm only), "bcd" (the same problem in the
+        primal by block coordinate Newton, ``bcd.py``; factor banks, those losses and penalties).
     working_set_bytes : cap on the bytes of dense kernels the working set holds (an int or a
         string like "2GB"); None: the engine's block-cache budget (``engine.cache.budget``), no cap
         for an engine without one. A fit whose violators no longer fit raises InvalidInputError.

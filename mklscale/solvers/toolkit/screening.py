@@ -54,6 +54,19 @@ class Screening:
             return self.ref_norms + self.sqrt_lambda * shift
         return self.ref_norms[kernels] + self.sqrt_lambda[kernels] * shift
 
+    def certify(self, u: np.ndarray, held: np.ndarray, held_norms: np.ndarray, threshold: float):
+        """(norms, violators) for a certificate at u over every available kernel: ``norms`` are
+        ``held_norms`` (the kernels ``held``, computed by the solver) followed by the exact norms of
+        the kernels outside ``held`` that the bound cannot prove below ``threshold`` (one pass; none
+        when the bound proves them all), ``violators`` those of them above it, largest first."""
+        outside = np.setdiff1d(np.flatnonzero(self.available), held)
+        if outside.size == 0 or np.all(self.upper_bounds(u, outside) <= threshold):
+            return held_norms, outside[:0]
+        norms = self.full_pass(u)
+        outside = outside[self.available[outside]]
+        above = outside[norms[outside] > threshold]
+        return np.concatenate([held_norms, norms[outside]]), above[np.argsort(-norms[above], kind="stable")]
+
     def state(self) -> dict:
         """What a checkpoint keeps: the available mask and the last pass (if any)."""
         state = {"available": self.available}
