@@ -55,8 +55,6 @@ from mklscale.solvers.losses import Loss
 from mklscale.solvers.penalties import ElasticNet, L1, Penalty
 from mklscale.solvers.result import MKLResult
 from mklscale.solvers.toolkit import RunLog
-from mklscale.solvers.toolkit.screening import Screening
-from mklscale.solvers.toolkit.working_set import HeldKernels
 
 ARMIJO = 1e-4
 #: a block's Hessian is recomputed after this many epochs (or when the line search cut its last step)
@@ -112,24 +110,22 @@ def _newton_on_offset(code: int, y: np.ndarray, f: np.ndarray, grad: np.ndarray,
 
 
 class BlockDescent:
-    """One solve; see the module docstring. ``growth(size, violators)`` and ``initial_rule`` are SpicyMKL's
-    working-set rules, ``params`` the parameters the result records."""
+    """One solve; see the module docstring. ``solver`` is the SpicyMKL solver (``spicy._Spicy``) whose
+    problem this solves: its held kernels (W), screening, working-set rules (``starting_set``,
+    ``_growth``), certificate (``_certify``) and parameters are used as they are."""
 
-    def __init__(self, engine, y, C: float, loss: Loss, penalty: Penalty, bias: bool, tol: float, max_epochs: int,
-                 growth, initial_rule, working_set_bytes: int | None, verbose: bool, lambda_max: np.ndarray,
-                 params: dict | None = None):
-        self.engine, self.y, self.C, self.loss, self.penalty = engine, y, float(C), loss, penalty
-        self.bias, self.tol, self.max_epochs = bool(bias), float(tol), int(max_epochs)
-        self.n, self.M = int(engine.n), int(engine.M)
-        self.growth, self.initial_rule, self.params = growth, initial_rule, dict(params or {})
-        self.t = penalty.threshold(C)
-        self.q = self.C * penalty.lam if isinstance(penalty, ElasticNet) else 0.0
-        self.code = LOSS_CODES[loss.name]
-        self.held = HeldKernels(engine, working_set_bytes, "SpicyMKL (bcd)")
-        self.screen = Screening(engine, lambda_max)
-        self.log = RunLog(engine, "spicy/bcd", verbose, not_monotone="the gap of the model built from each epoch's "
-                          "dual point is not monotone")
-        self.r = int(engine.rank)
+    def __init__(self, solver):
+        self.solver = solver
+        self.y, self.C, self.loss, self.penalty = solver.y, float(solver.C), solver.loss, solver.penalty
+        self.bias, self.tol, self.max_epochs = bool(solver.bias), float(solver.tol), int(solver.max_outer)
+        self.n, self.M = int(solver.n), int(solver.M)
+        self.t = self.penalty.threshold(self.C)
+        self.q = self.C * self.penalty.lam if isinstance(self.penalty, ElasticNet) else 0.0
+        self.code = LOSS_CODES[self.loss.name]
+        self.held, self.screen = solver.kernels.held, solver.screen
+        self.log = RunLog(solver.engine, "spicy/bcd", solver.log.verbose, not_monotone="the gap of the model "
+                          "built from each epoch's dual point is not monotone")
+        self.r = int(solver.engine.rank)
         self.blocks: list[np.ndarray] = []       # L_m of W, views into the held chunks
         self.mu = np.zeros((0, self.r))          # column means (zero without a bias)
         self.V = np.zeros((0, self.r))
@@ -188,9 +184,8 @@ class BlockDescent:
         self._anderson = []
 
     # -- the pieces ----------------------------------------------------------------------------
-    def _penalty(self, norm):
-        """g~_C at block norm(s) ``norm``: t x + (q / 2) x^2."""
-        return self.t * norm + 0.5 * self.q * norm * norm
+    def _penalty(self, norm: float) -> float:
+        return float(self.penalty.value(norm, self.C))
 
     def _refresh(self) -> None:
         """f = sum_m L~_m v_m + b~ from scratch, and the loss derivatives there."""
@@ -281,7 +276,7 @@ class BlockDescent:
         return moved
 
     def _objective(self) -> float:
-        return self.loss_value + float(np.sum(self._penalty(np.linalg.norm(self.V, axis=1))))
+        return self.loss_value + float(np.sum(self.penalty.value(np.linalg.norm(self.V, axis=1), self.C)))
 
     def _extrapolate(self) -> None:
         """Anderson acceleration of the epochs (as skglm's solvers; Bertrand & Massias, AISTATS 2021):
@@ -341,11 +336,6 @@ class BlockDescent:
         value = derivatives(self.code, self.y, f, grad, curv)
         return b + _newton_on_offset(self.code, self.y, f, grad, curv, value)[0]
 
-    def _certify(self, rho, norms_w):
-        """Dual value over ALL kernels and the violators outside W (bound first, then a pass)."""
-        norms, violators = self.screen.certify(rho, self.index, norms_w, self.t)
-        return duality.dual_value(self.loss, self.penalty, self.y, self.C, rho, norms)[0], violators
-
     # -- main loop -----------------------------------------------------------------------------
     def _initial_point(self, init: MKLResult | None) -> None:
         """The best constant model (or ``init``'s model), the first pass, W."""
@@ -359,19 +349,7 @@ class BlockDescent:
         self.f[:] = self.b
         self.loss_value = derivatives(self.code, y, self.f, self.grad, self.curv)
         rho = duality.project_dual(self.loss, y, -self.grad, self.bias)
-        norms0 = self.screen.full_pass(rho)
-        rule = self.initial_rule
-        if isinstance(rule, np.ndarray):
-            start = rule
-        elif rule == "all" or self.t <= 0.0:
-            start = np.flatnonzero(self.screen.available)
-        else:
-            above = np.flatnonzero((norms0 > self.t) & self.screen.available)
-            start = above[np.argsort(-norms0[above], kind="stable")]
-            start = start[: self.growth(0, start.size)]
-        if init is not None and init.active.size:
-            previous = init.active[self.screen.available[init.active]]
-            start = np.concatenate([previous, start[~np.isin(start, previous)]])
+        start, _ = self.solver.starting_set(self.screen.full_pass(rho), init)
         self._add(np.asarray(start, dtype=np.int64))
         if init is not None and init.active.size:
             self._warm(init)
@@ -414,7 +392,7 @@ class BlockDescent:
             if not certified and not np.isfinite(self._certify_below):
                 self._certify_below = CERTIFY_SHARE * gap
             if not certified and (gap <= max(self.tol, self._certify_below) or epoch == self.max_epochs):
-                dual, violators = self._certify(rho, norms_w)
+                dual, violators = self.solver._certify(rho, norms_w)
                 gap, certified = duality.relative_gap(primal, dual), True
                 self._certify_below = np.inf
             self._record(epoch, primal, dual, gap, certified, d, moved, violators)
@@ -424,7 +402,7 @@ class BlockDescent:
                 converged = True
                 break
             if violators.size:
-                self._add(violators[: self.growth(self.index.size, violators.size)])
+                self._add(violators[: self.solver._growth(self.index.size, violators.size)])
         return self._result(best, converged)
 
     # -- checkpoints ---------------------------------------------------------------------------
@@ -488,4 +466,4 @@ class BlockDescent:
         weights[index[: d.size]] = d
         return MKLResult(weights=weights, dual_coef=rho / self.C, bias=b, active=np.flatnonzero(weights),
                          objective=primal, gap=gap, history=self.log.history, converged=converged,
-                         solver="spicy/bcd", params=dict(self.params))
+                         solver="spicy/bcd", params=dict(self.solver.params))

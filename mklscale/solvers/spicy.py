@@ -129,7 +129,7 @@ class _Spicy:
                  max_inner: int, working_set, method: str, verbose: bool, working_set_bytes: int | None = None,
                  newton_solver: str = "auto"):
         self.n, self.M, lambda_max = check.check_engine(engine, allow_unavailable=True)
-        self.engine, self.lambda_max = engine, lambda_max
+        self.engine = engine
         self.y = check.check_targets(y, self.n, loss.is_classification, loss.name)
         self.C, self.loss, self.penalty, self.bias = C, loss, penalty, bias
         self.tol, self.max_outer, self.max_inner = tol, max_outer, max_inner
@@ -213,6 +213,16 @@ class _Spicy:
         order = above[np.argsort(-norms0[above], kind="stable")]
         return order[:self._growth(0, order.size)], min(1, above.size)
 
+    def starting_set(self, norms0: np.ndarray, init: MKLResult | None) -> tuple[np.ndarray, int | None]:
+        """The first W (:meth:`_initial_working_set` at the first pass's norms ``norms0``), with a warm
+        start's kernels first: (kernels, how many must fit)."""
+        start, needed = self._initial_working_set(norms0)
+        if init is not None:  # the previous model's kernels first, then this point's violators
+            previous = init.active[self.screen.available[init.active]]
+            start = np.concatenate([previous, start[~np.isin(start, previous)]])
+            needed = previous.size or needed
+        return start, needed
+
     def _growth(self, size: int, violators: int) -> int:
         """How many violators join a working set of ``size`` kernels (largest first): the first
         INITIAL_WORKING_SET (fewer on a factor bank: ``Representation.working_set_start``, 8 at
@@ -234,11 +244,9 @@ class _Spicy:
         return min(violators, max(MIN_ADDITIONS, GROWTH[self.method] * size))
 
     def block_descent(self) -> "bcd.BlockDescent":
-        """The primal block coordinate descent (method="bcd", ``bcd.py``) on this solver's problem and
-        working-set rules; max_outer bounds its epochs."""
-        return bcd.BlockDescent(self.engine, self.y, self.C, self.loss, self.penalty, self.bias, self.tol,
-                                self.max_outer, self._growth, self.working_set_rule, self.kernels.held.budget,
-                                self.log.verbose, self.lambda_max, self.params)
+        """The primal block coordinate descent (method="bcd", ``bcd.py``) on this solver's problem, held
+        kernels, screening, working-set rules and certificate; max_outer bounds its epochs."""
+        return bcd.BlockDescent(self)
 
     # -- one outer step ------------------------------------------------------------------------
     def _proximal_update(self, point) -> list[np.ndarray]:
@@ -315,11 +323,7 @@ class _Spicy:
         if state is None:
             rho = self._initial_rho() if init is None else self._warm_rho(init)
             norms0 = self.screen.full_pass(duality.project_dual(self.loss, self.y, rho, self.bias))
-            start, needed = self._initial_working_set(norms0)
-            if init is not None:  # the previous model's kernels first, then this point's violators
-                previous = init.active[self.screen.available[init.active]]
-                start = np.concatenate([previous, start[~np.isin(start, previous)]])
-                needed = previous.size or needed
+            start, needed = self.starting_set(norms0, init)
             K_rho = self._add_kernels(start, needed, rho, np.zeros((0, self.n)))
             if init is not None:
                 self._warm_primal(init, K_rho)
