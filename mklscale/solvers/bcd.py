@@ -24,6 +24,14 @@ sigma = 1e-4). A block at v_m = 0 with ||z|| <= t stays at zero without its H. O
 every block of the working set in turn, then the bias by Newton steps on the one-dimensional loss.
 Cost of an epoch: two passes over the held factors (L^T g and L d, O(n r) per block) and the block
 Hessians of the blocks that move (O(n r^2) each, float32 products); never an n x n or an R x R array.
+
+Coupled blocks: every ANDERSON_DEPTH epochs, once the nonzero blocks A have stayed the same that long,
+one Newton step on all of A and the bias together (``_newton_step``: conjugate gradients
+preconditioned by the blocks' r x r metrics, two passes over A's factors per iteration, Armijo on P).
+Block descent alone converges linearly at a rate set by the coupling between blocks, which is strong
+for overlapping kernels and near-interpolating fits: ringnorm n = 10,000, M = 300, square loss, 135
+kernels active, gap 0.34 after 400 epochs without it, 5e-6 after 145 epochs (29 s) with it; on 12
+random-feature kernels of the same inputs 3-8x fewer epochs (tests/test_spicy_bcd.py).
 SpicyMKL's Newton step on the dual costs O(n R^2) in the summed rank R of the kernels in its system
 (``_spicy_inner``), which dominates once ~100 kernels are active.
 
@@ -71,6 +79,10 @@ MAX_HALVINGS = 40
 #: is below rounding, and without the slack every step there is refused (gap stuck near 1e-9)
 ROUNDING = 1e-13
 BIAS_NEWTON_STEPS = 5
+#: conjugate-gradient iterations of one Newton step on the nonzero blocks, and the residual it stops at
+#: (relative to the gradient's norm)
+NEWTON_CG_ITERATIONS = 200
+NEWTON_CG_RESIDUAL = 0.1
 #: a block's Hessian is floored at RIDGE x its mean eigenvalue (padded or collinear factor columns)
 RIDGE = 1e-10
 _REMEDY = "raise working_set_bytes (or the engine's cache_bytes), or use a larger C (fewer active kernels)"
@@ -139,6 +151,9 @@ class BlockDescent:
         self.epochs = 0
         self._anderson: list[np.ndarray] = []
         self._certify_below = np.inf              # W's gap at which the next certification is due
+        self._support_since = 0                   # the epoch since which the nonzero blocks are the same
+        self._support = np.zeros(0, dtype=bool)
+        self.newton_taken = False                 # whether the last epoch ended with a Newton step
         self._z, self._u = np.zeros(self.r), np.zeros(self.n)
 
     @property
@@ -223,6 +238,18 @@ class BlockDescent:
         lam = np.maximum(lam, RIDGE * max(float(np.mean(np.abs(lam))), 1e-300))
         return lam, Q
 
+    @staticmethod
+    def _armijo(base: float, slope: float, value_at) -> float:
+        """The first step s of 1, 1/2, ... (MAX_HALVINGS of them) with value_at(s) <= base + ARMIJO s slope
+        plus the rounding slack (ROUNDING); 0.0 when none passes."""
+        slack = ROUNDING * (1.0 + abs(base))
+        step = 1.0
+        for _ in range(MAX_HALVINGS):
+            if value_at(step) <= base + ARMIJO * step * slope + slack:
+                return step
+            step *= 0.5
+        return 0.0
+
     def _update_block(self, p: int) -> bool:
         """One coordinate Newton step on block p; True when it moved."""
         z = self._block_gradient(p)
@@ -241,19 +268,11 @@ class BlockDescent:
             return False
         delta = min(float(z @ d) + self._penalty(float(np.linalg.norm(w))) - self._penalty(v_norm), 0.0)
         product(self.blocks[p], d, float(self.mu[p] @ d), self._u)
-        base = self.loss_value + self._penalty(v_norm)
-        slack = ROUNDING * (1.0 + abs(base))
-        step = 1.0
-        for _ in range(MAX_HALVINGS):
-            trial = loss_along(self.code, self.y, self.f, self._u, step) + \
-                self._penalty(float(np.linalg.norm(v + step * d)))
-            if trial <= base + ARMIJO * step * delta + slack:
-                break
-            step *= 0.5
-        else:
-            self.last_step[p] = 0.0
-            return False
+        step = self._armijo(self.loss_value + self._penalty(v_norm), delta, lambda step: loss_along(
+            self.code, self.y, self.f, self._u, step) + self._penalty(float(np.linalg.norm(v + step * d))))
         self.last_step[p] = step
+        if step == 0.0:
+            return False
         self.V[p] = v + step * d
         self.f += step * self._u
         self.loss_value = derivatives(self.code, self.y, self.f, self.grad, self.curv)
@@ -267,13 +286,106 @@ class BlockDescent:
             self.b += shift
 
     def epoch(self) -> int:
-        """Every block of W once, then the bias, then (every ANDERSON_DEPTH epochs) the extrapolation;
-        returns how many blocks moved."""
+        """Every block of W once, then the bias, then (every ANDERSON_DEPTH epochs) the extrapolation
+        and, when the nonzero blocks have stayed the same over those epochs, a Newton step on them
+        (:meth:`_newton_step`); returns how many blocks moved."""
         moved = sum(self._update_block(p) for p in range(len(self.blocks)))
         self._update_bias()
         self.epochs += 1
+        support = np.any(self.V != 0.0, axis=1)
+        if support.shape != self._support.shape or np.any(support != self._support):
+            self._support, self._support_since = support, self.epochs
         self._extrapolate()
+        self.newton_taken = (self.epochs % ANDERSON_DEPTH == 0 and self.epochs - self._support_since >= ANDERSON_DEPTH
+                             and self._newton_step())
         return moved
+
+    def _newton_step(self) -> bool:
+        """A Newton step on the nonzero blocks A and the bias, where P is twice differentiable: block
+        descent crawls when the blocks are coupled (overlapping kernels, a near-interpolating fit), and
+        this step sees the coupling. Direction: :meth:`_newton_direction`; step: the first of 1, 1/2, ...
+        that passes the Armijo test on P itself (the blocks' norms exactly, so a step through a block's
+        zero is judged by the true objective); returns whether one was taken."""
+        A = np.flatnonzero(np.any(self.V != 0.0, axis=1))
+        if A.size == 0:
+            return False
+        V = self.V[A]
+        S, s_b, slope = self._newton_direction(A)
+        if not slope < 0.0:
+            return False
+        u = np.full(self.n, s_b)
+        for p, s in zip(A, S):
+            product(self.blocks[p], s, float(self.mu[p] @ s), self._u)
+            u += self._u
+        step = self._armijo(self._objective(), slope, lambda step: loss_along(self.code, self.y, self.f, u, step) +
+                            float(np.sum(self.penalty.value(np.linalg.norm(V + step * S, axis=1), self.C))))
+        if step == 0.0:
+            return False
+        self.V[A] = V + step * S
+        self.b += step * s_b
+        self.f += step * u
+        self.loss_value = derivatives(self.code, self.y, self.f, self.grad, self.curv)
+        self._anderson = []
+        return True
+
+    def _newton_direction(self, A: np.ndarray) -> tuple[np.ndarray, float, float]:
+        """(S, s_b, grad^T (S, s_b)): an approximate solution of H (S, s_b) = -grad for the blocks A
+        (all nonzero) and the bias, by conjugate gradients (NEWTON_CG_ITERATIONS, to NEWTON_CG_RESIDUAL
+        ||grad||). H (S, s_b) = (L~_A^T w + penalty terms, 1^T w) with w = loss'' (L~_A S + s_b); block m's
+        penalty Hessian is (t / ||v_m||) (I - v^ v^T) + q I, v^ = v_m / ||v_m||. The products run in the
+        bank's precision (float32 for a float32 bank: the direction needs no more). Preconditioner: the
+        blocks' r x r metrics (``_metric``) with t / ||v_m|| + q added to their eigenvalues, and
+        1 / sum loss'' for the bias."""
+        blocks, mu, V = [self.blocks[p] for p in A], self.mu[A], self.V[A]
+        norms = np.linalg.norm(V, axis=1)
+        unit = V / norms[:, None]
+        across = self.t / norms                              # the penalty's curvature across v^
+        dtype = blocks[0].dtype
+        bias_curvature = float(self.curv.sum())
+
+        def transposed(w: np.ndarray) -> np.ndarray:          # L~_A^T w (mu is 0 without a bias)
+            w_bank = w.astype(dtype)
+            return np.array([w_bank @ L for L in blocks], dtype=np.float64) - mu * float(w.sum())
+
+        def hessian_times(S: np.ndarray, s_b: float) -> tuple[np.ndarray, float]:
+            u = np.full(self.n, s_b - float(np.einsum("mr,mr->", mu, S)))
+            for L, s in zip(blocks, S.astype(dtype)):
+                u += L @ s
+            w = self.curv * u
+            HS = transposed(w) + across[:, None] * (S - unit * np.einsum("mr,mr->m", unit, S)[:, None]) + self.q * S
+            return HS, float(w.sum()) if self.bias else 0.0
+
+        metrics = [self._metric(p) for p in A]
+
+        def preconditioned(R: np.ndarray, r_b: float) -> tuple[np.ndarray, float]:
+            Z = np.array([Q @ ((Q.T @ r) / (lam + a + self.q)) for (lam, Q), r, a in zip(metrics, R, across)])
+            return Z, (r_b / bias_curvature if self.bias and bias_curvature > 0.0 else 0.0)
+
+        G = transposed(self.grad) + (across + self.q)[:, None] * V
+        g_b = float(self.grad.sum()) if self.bias else 0.0
+        g_norm = np.sqrt(float(np.sum(G * G)) + g_b * g_b)
+        S, s_b = np.zeros_like(G), 0.0
+        R, r_b = -G, -g_b
+        Z, z_b = preconditioned(R, r_b)
+        D, d_b = Z, z_b
+        rz = float(np.sum(R * Z)) + r_b * z_b
+        for _ in range(NEWTON_CG_ITERATIONS):
+            if rz <= 0.0:
+                break
+            HD, hd_b = hessian_times(D, d_b)
+            curvature = float(np.sum(D * HD)) + d_b * hd_b
+            if curvature <= 0.0:
+                break
+            a = rz / curvature
+            S, s_b = S + a * D, s_b + a * d_b
+            R, r_b = R - a * HD, r_b - a * hd_b
+            if np.sqrt(float(np.sum(R * R)) + r_b * r_b) <= NEWTON_CG_RESIDUAL * g_norm:
+                break
+            Z, z_b = preconditioned(R, r_b)
+            rz_next = float(np.sum(R * Z)) + r_b * z_b
+            D, d_b = Z + (rz_next / rz) * D, z_b + (rz_next / rz) * d_b
+            rz = rz_next
+        return S, s_b, float(np.sum(G * S)) + g_b * s_b
 
     def _objective(self) -> float:
         return self.loss_value + float(np.sum(self.penalty.value(np.linalg.norm(self.V, axis=1), self.C)))
@@ -408,7 +520,7 @@ class BlockDescent:
     # -- checkpoints ---------------------------------------------------------------------------
     def _state(self, best) -> dict:
         """Everything the next epochs read: W, v, b~, f, the epoch count, the blocks' metrics and last
-        steps, Anderson's history, the screening pass, the log, the best certified model."""
+        steps, the nonzero blocks and since when, Anderson's history, the screening pass, the log, the best certified model."""
         w, r = len(self.blocks), self.r
         born = np.array([-1 if m is None else m[2] for m in self.metrics], dtype=np.int64)
         eigenvalues = np.zeros((w, r))
@@ -419,6 +531,7 @@ class BlockDescent:
         state = {"index": self.index, "V": self.V, "b": float(self.b), "f": self.f, "epochs": int(self.epochs),
                  "metric_born": born, "metric_values": eigenvalues, "metric_vectors": eigenvectors,
                  "last_step": self.last_step, "certify_below": float(self._certify_below),
+                 "support": self._support, "support_since": int(self._support_since),
                  "anderson": np.array(self._anderson).reshape(len(self._anderson), self.V.size + 1),
                  **self.screen.state(), **self.log.state()}
         if best is not None:
@@ -437,6 +550,7 @@ class BlockDescent:
         self.metrics = [None if born < 0 else (lam, Q, int(born)) for born, lam, Q in
                         zip(state["metric_born"], state["metric_values"], state["metric_vectors"])]
         self.last_step, self._certify_below = state["last_step"], float(state["certify_below"])
+        self._support, self._support_since = state["support"].astype(bool), int(state["support_since"])
         self._anderson = list(state["anderson"])
         self.log.restore(state)
         best = None
@@ -448,16 +562,21 @@ class BlockDescent:
     def _record(self, epoch, primal, dual, gap, certified, d, moved, violators) -> None:
         entry = {"iteration": epoch, "primal": float(primal), "dual": float(dual), "gap": float(gap),
                  "certified": bool(certified), "n_active": int(np.count_nonzero(d)),
-                 "working_set": int(self.index.size), "violators": int(violators.size), "blocks_moved": int(moved)}
+                 "working_set": int(self.index.size), "violators": int(violators.size), "blocks_moved": int(moved),
+                 "newton_step": bool(self.newton_taken)}
         self.log.record(entry)
         if not certified:
             self.log.explain("(W)", f"the gap covers only the working set W; once it is below tol it is re-measured "
                                     f"over all {self.M} kernels (it may then rise), and kernels outside W that "
                                     "violate the optimality test join W")
+        if self.newton_taken:
+            self.log.explain("+newton", "the epoch ended with a Newton step on all nonzero blocks together "
+                                        "(conjugate gradients), taken when the nonzero blocks stayed the same for "
+                                        f"{ANDERSON_DEPTH} epochs")
         joined = f"  {violators.size} kernel(s) outside W violate the optimality test" if violators.size else ""
         self.log.say(f"epoch {epoch:4d} primal {primal:.10g} dual {dual:.10g} gap {gap:.3e}"
                      f"{'' if certified else ' (W)'} active {entry['n_active']}/{self.index.size}/{self.M}"
-                     f" moved {moved} passes {entry['passes']}{joined}",
+                     f" moved {moved}{' +newton' if self.newton_taken else ''} passes {entry['passes']}{joined}",
                      gap=gap, scope="all" if certified else "working set")
 
     def _result(self, best, converged) -> MKLResult:
