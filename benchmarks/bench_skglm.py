@@ -4,6 +4,10 @@ same problem, both times in one run.
     python benchmarks/bench_skglm.py --sizes 10000       # n = 10,000, M = 50, r = 64 (recorded run)
     python benchmarks/bench_skglm.py --sizes 50000 --out benchmarks/results/bench_skglm_n50000.json
     python benchmarks/bench_skglm.py --M 200 --sizes 10000 --C 0.05 --repeats 1 --out ...   # ~60 active
+    python benchmarks/bench_skglm.py --M 300 --sizes 10000 --losses square --fractions 0.003 --repeats 1 \
+        --out benchmarks/results/bench_skglm_many_active_square.json     # 135 active (skglm: ~50 minutes)
+    python benchmarks/bench_skglm.py --M 300 --sizes 10000 --losses logistic --fractions 0.0002 --repeats 1 \
+        --out benchmarks/results/bench_skglm_many_active_logistic.json   # 100 active
     python benchmarks/bench_skglm.py --quick             # n = 1000, M = 10, one repeat (a smoke test)
 
 The problem (``benchmarks/peers/skglm_group.py``): SpicyMKL's block-1 problem on a factor bank,
