@@ -24,16 +24,16 @@ sigma = 1e-4). A block at v_m = 0 with ||z|| <= t stays at zero without its H. O
 every block of the working set in turn, then the bias by Newton steps on the one-dimensional loss.
 Cost of an epoch: two passes over the held factors (L^T g and L d, O(n r) per block) and the block
 Hessians of the blocks that move (O(n r^2) each, float32 products); never an n x n or an R x R array.
+SpicyMKL's Newton step on the dual costs O(n R^2) in the summed rank R of the kernels in its system
+(``_spicy_inner``), which dominates once ~100 kernels are active.
 
 Coupled blocks: every ANDERSON_DEPTH epochs, once the nonzero blocks A have stayed the same that long,
 one Newton step on all of A and the bias together (``_newton_step``: conjugate gradients
 preconditioned by the blocks' r x r metrics, two passes over A's factors per iteration, Armijo on P).
 Block descent alone converges linearly at a rate set by the coupling between blocks, which is strong
 for overlapping kernels and near-interpolating fits: ringnorm n = 10,000, M = 300, square loss, 135
-kernels active, gap 0.34 after 400 epochs without it, 5e-6 after 145 epochs (29 s) with it; on 12
+kernels active, gap 0.34 after 400 epochs without it, 1.2e-6 after 175 epochs (34 s) with it; on 12
 random-feature kernels of the same inputs 3-8x fewer epochs (tests/test_spicy_bcd.py).
-SpicyMKL's Newton step on the dual costs O(n R^2) in the summed rank R of the kernels in its system
-(``_spicy_inner``), which dominates once ~100 kernels are active.
 
 Centring: with a bias the columns of each L_m are centred, L~_m = L_m - 1 mu_m^T (mu_m the column
 means). f = sum_m L~_m v_m + b~ with b~ = b + sum_m mu_m^T v_m is the same function and the same
