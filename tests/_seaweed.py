@@ -68,12 +68,14 @@ class SeaweedServer:
                 "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
             p = _free_ports(8)
             self.s3_port = p[6]
+            # -volume.max fixed: 0 sizes the volume slots by free disk (~150 at 39 GB free), and the S3 tests'
+            # buckets take ~7 volumes each ("no free volumes left" in a full run); volumes are sparse files
             self._args = [
                 weed, "server", f"-dir={self.root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                 f"-master.port={p[0]}", f"-master.port.grpc={p[1]}", f"-volume.port={p[2]}",
                 f"-volume.port.grpc={p[3]}", f"-filer.port={p[4]}", f"-filer.port.grpc={p[5]}",
                 "-s3", f"-s3.port={p[6]}", f"-s3.port.grpc={p[7]}", "-s3.port.iceberg=0", "-s3.port.lance=0",
-                f"-s3.config={config}", "-volume.max=0", "-master.volumeSizeLimitMB=256", "-metricsPort=0",
+                f"-s3.config={config}", "-volume.max=1000", "-master.volumeSizeLimitMB=256", "-metricsPort=0",
                 "-volume.preStopSeconds=0",
             ]
         log = open(self.root / "weed.log", "ab")
