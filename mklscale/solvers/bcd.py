@@ -335,7 +335,7 @@ class BlockDescent:
         penalty Hessian is (t / ||v_m||) (I - v^ v^T) + q I, v^ = v_m / ||v_m||. The products run in the
         bank's precision (float32 for a float32 bank: the direction needs no more). Preconditioner: the
         blocks' r x r metrics (``_metric``) with t / ||v_m|| + q added to their eigenvalues, and
-        1 / sum loss'' for the bias."""
+        1 / sum loss'' for the bias. The gradient itself is the block steps' (``_block_gradient``)."""
         blocks, mu, V = [self.blocks[p] for p in A], self.mu[A], self.V[A]
         norms = np.linalg.norm(V, axis=1)
         unit = V / norms[:, None]
@@ -361,7 +361,9 @@ class BlockDescent:
             Z = np.array([Q @ ((Q.T @ r) / (lam + a + self.q)) for (lam, Q), r, a in zip(metrics, R, across)])
             return Z, (r_b / bias_curvature if self.bias and bias_curvature > 0.0 else 0.0)
 
-        G = transposed(self.grad) + (across + self.q)[:, None] * V
+        # the gradient as the block steps compute it (float64 accumulation): near the optimum it is a small
+        # difference of L~^T loss' and the penalty's gradient, below a float32 product's rounding
+        G = np.array([self._block_gradient(p).copy() for p in A]) + (across + self.q)[:, None] * V
         g_b = float(self.grad.sum()) if self.bias else 0.0
         g_norm = np.sqrt(float(np.sum(G * G)) + g_b * g_b)
         S, s_b = np.zeros_like(G), 0.0
