@@ -4,7 +4,11 @@ Every kernel reads a stored factor L (n, r) as the bank holds it (float32 or flo
 accumulates in float64; vectors over the n points are float64.
 
 Losses (``LOSS_CODES``): 0 logistic, loss(y, f) = log(1 + exp(-y f)), loss' = -y s, loss'' = s (1 - s)
-with s = sigmoid(-y f); 1 square, loss = (y - f)^2 / 2, loss' = f - y, loss'' = 1.
+with s = sigmoid(-y f); 1 square, loss = (y - f)^2 / 2, loss' = f - y, loss'' = 1; 2 the hinge smoothed by
+its Moreau envelope of width mu > 0 (``smoothing``; Chapelle, Neural Comput. 19, 2007, "Huber" loss), with
+z = y f: h_mu = 0 for z >= 1, (1 - z)^2 / (2 mu) for 1 - mu < z < 1, 1 - z - mu / 2 for z <= 1 - mu; loss' =
+-y a with a = min(1, max(0, (1 - z) / mu)), loss'' = 1 / mu on 1 - mu < z < 1 and 0 elsewhere (a generalised
+second derivative). 0 <= hinge - h_mu <= mu / 2.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-LOSS_CODES = {"logistic": 0, "square": 1}
+LOSS_CODES = {"logistic": 0, "square": 1, "hinge": 2}
 
 
 @njit(cache=True)
@@ -59,12 +63,24 @@ def _logistic_at(y, f):
 
 
 @njit(cache=True)
-def loss_along(code, y, f, u, step):
-    """sum_i loss(y_i, f_i + step u_i)."""
+def _smoothed_hinge_at(z, smoothing):
+    if z >= 1.0:
+        return 0.0
+    if z > 1.0 - smoothing:
+        return (1.0 - z) * (1.0 - z) / (2.0 * smoothing)
+    return 1.0 - z - 0.5 * smoothing
+
+
+@njit(cache=True)
+def loss_along(code, y, f, u, step, smoothing):
+    """sum_i loss(y_i, f_i + step u_i) (``smoothing``: the hinge's mu, unused by the other losses)."""
     total = 0.0
     if code == 0:
         for i in range(f.size):
             total += _logistic_at(y[i], f[i] + step * u[i])
+    elif code == 2:
+        for i in range(f.size):
+            total += _smoothed_hinge_at(y[i] * (f[i] + step * u[i]), smoothing)
     else:
         for i in range(f.size):
             e = y[i] - f[i] - step * u[i]
@@ -73,8 +89,9 @@ def loss_along(code, y, f, u, step):
 
 
 @njit(cache=True)
-def derivatives(code, y, f, grad, curv):
-    """grad = loss'(y, f), curv = loss''(y, f) in place; returns sum_i loss(y_i, f_i)."""
+def derivatives(code, y, f, grad, curv, smoothing):
+    """grad = loss'(y, f), curv = loss''(y, f) in place; returns sum_i loss(y_i, f_i) (``smoothing``: the
+    hinge's mu, unused by the other losses)."""
     total = 0.0
     if code == 0:
         for i in range(f.size):
@@ -89,6 +106,16 @@ def derivatives(code, y, f, grad, curv):
                 total += np.log1p(e)
             grad[i] = -y[i] * s
             curv[i] = s * (1.0 - s)
+    elif code == 2:
+        for i in range(f.size):
+            z = y[i] * f[i]
+            total += _smoothed_hinge_at(z, smoothing)
+            if z >= 1.0:
+                grad[i], curv[i] = 0.0, 0.0
+            elif z > 1.0 - smoothing:
+                grad[i], curv[i] = -y[i] * (1.0 - z) / smoothing, 1.0 / smoothing
+            else:
+                grad[i], curv[i] = -y[i], 0.0
     else:
         for i in range(f.size):
             e = f[i] - y[i]

@@ -27,7 +27,7 @@ Methods
   residual of f = -grad L*(-rho) at the next primal iterate. gamma schedule [CODE]: ck = smallest
   maximal violation so far; a block whose violation exceeds ck/2 gets gamma *= 10, else += 10;
   gamma is capped at 1e6 (beyond that alpha_m + gamma rho loses the digits the update needs).
-"bcd" (factor banks; logistic / square loss, block 1-norm / elastic net; "auto" there): the same
+"bcd" (factor banks; logistic / square / hinge loss, block 1-norm / elastic net; "auto" there): the same
   problem in the primal, f = sum_m L_m v_m + b with ||f_m|| = ||v_m||, by block coordinate Newton with
   r x r block Hessians (``bcd.py``), with this module's working sets, certificate and returned model.
 "one_step" (ElastMKL, §4.3; elastic net with lam > 0, block q-norm): Newton on the dual (48)
