@@ -5,7 +5,8 @@
     python benchmarks/bench_factor.py --half-million     # n = 500,000, M = 100, r = 64 (12.8 GB): the same
                                                          # items, targets 30 min and 8 GB peak RSS
     python benchmarks/bench_factor.py --half-million-hinge   # the same bank, SpicyMKL with the hinge loss
-                                                         # (the loss SMO-MKL fits; SMO itself: see README)
+    python benchmarks/bench_factor.py --half-million-smo     # the same bank, SMO-MKL's problem (P) at C = 100
+                                                         # ("auto": its primal method, smo_primal.py)
     python benchmarks/bench_factor.py --many-active      # the --scale bank at C = 0.0018 C_max: ~120 kernels
                                                          # active (target: >= 100 active, under 300 s)
     python benchmarks/bench_factor.py --vs-dense         # every solver at its defaults on the dense bank and on
@@ -51,6 +52,10 @@ C_PER_N = 6e-5
 #: whose factors (12.8 MB each) need a working set above the engine's 2 GB default
 MANY_ACTIVE_FRACTION = 0.0018
 MANY_ACTIVE_BYTES = "4GB"
+#: --half-million-smo: SMO-MKL's C; its (P) is SpicyMKL's hinge problem at lam ~ 24 (lam C = Omega(w(lam))),
+#: next to --half-million-hinge's 30. The registry's default C = n / mean trace (500,000 here) is a near
+#: hard-margin machine whose lam ~ 0.01 is far down the path.
+HALF_MILLION_SMO_C = 100.0
 
 
 def _peak_rss_gb() -> float:
@@ -75,10 +80,10 @@ def _data(n: int, n_test: int, name: str = "ringnorm"):
 
 def fit_and_score(X, y, Xt, yt, specs, path: Path, rank: int | None, solver: str = "spicy",
                   c_fraction: float | None = None, working_set_bytes: str | None = None,
-                  loss: str = "logistic") -> dict:
+                  loss: str = "logistic", C: float | None = None) -> dict:
     """Build (or reuse) the bank, fit ``solver``, predict the test rows; seconds of each stage. SpicyMKL's
     C is C_PER_N n, or ``c_fraction`` x C_max (``spicy.c_max``: one pass, counted in the fit's seconds);
-    its loss ``loss``."""
+    its loss ``loss``; ``C`` given: that C (else the other solvers' registry default)."""
     from mklscale.bank import build_bank
     from mklscale.engine import Engine
     from mklscale.model import MKLModel
@@ -93,7 +98,8 @@ def fit_and_score(X, y, Xt, yt, specs, path: Path, rank: int | None, solver: str
         params = {"loss": loss, "tol": 1e-3} if solver == "spicy" else {}
         if working_set_bytes:
             params["working_set_bytes"] = working_set_bytes
-        C = C_PER_N * len(y) if solver == "spicy" else None
+        if C is None and solver == "spicy":
+            C = C_PER_N * len(y)
         if c_fraction is not None:
             from mklscale.solvers import spicy
 
@@ -109,7 +115,8 @@ def fit_and_score(X, y, Xt, yt, specs, path: Path, rank: int | None, solver: str
            "accuracy": float(np.mean(np.where(f > 0, 1.0, -1.0) == yt)), "active": int(res.active.size),
            "gap": float(res.gap), "converged": bool(res.converged), "objective": float(res.objective),
            "bank_GB": bank.nbytes / 1e9, "model_bytes": int(sum(a.nbytes for a in model.arrays().values())),
-           "C": C, "method": res.params.get("method"), "loss": loss if solver == "spicy" else None}
+           "C": C if C is not None else res.params.get("C"), "method": res.params.get("method"), "solver": solver,
+           "loss": {"spicy": loss, "smo": "hinge"}.get(solver)}
     if rank is not None:
         rel = np.asarray(bank.approx_error)  # (tr K - tr K~) / tr K per kernel
         out["approx_error_rel"] = {"median": float(np.median(rel)), "max": float(rel.max())}
@@ -124,8 +131,8 @@ def item_scale(args) -> dict:
     specs = families.random_subsets(X.shape[1], M, seed=0)
     path = Path(args.workdir) / f"factor-n{n}-M{M}-r{r}"
     t0 = time.perf_counter()
-    res = fit_and_score(X, y, Xt, yt, specs, path, r, c_fraction=args.c_fraction,
-                        working_set_bytes=args.working_set_bytes, loss=args.loss)
+    res = fit_and_score(X, y, Xt, yt, specs, path, r, args.solver, c_fraction=args.c_fraction,
+                        working_set_bytes=args.working_set_bytes, loss=args.loss, C=args.C)
     res.update(total_s=time.perf_counter() - t0, n=n, M=M, rank=r, n_test=args.n_test, peak_rss_GB=_peak_rss_gb(),
                C_fraction=args.c_fraction, working_set_bytes=args.working_set_bytes)
     if not args.keep:
@@ -211,7 +218,10 @@ def main() -> None:
     p.add_argument("--half-million", action="store_true")
     p.add_argument("--half-million-hinge", action="store_true")
     p.add_argument("--many-active", action="store_true")
+    p.add_argument("--half-million-smo", action="store_true")
     p.add_argument("--loss", default="logistic", help=argparse.SUPPRESS)
+    p.add_argument("--solver", default="spicy", help=argparse.SUPPRESS)
+    p.add_argument("--C", type=float, default=None, help=argparse.SUPPRESS)
     p.add_argument("--c-fraction", type=float, default=None, help=argparse.SUPPRESS)
     p.add_argument("--working-set-bytes", default=None, help=argparse.SUPPRESS)
     p.add_argument("--vs-dense", action="store_true")
@@ -261,6 +271,12 @@ def main() -> None:
         res = run_item("scale", base + ["--n", "500000", "--M", "100", "--rank", "64", "--n-test", str(args.n_test),
                                         "--loss", "hinge"])
         (RESULTS / "bench_factor_half_million_hinge.json").write_text(json.dumps(
+            {"machine": machine, "result": res, "targets": {"total_s": 1800, "peak_rss_GB": 8}}, indent=1))
+        print(json.dumps(res, indent=1))
+    if args.half_million_smo:
+        res = run_item("scale", base + ["--n", "500000", "--M", "100", "--rank", "64", "--n-test", str(args.n_test),
+                                        "--solver", "smo", "--C", str(HALF_MILLION_SMO_C)])
+        (RESULTS / "bench_factor_half_million_smo.json").write_text(json.dumps(
             {"machine": machine, "result": res, "targets": {"total_s": 1800, "peak_rss_GB": 8}}, indent=1))
         print(json.dumps(res, indent=1))
     if args.many_active:

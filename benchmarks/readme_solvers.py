@@ -293,13 +293,16 @@ def render_factor() -> str:
     parts = [head + (
         "Every kernel stored as L_m (n x r, float32), K~_m = L_m L_m^T, Nystrom on k-means++ landmarks drawn "
         "per kernel (`build_bank(..., rank=r)`); generated ringnorm, Gaussian kernels on random feature subsets, "
-        "unit trace; SpicyMKL logistic (`--half-million-hinge`: the hinge loss, the loss SMO-MKL fits) (block-1, "
+        "unit trace; SpicyMKL logistic (`--half-million-hinge`: the hinge loss, the loss SMO-MKL fits; "
+        "`--half-million-smo`: SMO-MKL's problem (P) at C = 100 (SpicyMKL's hinge problem at lam ~ 24), whose \"auto\" method on a factor bank "
+        "this large is the primal one, `method=\"primal\"`, `smo_primal.py`, its gap SMO-MKL's own) (block-1, "
         "C = 6e-5 n: 3 at n = 50,000, 30 at n = 500,000; `--many-active`: "
         "C = 0.0018 C_max, C_max = `spicy.c_max`, one pass counted in the fit; tol 1e-3; on a factor bank its "
         "\"auto\" method is the primal block descent, `method=\"bcd\"`, shown as method); prediction through the "
         "fitted model's landmarks. Each item runs in its own process; peak RSS is that process's ru_maxrss.\n")]
     for name, flag in (("bench_factor_scale.json", "--scale"), ("bench_factor_half_million.json", "--half-million"),
                        ("bench_factor_half_million_hinge.json", "--half-million-hinge"),
+                       ("bench_factor_half_million_smo.json", "--half-million-smo"),
                        ("bench_factor_many_active.json", "--many-active")):
         s = _load(name)
         if s is None:
@@ -309,9 +312,9 @@ def render_factor() -> str:
         parts.append(
             f"### `{flag}`: n = {x['n']:,}, M = {x['M']:,}, r = {x['rank']}, {x['n_test']:,} test rows\n\n"
             f"Machine: {_machine(s['machine'])}; load average at record {s['machine'].get('load_average_at_record')}.\n\n"
-            + _table(["loss", "method", "C", "build s", "fit s", "predict s", "total s", "peak RSS GB", "bank GB", "passes",
+            + _table(["solver", "loss", "method", "C", "build s", "fit s", "predict s", "total s", "peak RSS GB", "bank GB", "passes",
                       "active", "gap", "test accuracy", "model bytes", "approx. error median / max"],
-                     [[x.get("loss") or "logistic", x.get("method") or "proximal", x.get("C", "-"), x["build_s"], x["fit_s"], x["predict_s"],
+                     [[x.get("solver", "spicy"), x.get("loss") or "logistic", x.get("method") or "proximal", x.get("C", "-"), x["build_s"], x["fit_s"], x["predict_s"],
                        x["total_s"], x["peak_rss_GB"], x["bank_GB"], x["passes"], x["active"], x["gap"], x["accuracy"],
                        x["model_bytes"], f"{x['approx_error_rel']['median']:.3g} / {x['approx_error_rel']['max']:.3g}"]])
             + "\n\n" + _factor_targets(s) + "\n")

@@ -80,6 +80,11 @@ per step), so a factor run starts the first MY stage (kappa = mu) from alpha = 0
 kernels for W by y^T K~_j y / d_j^2 (the start pass, with the PSD probes); its first history entry
 (kappa = 1, no SMO steps) records that start, with D(0) = 0. Passes and certificates are as above.
 
+Large n (``method``): a step costs O(n r) per active kernel and a stage needs of the order of n steps, so
+SMO-MKL costs >= n^2 r on factors (n = 500,000, M = 100, C = 100: its first stage unfinished after 10
+minutes). ``method="primal"`` (``smo_primal.py``) solves the same (P) through SpicyMKL's hinge problem
+in the primal, certified by this module's D(alpha); "auto" takes it on factor engines from n = PRIMAL_MIN_N.
+
 Quantities reported: ``objective`` = P(w, alpha, b) (primal (P) at the returned model,
 ||w_j|| = w_j sqrt(q_j)); ``gap`` = (P - D) / |P| with D over all kernels; history per kappa stage.
 
@@ -102,7 +107,7 @@ import numpy as np
 from mklscale.errors import InvalidInputError
 from mklscale.solvers._threads import single_blas_thread_for_small_n
 from mklscale.solvers import _smo_kernels as kern
-from mklscale.solvers import _svm
+from mklscale.solvers import _svm, smo_primal
 from mklscale.solvers import _validation as check
 from mklscale.solvers.duality import relative_gap
 from mklscale.solvers.result import MKLResult
@@ -122,6 +127,11 @@ EPS1_PER_SAMPLE = 5e-4
 EPS2_PAPER, EPS2_LOOSEST = 1e-4, 1e-3
 
 
+#: ``method``: SMO-MKL itself, or (P) in the primal (``smo_primal.py``); "auto" takes the primal on factor
+#: engines from this n (SMO's steps cost >= n^2 r; measured in benchmarks/README.md)
+METHODS = ("auto", "smo", "primal")
+PRIMAL_MIN_N = 5000
+
 #: Continuation schedules (see the module docstring).
 CONTINUATIONS = ("target", "paper")
 #: Default byte budget of the kernels held in the working set.
@@ -134,7 +144,8 @@ COLUMN_CACHE_BYTES = 512 * 2**20
 def fit(engine, y, C, eps1: float | None = None, eps2: float | None = None, mu: float = 0.5, d=None,
         tol: float | None = 1e-3, continuation: str = "target", kappa_min: float = 1e-5,
         max_stages: int = 60, max_steps: int | None = None, max_working_set: int | None = None,
-        drop_after: int = 2, seed: int = 0, verbose: bool = False, checkpoint=None, init=None) -> MKLResult:
+        drop_after: int = 2, seed: int = 0, verbose: bool = False, checkpoint=None, init=None,
+        method: str = "auto") -> MKLResult:
     """Solve the support kernel machine (P) by SMO-MKL (see the module docstring).
 
     Parameters
@@ -165,6 +176,11 @@ def fit(engine, y, C, eps1: float | None = None, eps2: float | None = None, mu: 
     checkpoint : None or a :class:`mklscale.runtime.checkpoint.Checkpoint`: resume from its state if it
         holds one, save it before each stage when due and on SIGTERM/SIGINT (module docstring; the caller
         clears it after storing the result).
+    method : "smo" (this module's SMO-MKL), "primal" (the same problem (P) through SpicyMKL's hinge problem
+        in the primal, ``smo_primal.py``: d_j = 1, tol not None, no checkpoint; the eps, mu,
+        continuation, stage and working-set parameters are SMO's and unused there) or "auto": "primal" on a
+        factor engine with n >= PRIMAL_MIN_N, d_j = 1, tol given and no checkpoint (SMO's steps cost
+        >= n^2 r there), else "smo".
     init : None or the MKLResult of this problem at another C (the previous point of a path): start the
         continuation (at kappa = mu) from its alpha = |dual_coef| (feasible when it is <= C, as along a
         path of increasing C; else the usual start) with its kernels first in the working set, instead
@@ -193,6 +209,18 @@ def fit(engine, y, C, eps1: float | None = None, eps2: float | None = None, mu: 
     if not mu < 1.0:
         raise InvalidInputError(f"mu must lie in (0, 1) (kappa <- mu kappa); got {mu}")
     d = _check_d(d, M)
+    method = check.check_choice("method", method, METHODS)
+    if method == "auto":
+        primal_fits = (engine.kernel_representation.blocks_are_factors and n >= PRIMAL_MIN_N and
+                       np.all(d == 1.0) and tol is not None and checkpoint is None)
+        method = "primal" if primal_fits else "smo"
+    if method == "primal":
+        if not np.all(d == 1.0) or tol is None or checkpoint is not None:
+            raise InvalidInputError("method='primal' solves (P) with d_j = 1, stops on the certified gap (tol "
+                                    "not None) and keeps no checkpoint; use method='smo'")
+        result = smo_primal.fit(engine, y, C, tol, verbose)
+        result.params.update(C=C, d=d, tol=tol, method="primal")
+        return result
     continuation = check.check_choice("continuation", continuation, CONTINUATIONS)
     kappa_min = check.check_positive("kappa_min", kappa_min)
     max_stages = check.check_count("max_stages", max_stages)
@@ -202,7 +230,7 @@ def fit(engine, y, C, eps1: float | None = None, eps2: float | None = None, mu: 
         max_working_set = int(min(M, max(1, WORKING_SET_BYTES // per_kernel)))
     max_working_set = check.check_count("max_working_set", max_working_set)
     drop_after = check.check_count("drop_after", drop_after)
-    params = {"C": C, "eps1": eps1, "eps2": eps2, "mu": mu, "d": d, "tol": tol, "continuation": continuation,
+    params = {"C": C, "method": "smo", "eps1": eps1, "eps2": eps2, "mu": mu, "d": d, "tol": tol, "continuation": continuation,
               "kappa_min": kappa_min, "max_stages": max_stages, "max_steps": max_steps,
               "max_working_set": max_working_set, "drop_after": drop_after, "seed": seed}
     solver = _SMO(engine, y, C, d, lambda_max, eps1, eps2, mu, tol, continuation, kappa_min, max_stages,
