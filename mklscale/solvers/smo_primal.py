@@ -15,8 +15,16 @@ solved by the solution w(lam*) of (42) at the root lam* of
 increasing in lam (Omega(w(lam)) does not increase with lam; the regularisation paths of the squared and the
 plain block 1-norm are the same, Bach, Lanckriet & Jordan 2004, §2). The root is searched on log lam: each
 phi is one SpicyMKL hinge fit (``method="bcd"`` on factor banks), warm-started from the nearest lam fitted;
-the next lam is the secant of log(lam C) - log Omega through the bracket's ends (Illinois), the fixed point
-Omega(w(lam)) / C before a bracket exists, the bracket's geometric middle when the secant leaves it.
+the next lam is the fixed point Omega(w(lam)) / C until the root is bracketed, then the secant of
+g = log(lam C / Omega) through the bracket's ends (Illinois), kept a tenth of the bracket inside it.
+The hinge is piecewise linear, so (42) can have a whole segment of solutions at one lam and Omega(w(lam))
+jumps there (seen on 60 points); once the bracket is narrower than SEGMENT_WIDTH, the segment between its
+ends' models is searched as well (``_on_segment``).
+
+Cost: one fit per step of the search, each as cheap as the hinge fit at its lam: at a moderate C
+(n = 500,000, M = 100, C = 100: lam* ~ 24) three fits, 101 s. A large C puts lam* far down the path, where
+the hinge fits themselves are slow (n = 50,000, M = 50, C = n, the registry's default: the second fit, at
+lam = 0.008 = 1.5e-4 lam_1, unfinished after 300 s; SMO-MKL's first stage too).
 
 Certificate: SMO-MKL's own weak duality. A fit's dual point rho (1^T rho = 0, a = y rho in [0, 1]) gives the
 feasible alpha = s a, 0 <= s <= C, and D(alpha) = s e^T a - (s^2 / 2) max_j q_j(a) (``smo.dual_value``),
@@ -26,8 +34,8 @@ minimiser of the hinge sum). The run stops when (P - D) / P <= tol; a fit whose 
 precision (|log(lam C / Omega)| below the gap) is solved again at a tenth of its tolerance.
 
 Returned model in SMO-MKL's form: weights w_j = d_j / sum_k d_k (sum_j w_j = 1) and dual_coef (sum_k d_k) c,
-so f = sum_j w_j K_j dual_coef + b is the fit's function; history per fit (lam, omega, phi, primal, dual,
-gap, the fit's epochs and gap).
+so f = sum_j w_j K_j dual_coef + b is the fit's function; history per fit (lam, omega, log(lam C / omega),
+primal, dual, gap, the fit's gap, epochs and tolerance).
 """
 
 from __future__ import annotations
