@@ -191,19 +191,21 @@ def test_a_float32_factor_bank_agrees_with_the_proximal_method(tmp_path):
     np.testing.assert_allclose(ours.weights, prox.weights, atol=1e-3 * prox.weights.max())
 
 
-def test_a_resumed_run_gives_the_same_bits(bank, tmp_path):
+@pytest.mark.parametrize("loss, tol", (("logistic", TOL), ("hinge", 1e-6)))
+def test_a_resumed_run_gives_the_same_bits(bank, tmp_path, loss, tol):
     """Interrupted after the checkpoint of an epoch past the first Anderson extrapolation and W's
     growth, then run again from the file: the uninterrupted run's result, bit for bit (the first
-    Newton step, at epoch 15, needs the nonzero blocks' pattern and since when it holds, from epoch 9)."""
+    Newton step, at epoch 15, needs the nonzero blocks' pattern and since when it holds, from epoch 9;
+    the hinge's mu, curvature floor and Newton cadence are state too)."""
     from test_factor_solvers import _stopped_then_resumed
 
     from mklscale.runtime.checkpoint import Checkpoint
 
     L, K, X = factor_bank(n=40, M=10, r=4, seed=3)
-    y = targets(X, "logistic", 1)
+    y = targets(X, loss, 1)
 
     def fit(checkpoint=None):
-        return spicy.fit(InMemoryFactorEngine(L), y, 0.05, method="bcd", tol=TOL, max_outer=EPOCHS,
+        return spicy.fit(InMemoryFactorEngine(L), y, 0.05, loss=loss, method="bcd", tol=tol, max_outer=EPOCHS,
                          working_set=[0], checkpoint=checkpoint)
 
     full = fit()

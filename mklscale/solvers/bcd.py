@@ -492,17 +492,16 @@ class BlockDescent:
         a = -self.y * self.grad
         return self.smoothing * float(a @ (1.0 - a))
 
-    def _smooth_less(self, primal: float, dual: float) -> bool:
+    def _smooth_less(self, primal: float, dual: float) -> None:
         """Continuation: mu *= SMOOTHING_DECREASE once the smoothing accounts for at least half of the
         gap for the hinge (the smoothed problem is solved about as far as it can help); the loss, its
-        derivatives and the block metrics are then those of the new mu. Returns whether mu changed."""
+        derivatives and the block metrics are then those of the new mu."""
         if not self.smoothing or primal - max(dual, 0.0) > 2.0 * self._smoothing_bound():
-            return False
+            return
         self.smoothing *= SMOOTHING_DECREASE
         self.loss_value = self._derivatives(self.f, self.grad, self.curv)
         self.metrics = [None] * len(self.metrics)
         self._anderson = []
-        return True
 
     # -- model and certificate -----------------------------------------------------------------
     def _model(self):
