@@ -22,14 +22,15 @@ jumps there (seen on 60 points); once the bracket is narrower than SEGMENT_WIDTH
 ends' models is searched as well (``_on_segment``).
 
 Cost: one fit per step of the search, each as cheap as the hinge fit at its lam: at a moderate C
-(n = 500,000, M = 100, C = 100: lam* ~ 24) three fits, 101 s. A large C puts lam* far down the path, where
+(n = 500,000, M = 100, C = 100: lam* ~ 24) three fits, 88 s. A large C puts lam* far down the path, where
 the hinge fits themselves are slow (n = 50,000, M = 50, C = n, the registry's default: the second fit, at
 lam = 0.008 = 1.5e-4 lam_1, unfinished after 300 s; SMO-MKL's first stage too).
 
 Certificate: SMO-MKL's own weak duality. A fit's dual point rho (1^T rho = 0, a = y rho in [0, 1]) gives the
-feasible alpha = s a, 0 <= s <= C, and D(alpha) = s e^T a - (s^2 / 2) max_j q_j(a) (``smo.dual_value``),
+feasible alpha = s a, 0 <= s <= C, and D(alpha) = s e^T a - (s^2 / 2) max_j q_j(a) (``smo.dual_value``
+with d = 1; written out here, as the primal, since smo.py imports this module),
 q_j(a) = rho^T K_j rho over all M kernels (one quad_forms pass), largest at s = min(C, e^T a / max_j q_j).
-The primal is (P) at the fit's model f0 = sum_j d_j K_j c (``smo.primal_value``, the bias the exact
+The primal is (P) at the fit's model f0 = sum_j d_j K_j c (``smo.primal_value`` with d = 1, the bias the exact
 minimiser of the hinge sum). The run stops when (P - D) / P <= tol; a fit whose root error is below its own
 precision (|log(lam C / Omega)| below the gap) is solved again at a tenth of its tolerance.
 
@@ -63,22 +64,20 @@ def _certificate(engine, y: np.ndarray, C: float, e: np.ndarray, rho: np.ndarray
     """(P) at the model f0 = sum_j e_j K_j rho (||w_j|| = e_j sqrt(q_j), q_j = rho^T K_j rho over all M
     kernels: one pass unless given) and SMO-MKL's dual at the best feasible multiple of rho (module
     docstring): {"omega", "primal", "dual", "gap", "bias", "q"}."""
-    from mklscale.solvers.smo import dual_value, primal_value
-
     if q is None:
         q = np.maximum(np.asarray(engine.quad_forms(rho), dtype=np.float64), 0.0)
     a = np.clip(y * rho, 0.0, 1.0)
     top = float(q.max())
     s = C if top <= 0.0 else min(C, float(a.sum()) / top)
-    dual = dual_value(s * a, s * s * q, np.ones_like(q))
+    dual = s * float(a.sum()) - 0.5 * s * s * top          # D(s a) = e^T (s a) - (1/2) max_j q_j(s a)
     if f0 is None:
         active = np.flatnonzero(e > 0.0)
         f0 = e[active] @ np.asarray(engine.matvecs(rho, kernels=active), dtype=np.float64) if active.size \
             else np.zeros(y.size)
     bias = _svm.optimal_bias(f0, y)
-    primal = primal_value(e, q, np.ones_like(q), y, C, f0 + bias)
-    return {"omega": float(e @ np.sqrt(q)), "primal": primal, "dual": dual, "gap": relative_gap(primal, dual),
-            "bias": bias, "q": q}
+    omega = float(e @ np.sqrt(q))
+    primal = 0.5 * omega * omega + C * _svm.hinge_sum(y, f0 + bias)
+    return {"omega": omega, "primal": primal, "dual": dual, "gap": relative_gap(primal, dual), "bias": bias, "q": q}
 
 
 def _on_segment(engine, y: np.ndarray, C: float, ends: list) -> tuple[np.ndarray, np.ndarray, dict]:
