@@ -130,7 +130,7 @@ EPS2_PAPER, EPS2_LOOSEST = 1e-4, 1e-3
 #: ``method``: SMO-MKL itself, or (P) in the primal (``smo_primal.py``); "auto" takes the primal on factor
 #: engines from this n. Measured (ringnorm, M = 50, r = 64, tol 1e-3, SMO against primal): n = 10,000:
 #: C = 1 1.8 / 1.0 s, C = 100 1.1 / 1.9 s, C = n 58.5 s / over 300 s; n = 50,000: C = 100 11.1 / 5.8 s,
-#: C = n both over 300 s; n = 500,000, M = 100, C = 100: SMO's first stage unfinished after 600 s, primal 101 s
+#: C = n both over 300 s; n = 500,000, M = 100, C = 100: SMO's first stage unfinished after 600 s, primal 88 s
 METHODS = ("auto", "smo", "primal")
 PRIMAL_MIN_N = 50_000
 
