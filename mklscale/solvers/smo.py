@@ -180,7 +180,7 @@ def fit(engine, y, C, eps1: float | None = None, eps2: float | None = None, mu: 
         clears it after storing the result).
     method : "smo" (this module's SMO-MKL), "primal" (the same problem (P) through SpicyMKL's hinge problem
         in the primal, ``smo_primal.py``: d_j = 1, tol not None, no checkpoint; the eps, mu,
-        continuation, stage and working-set parameters are SMO's and unused there) or "auto": "primal" on a
+        continuation, stage, working-set and init parameters are SMO's and unused there) or "auto": "primal" on a
         factor engine with n >= PRIMAL_MIN_N, d_j = 1, tol given and no checkpoint (SMO's steps cost
         >= n^2 r there), else "smo".
     init : None or the MKLResult of this problem at another C (the previous point of a path): start the
