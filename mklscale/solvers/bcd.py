@@ -156,7 +156,6 @@ class BlockDescent:
         self._support = np.zeros(0, dtype=bool)
         self.newton_taken = False                 # whether the last epoch ended with a Newton step
         self.newton_every = ANDERSON_DEPTH        # the Newton steps' cadence (``_pace_newton``)
-        self._last_gap = np.inf
         self._z, self._u = np.zeros(self.r), np.zeros(self.n)
 
     @property
@@ -365,7 +364,7 @@ class BlockDescent:
             self._adapt_curvature_floor(step, before - self._objective(), slope)
         return step > 0.0
 
-    def _pace_newton(self, gap: float) -> None:
+    def _pace_newton(self) -> None:
         """The Newton steps' cadence on the smoothed hinge: an epoch that ended with one and whose gap rose
         doubles the interval (up to NEWTON_EVERY_MAX epochs), one whose gap fell sets it back to
         ANDERSON_DEPTH. With ~100 coupled blocks a joint step moves many points across the band and spoils
@@ -373,13 +372,14 @@ class BlockDescent:
         after 240 s with a step every 5 epochs, 3.3e-3 with none, 7.4e-3 paced), while with few blocks it is
         what converges (M = 50, C = 0.6, 5 active, tol 1e-5: 1.5 s every 5 epochs, 15 s with none, 2.4 s
         paced; 30 points: 1e-6 within 5,000 epochs only when a fall sets the interval back at once, not when
-        it halves it). The smooth losses keep every 5 epochs (square, 135 active: 31 s, 42 s paced)."""
-        if self.newton_taken and self.smoothing:
-            if gap > self._last_gap:
+        it halves it). The smooth losses keep every 5 epochs (square, 135 active: 31 s, 42 s paced). The
+        gaps compared are the last two of the history."""
+        history = self.log.history
+        if self.newton_taken and self.smoothing and len(history) > 1:
+            if history[-1]["gap"] > history[-2]["gap"]:
                 self.newton_every = min(2 * self.newton_every, NEWTON_EVERY_MAX)
             else:
                 self.newton_every = ANDERSON_DEPTH
-        self._last_gap = gap
 
     def _adapt_curvature_floor(self, step: float, decrease: float, slope: float) -> None:
         """Levenberg-Marquardt on the curvature used outside the hinge's band, where the smoothed hinge is
@@ -592,7 +592,7 @@ class BlockDescent:
                 gap, certified = duality.relative_gap(primal, dual), True
                 self._certify_below = np.inf
             self._record(epoch, primal, dual, gap, certified, d, moved, violators)
-            self._pace_newton(gap)
+            self._pace_newton()
             if certified and (best is None or gap <= best[4]):
                 best = (d.copy(), b, rho.copy(), primal, gap, self.index.copy())
             if certified and gap <= self.tol and violators.size == 0:
@@ -619,7 +619,7 @@ class BlockDescent:
                  "last_step": self.last_step, "certify_below": float(self._certify_below),
                  "support": self._support, "support_since": int(self._support_since),
                  "smoothing": float(self.smoothing), "curvature_floor": float(self.curvature_floor),
-                 "newton_every": int(self.newton_every), "last_gap": float(self._last_gap),
+                 "newton_every": int(self.newton_every),
                  "anderson": np.array(self._anderson).reshape(len(self._anderson), self.V.size + 1),
                  **self.screen.state(), **self.log.state()}
         if best is not None:
@@ -634,7 +634,7 @@ class BlockDescent:
         self._add(state["index"].astype(np.int64))
         self.V, self.b, self.f = state["V"], float(state["b"]), state["f"]
         self.smoothing, self.curvature_floor = float(state["smoothing"]), float(state["curvature_floor"])
-        self.newton_every, self._last_gap = int(state["newton_every"]), float(state["last_gap"])
+        self.newton_every = int(state["newton_every"])
         self.loss_value = self._derivatives(self.f, self.grad, self.curv)
         self.epochs = int(state["epochs"])
         self.metrics = [None if born < 0 else (lam, Q, int(born)) for born, lam, Q in
