@@ -253,39 +253,31 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     machine = describe_machine(Path(args.workdir))
     base = ["--workdir", args.workdir] + (["--keep"] if args.keep else [])
+    def record_scale(name: str, argv: list[str], targets: dict) -> None:
+        """One "scale" item in its own process, its JSON written to results/``name`` and printed."""
+        res = run_item("scale", base + argv)
+        (RESULTS / name).write_text(json.dumps({"machine": machine, "result": res, "targets": targets}, indent=1))
+        print(json.dumps(res, indent=1))
+
+    half_million = ["--n", "500000", "--M", "100", "--rank", "64", "--n-test", str(args.n_test)]
     if args.scale or args.quick:
-        argv = base + (["--n", "3000", "--M", "20", "--n-test", "2000"] if args.quick else
-                       ["--n", str(args.n), "--M", str(args.M), "--rank", str(args.rank), "--n-test", str(args.n_test)])
-        res = run_item("scale", argv)
-        name = "bench_factor_quick_scale.json" if args.quick else "bench_factor_scale.json"
-        (RESULTS / name).write_text(json.dumps({"machine": machine, "result": res,
-                                                "targets": {"total_s": 120, "peak_rss_GB": 4,
-                                                            "note": "issue 32; issue 17's was 600 s"}}, indent=1))
-        print(json.dumps(res, indent=1))
+        record_scale("bench_factor_quick_scale.json" if args.quick else "bench_factor_scale.json",
+                     ["--n", "3000", "--M", "20", "--n-test", "2000"] if args.quick else
+                     ["--n", str(args.n), "--M", str(args.M), "--rank", str(args.rank), "--n-test", str(args.n_test)],
+                     {"total_s": 120, "peak_rss_GB": 4, "note": "issue 32; issue 17's was 600 s"})
     if args.half_million:
-        res = run_item("scale", base + ["--n", "500000", "--M", "100", "--rank", "64", "--n-test", str(args.n_test)])
-        (RESULTS / "bench_factor_half_million.json").write_text(json.dumps(
-            {"machine": machine, "result": res, "targets": {"total_s": 1800, "peak_rss_GB": 8}}, indent=1))
-        print(json.dumps(res, indent=1))
+        record_scale("bench_factor_half_million.json", half_million, {"total_s": 1800, "peak_rss_GB": 8})
     if args.half_million_hinge:
-        res = run_item("scale", base + ["--n", "500000", "--M", "100", "--rank", "64", "--n-test", str(args.n_test),
-                                        "--loss", "hinge"])
-        (RESULTS / "bench_factor_half_million_hinge.json").write_text(json.dumps(
-            {"machine": machine, "result": res, "targets": {"total_s": 1800, "peak_rss_GB": 8}}, indent=1))
-        print(json.dumps(res, indent=1))
+        record_scale("bench_factor_half_million_hinge.json", half_million + ["--loss", "hinge"],
+                     {"total_s": 1800, "peak_rss_GB": 8})
     if args.half_million_smo:
-        res = run_item("scale", base + ["--n", "500000", "--M", "100", "--rank", "64", "--n-test", str(args.n_test),
-                                        "--solver", "smo", "--C", str(HALF_MILLION_SMO_C)])
-        (RESULTS / "bench_factor_half_million_smo.json").write_text(json.dumps(
-            {"machine": machine, "result": res, "targets": {"total_s": 1800, "peak_rss_GB": 8}}, indent=1))
-        print(json.dumps(res, indent=1))
+        record_scale("bench_factor_half_million_smo.json",
+                     half_million + ["--solver", "smo", "--C", str(HALF_MILLION_SMO_C)], {"total_s": 1800, "peak_rss_GB": 8})
     if args.many_active:
-        res = run_item("scale", base + ["--n", str(args.n), "--M", str(args.M), "--rank", str(args.rank),
-                                        "--n-test", str(args.n_test), "--c-fraction", str(MANY_ACTIVE_FRACTION),
-                                        "--working-set-bytes", MANY_ACTIVE_BYTES])
-        (RESULTS / "bench_factor_many_active.json").write_text(json.dumps(
-            {"machine": machine, "result": res, "targets": {"total_s": 300, "active": 100}}, indent=1))
-        print(json.dumps(res, indent=1))
+        record_scale("bench_factor_many_active.json",
+                     ["--n", str(args.n), "--M", str(args.M), "--rank", str(args.rank), "--n-test", str(args.n_test),
+                      "--c-fraction", str(MANY_ACTIVE_FRACTION), "--working-set-bytes", MANY_ACTIVE_BYTES],
+                     {"total_s": 300, "active": 100})
     if args.vs_dense:
         argv = base + ["--M", str(args.M), "--sizes", *map(str, args.sizes), "--ranks", *map(str, args.ranks),
                        "--datasets", *args.datasets, "--solvers", *args.solvers, "--repeats", str(args.repeats)]
