@@ -372,7 +372,7 @@ class Engine(KernelEngine):
                 G[starts[a]:starts[a + 1], starts[b]:starts[b + 1]] = res
             read = sum(blocks[a].size + (blocks[b].size if a != b else 0) for a, b in pairs)
             hits, n_tasks = 0, len(calls)
-        G = np.triu(G) + np.triu(G, 1).T  # computed for j >= i only; <K_i, K_j> is symmetric
+            G = np.triu(G) + np.triu(G, 1).T  # the tasks compute j >= i only; <K_i, K_j> is symmetric
         self._record("gram_of_kernels", t0, read, hits, n_tasks, False)
         return G[np.ix_(where, where)]
 

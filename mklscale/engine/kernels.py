@@ -169,6 +169,19 @@ def gram_rows(A, B, G, upper):
 
 
 @njit(**_opts)
+def principal_submatrices(S, rows, out):
+    """out[a] = S[a][rows][:, rows] for a stack S (c, n, n): a row-subset view's kernels (CV folds);
+    one gather pass, ~5x numpy's two takes."""
+    p = rows.size
+    for a in range(S.shape[0]):
+        for i in range(p):
+            src = S[a, rows[i]]
+            dst = out[a, i]
+            for j in range(p):
+                dst[j] = src[rows[j]]
+
+
+@njit(**_opts)
 def stack_matvec(B, U, out):
     """out[m, j] = K_m u_j for the kernels B (c, n, n) and vectors U (k, n): out (c, k, n) float64,
     each entry a float64 dot product (``matvec_rows``; a float32 B is widened exactly)."""

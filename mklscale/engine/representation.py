@@ -20,9 +20,10 @@ The operations, for a stored block B of kernel K (U (k, n) rows u_j, T (n, n), w
     frobenius(B, T)                     <K, T>_F
     add_to(B, w, acc)                   acc += w K, acc (n, n) float64
     gram_fixed(S)                       (p, p) <K_a, K_b>_F of a stack, the tasks' summation order
+                                        (the engine's cached kernels and the views)
     gram_block(rank)                    kernels per block of the engine's gram_of_kernels tasks
     restrict(S, rows)                   the stored blocks of the principal submatrices K[rows][:, rows]
-    traces(S), gram(S)                  tr K and <K_a, K_b>_F of a stack (numpy; the views)
+    traces(S)                           tr K of a stack (numpy; the views)
     subset_frobenius_norms(view)        ||K_m||_F of a RowSubsetEngine's kernels
     subset_combine(engine, w, rows)     (sum_m w_m K_m)[rows][:, rows], any signs
     held_matvecs(chunks, u, first)      K_p u for the held kernels at positions >= first
@@ -101,6 +102,12 @@ def pivoted_cholesky(A: np.ndarray, tol: float, max_rank: int) -> np.ndarray | N
     return L
 
 
+def _mirror_upper(G: np.ndarray) -> np.ndarray:
+    """G with its strict lower triangle set to the upper one's mirror (a symmetric matrix computed
+    for b >= a only)."""
+    return np.triu(G) + np.triu(G, 1).T
+
+
 def _stacks(chunks):
     """(first position, chunk) for every chunk of a held set, in held order."""
     start = 0
@@ -146,7 +153,8 @@ class Representation(ABC):
 
     @abstractmethod
     def gram_fixed(self, S) -> np.ndarray:
-        """(p, p) <K_a, K_b>_F of the stack S, upper triangle computed (the tasks' order and bits)."""
+        """(p, p) <K_a, K_b>_F of the stack S: the upper triangle computed (the tasks' order and bits),
+        mirrored below."""
 
     @abstractmethod
     def gram_block(self, rank: int | None, default: int, panel_bytes: int) -> int:
@@ -160,10 +168,6 @@ class Representation(ABC):
     @abstractmethod
     def traces(self, S) -> np.ndarray:
         """(c,) tr K of a float64 stack."""
-
-    @abstractmethod
-    def gram(self, S) -> np.ndarray:
-        """(c, c) <K_a, K_b>_F of a float64 stack."""
 
     @abstractmethod
     def subset_frobenius_norms(self, view) -> np.ndarray:
@@ -261,20 +265,19 @@ class Dense(Representation):
     def gram_fixed(self, S):
         G = np.zeros((S.shape[0], S.shape[0]))
         K.gram_rows(S, S, G, True)
-        return G
+        return _mirror_upper(G)
 
     def gram_block(self, rank, default, panel_bytes):
         return default
 
     def restrict(self, S, rows):
-        # two takes: C-contiguous and ~2x faster than S[..., rows[:, None], rows[None, :]] (same values)
-        return np.take(np.take(S, rows, axis=-2), rows, axis=-1)
+        S = np.ascontiguousarray(S)
+        out = np.empty((S.shape[0], rows.size, rows.size), dtype=S.dtype)
+        K.principal_submatrices(S, np.ascontiguousarray(rows, dtype=np.int64), out)
+        return out
 
     def traces(self, S):
         return np.trace(S, axis1=1, axis2=2)
-
-    def gram(self, S):
-        return np.einsum("aij,bij->ab", S, S)
 
     def subset_frobenius_norms(self, view):
         return view._per_kernel(lambda sub: np.sqrt(np.einsum("mij,mij->m", sub, sub)))
@@ -360,7 +363,7 @@ class Factor(Representation):
         F.cross_products(S, S, C, True)
         G = np.zeros((p, p))
         F.frobenius_squares(C, G, True)
-        return G
+        return _mirror_upper(G)
 
     def gram_block(self, rank, default, panel_bytes):
         """As many kernels as keep a task's (block x block) r x r products L_a^T L_b within
@@ -373,10 +376,6 @@ class Factor(Representation):
 
     def traces(self, S):
         return np.einsum("mir,mir->m", S, S)
-
-    def gram(self, S):
-        cross = np.einsum("air,bis->abrs", S, S)
-        return np.einsum("abrs,abrs->ab", cross, cross)
 
     def subset_frobenius_norms(self, view):
         return np.sqrt(np.diag(view.gram_of_kernels()))

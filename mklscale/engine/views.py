@@ -113,8 +113,7 @@ class RowSubsetEngine(KernelEngine):
 
     def gram_of_kernels(self, kernels=None) -> np.ndarray:
         idx = np.arange(self.M) if kernels is None else validate.kernel_indices(kernels, self.M)
-        sub = np.asarray(self.blocks(idx, keep=False), dtype=np.float64)
-        return self.kernel_representation.gram(sub)
+        return self.kernel_representation.gram_fixed(np.asarray(self.blocks(idx, keep=False)))
 
     def blocks(self, kernels, keep: bool = True) -> np.ndarray:
         return self.kernel_representation.restrict(np.asarray(self.engine.blocks(kernels, keep=keep)), self.rows)
