@@ -283,7 +283,7 @@ class Dense(Representation):
         return view._per_kernel(lambda sub: np.sqrt(np.einsum("mij,mij->m", sub, sub)))
 
     def subset_combine(self, engine, weights, rows):
-        return engine.combine(weights)[rows[:, None], rows[None, :]]
+        return self.restrict(np.asarray(engine.combine(weights), dtype=np.float64)[None], rows)[0]
 
     def held_matvecs(self, chunks, size, n, u, first):
         U = np.ascontiguousarray(u, dtype=np.float64).reshape(1, n)
