@@ -846,12 +846,26 @@ _CV_ATTRIBUTES = """\
         The grid, from the most to the least regularised value.
     cv_results_ : dict of arrays (as scikit-learn's GridSearchCV)
         ``param_C``, ``mean_test_score``, ``std_test_score``, ``split<k>_test_score``,
-        ``rank_test_score``, ``n_unconverged`` (fold fits that stopped unconverged), ``fold_seconds``.
+        ``rank_test_score``, ``n_unconverged`` (fold fits that stopped unconverged), ``mean_fit_time``
+        and ``std_fit_time`` (seconds of a fold's solve at each value, over the folds whose path reached
+        it; NaN where none did), ``fold_seconds``.
     best_score_ : float
         The mean fold score at ``C_``.
     best_index_ : int
         The index of ``C_`` in ``Cs_``.
 """
+
+
+def _fit_times(fit_seconds: np.ndarray) -> dict:
+    """scikit-learn's ``mean_fit_time`` / ``std_fit_time`` per value over the folds that reached it (NaN
+    where none did: a path stopped before it)."""
+    reached = np.isfinite(fit_seconds)
+    count = reached.sum(axis=1)
+    total = np.where(reached, fit_seconds, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = total.sum(axis=1) / count
+        std = np.sqrt(np.where(reached, (total - mean[:, None]) ** 2, 0.0).sum(axis=1) / count)
+    return {"mean_fit_time": mean, "std_fit_time": std}
 
 
 class _CrossValidated:
@@ -876,7 +890,8 @@ class _CrossValidated:
         self.cv_results_ = {"param_C": np.asarray(grid), "mean_test_score": mean, "std_test_score": std,
                             **{f"split{k}_test_score": result.scores[:, k] for k in range(result.scores.shape[1])},
                             "rank_test_score": rank, "n_unconverged": result.unconverged.sum(axis=1),
-                            "fold_seconds": result.seconds, "scoring": result.scoring, "rule": rule}
+                            **_fit_times(result.fit_seconds), "fold_seconds": result.seconds,
+                            "scoring": result.scoring, "rule": rule}
         self.best_score_, self.best_index_ = float(mean[best]), int(best)
         return float(grid[best])
 

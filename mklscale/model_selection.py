@@ -239,7 +239,7 @@ def _load_state(path: Path, fingerprint: str, n_values: int, folds: int) -> cv.C
             or unconverged.shape != scores.shape or finished.shape != (folds,)):
         return None
     return cv.CVScores(list(state["grid"]), scores, unconverged, np.zeros(0, np.int64), np.full(folds, np.nan),
-                       "", finished)
+                       "", finished, np.full(scores.shape, np.nan))
 
 
 def _save_state(path: Path, fingerprint: str, grid: list, partial: cv.CVScores) -> None:

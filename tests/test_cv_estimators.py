@@ -162,6 +162,14 @@ def test_every_fold_scores_the_values_before_its_peak_and_the_choice_is_among_th
     full_scores = cv.cross_validate("spicy", *_engine_and_y(full, X, y), est.Cs_, {}, est.classes_, patience=None,
                                     fold=cv.fold_assignment(y, 3, True, 1))
     np.testing.assert_array_equal(folds[reached], full_scores.scores[reached])   # the same warm path, stopped
+    # fit times: one per solve a path made, within its fold's time; scikit-learn's means over the folds
+    timed = np.isfinite(full_scores.fit_seconds)
+    np.testing.assert_array_equal(timed, np.isfinite(full_scores.scores))
+    assert np.all(full_scores.fit_seconds[timed] > 0)
+    assert np.all(np.nansum(full_scores.fit_seconds, axis=0) <= full_scores.seconds)
+    mean_fit = est.cv_results_["mean_fit_time"]
+    np.testing.assert_array_equal(np.isfinite(mean_fit), reached.any(axis=1))
+    assert np.all(mean_fit[reached.any(axis=1)] > 0) and np.all(est.cv_results_["std_fit_time"][reached.any(axis=1)] >= 0)
 
 
 def _engine_and_y(est, X, y):

@@ -323,8 +323,9 @@ class Engine(KernelEngine):
         """sum_m w_m K_m as an (n, n) float64 array, reading only the kernels with w_m != 0.
 
         Order of the additions, fixed by the support alone (not by tasks, cache or cluster): the
-        support, in index order, is cut into blocks of COMBINE_BLOCK kernels; each block is summed
-        kernel after kernel from zero, and the block sums are added over a fixed pairwise tree.
+        support, in index order, is cut into blocks of COMBINE_BLOCK kernels; each block is summed from
+        zero by the representation's ``add_block`` (dense: kernel after kernel; factors: one BLAS product
+        of the block's factors), and the block sums are added over a fixed pairwise tree.
         """
         t0 = time.perf_counter()
         rep = self.kernel_representation
@@ -339,8 +340,7 @@ class Engine(KernelEngine):
             partials = []
             for g in groups:
                 acc = np.zeros((self.n, self.n))
-                for m in g:
-                    rep.add_to(self._cache.get(m), float(w[m]), acc)
+                rep.add_block([self._cache.get(m) for m in g], w[g], acc)
                 partials.append(acc)
             for level in tree_pairs(len(partials)):
                 partials = [tasks.add(partials[a], partials[b]) if b >= 0 else partials[a] for a, b in level]

@@ -88,11 +88,10 @@ def frob_task(path: str, kernels: np.ndarray, T: np.ndarray) -> np.ndarray:
 
 
 def combine_task(path: str, kernels: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """(n, n): sum_m weights[m] L_m L_m^T over the task's kernels, added in order."""
+    """(n, n): sum_m weights[m] L_m L_m^T over the task's kernels, one product (``add_weighted_outer``)."""
     bank = open_bank(path)
     out = np.zeros((bank.n, bank.n))
-    for pos, L in _factors(path, kernels):
-        F.add_outer(L, float(weights[pos]), out)
+    F.add_weighted_outer([L.copy() for _, L in _factors(path, kernels)], weights, out)
     return out
 
 

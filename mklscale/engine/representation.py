@@ -18,7 +18,8 @@ The operations, for a stored block B of kernel K (U (k, n) rows u_j, T (n, n), w
     quad(B, U)                          (k,) u_j^T K u_j          driver-side, the bits of the tasks
     matvec(B, U)                        (k, n) K u_j              (the engine's cached kernels)
     frobenius(B, T)                     <K, T>_F
-    add_to(B, w, acc)                   acc += w K, acc (n, n) float64
+    add_block(Bs, w, acc)               acc += sum_c w_c K_c over one block of kernels of the combine,
+                                        acc (n, n) float64 (the tasks' order and bits)
     gram_fixed(S)                       (p, p) <K_a, K_b>_F of a stack, the tasks' summation order
                                         (the engine's cached kernels and the views)
     gram_block(rank)                    kernels per block of the engine's gram_of_kernels tasks
@@ -148,8 +149,9 @@ class Representation(ABC):
         """<K, T>_F for a dense (n, n) T."""
 
     @abstractmethod
-    def add_to(self, B, w: float, acc) -> None:
-        """acc += w K (acc (n, n) float64)."""
+    def add_block(self, blocks, weights, acc) -> None:
+        """acc += sum_c weights[c] K_c over the stored blocks of one combine block (acc (n, n) float64),
+        in the order and with the bits of the representation's combine task."""
 
     @abstractmethod
     def gram_fixed(self, S) -> np.ndarray:
@@ -259,8 +261,9 @@ class Dense(Representation):
     def frobenius(self, B, T):
         return K.frob_rows(B, 0, T, 0.0)
 
-    def add_to(self, B, w, acc):
-        K.axpy_rows(B, 0, w, acc)
+    def add_block(self, blocks, weights, acc):
+        for B, w in zip(blocks, weights):
+            K.axpy_rows(B, 0, float(w), acc)
 
     def gram_fixed(self, S):
         G = np.zeros((S.shape[0], S.shape[0]))
@@ -354,8 +357,8 @@ class Factor(Representation):
     def frobenius(self, B, T):
         return F.frobenius_with(B, T)
 
-    def add_to(self, B, w, acc):
-        F.add_outer(B, w, acc)
+    def add_block(self, blocks, weights, acc):
+        F.add_weighted_outer(blocks, weights, acc)
 
     def gram_fixed(self, S):
         p, r = S.shape[0], S.shape[2]

@@ -170,9 +170,10 @@ def best_index(mean: np.ndarray, grid, larger_regularises: bool) -> int:
 # ---- the cross-validation ----------------------------------------------------------------------------
 @dataclasses.dataclass
 class CVScores:
-    """Fold scores of a grid: ``scores`` and ``unconverged`` (n_values, folds), the values in the order
-    given (NaN: a value the fold's path did not reach); ``fold`` the fold of every row; ``finished``
-    (folds,) whether each fold's path has run; ``seconds`` per fold (NaN for folds taken from ``done``)."""
+    """Fold scores of a grid: ``scores``, ``unconverged`` and ``fit_seconds`` (the solve alone, without
+    scoring) (n_values, folds), the values in the order given (NaN: a value the fold's path did not
+    reach); ``fold`` the fold of every row; ``finished`` (folds,) whether each fold's path has run;
+    ``seconds`` per fold (NaN for folds taken from ``done``)."""
 
     grid: list
     scores: np.ndarray
@@ -181,6 +182,7 @@ class CVScores:
     seconds: np.ndarray
     scoring: str
     finished: np.ndarray
+    fit_seconds: np.ndarray
 
     @property
     def mean(self) -> np.ndarray:
@@ -213,11 +215,13 @@ def cross_validate(name: str, engine, y, task: str, grid, params: dict | None = 
     folds = int(fold.max()) + 1
     grid = [float(v) for v in grid]
     partial = CVScores(grid, np.full((len(grid), folds), np.nan), np.zeros((len(grid), folds), dtype=bool), fold,
-                       np.full(folds, np.nan), scoring, np.zeros(folds, dtype=bool))
+                       np.full(folds, np.nan), scoring, np.zeros(folds, dtype=bool),
+                       np.full((len(grid), folds), np.nan))
     if done is not None:
         keep = np.asarray(done.finished, dtype=bool)
         partial.scores[:, keep] = done.scores[:, keep]
         partial.unconverged[:, keep] = done.unconverged[:, keep]
+        partial.fit_seconds[:, keep] = done.fit_seconds[:, keep]
         partial.finished[:] = keep
     scores, unconverged, seconds = partial.scores, partial.unconverged, partial.seconds
 
@@ -226,14 +230,17 @@ def cross_validate(name: str, engine, y, task: str, grid, params: dict | None = 
         train, test = np.flatnonzero(fold != k), np.flatnonzero(fold == k)
         position = {v: i for i, v in enumerate(grid)}
         path: list[float] = []
+        solve_started = [t0]
 
         def scored(value, results):
             """Score the fold at ``value``; True ends its path (``past_peak``)."""
             i = position[float(value)]
+            partial.fit_seconds[i, k] = time.perf_counter() - solve_started[0]
             f = np.column_stack([predict_rows(engine, r, train, test) for r in results])
             scores[i, k] = score(y[test], f, classes, scoring)
             unconverged[i, k] = not all(r.converged for r in results)
             path.append(scores[i, k])
+            solve_started[0] = time.perf_counter()
             return past_peak(path, patience)
 
         registry.fit_path(name, RowSubsetEngine(engine, train), [t[train] for t in heads], task, grid, params,
