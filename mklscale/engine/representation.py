@@ -71,8 +71,6 @@ from mklscale.engine import kernels as K
 from mklscale.engine.reader import KernelReader
 from mklscale.errors import InvalidInputError
 
-#: Kernels widened to float64 at once in the held-factor products (bounds the transient copy).
-FACTOR_BATCH = 16
 #: Summed rank of the kernels a working set starts from on a factor bank (``Factor.working_set_start``).
 WORKING_SET_START_COLUMNS = 512
 
@@ -389,25 +387,18 @@ class Factor(Representation):
         neg = engine.combine_factors(np.maximum(-weights, 0))[rows]
         return pos @ pos.T - neg @ neg.T
 
-    @staticmethod
-    def _batches(chunks, first: int):
-        """(first position, float64 factors (c, n, r)) in batches of FACTOR_BATCH kernels, from
-        position ``first`` on (each batch a transient widened copy)."""
-        for start, chunk in _stacks(chunks):
-            for lo in range(max(0, first - start), chunk.shape[0], FACTOR_BATCH):
-                yield start + lo, chunk[lo:lo + FACTOR_BATCH].astype(np.float64)
-
     def held_matvecs(self, chunks, size, n, u, first):
         return self.held_each_matvec(chunks, size, n, np.broadcast_to(np.asarray(u, dtype=np.float64), (size, n)),
                                      first)
 
     def held_each_matvec(self, chunks, size, n, A, first):
-        out = np.empty((size - first, n))
-        for start, L in self._batches(chunks, first):
-            a = A[start:start + L.shape[0]]
-            P = np.einsum("cir,ci->cr", L, a)                       # L_p^T a_p
-            out[start - first:start - first + L.shape[0]] = np.einsum("cir,cr->ci", L, P)
-        return out
+        out = np.empty((size, n))
+        for start, chunk in _stacks(chunks):
+            stop = start + chunk.shape[0]
+            if stop > first:
+                lo = max(first, start)
+                F.each_matvec(np.ascontiguousarray(chunk[lo - start:]), A[lo:stop], out[lo:stop])
+        return out[first:]
 
     def held_factor(self, memo, kernel, B, cap, tol):
         """The stored factor, widened (nothing memoised: it is already held)."""
