@@ -111,13 +111,10 @@ def each_matvec(L, A, out):
     (the held kernels' products, on float32 or float64 factors without a widened copy: ~5x the
     float64 einsums at r = 64 and 256)."""
     c, n, r = L.shape
-    P = np.empty(r)
+    P = np.empty((1, r))
     for m in range(c):
         P[:] = 0.0
-        for i in range(n):
-            a = A[m, i]
-            for k in range(r):
-                P[k] += a * L[m, i, k]
+        project(L[m], 0, A[m:m + 1], P)
         for i in range(n):
             out[m, i] = vdot(L, (m * n + i) * r, P, 0, r)
 
