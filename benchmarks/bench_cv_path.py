@@ -13,6 +13,7 @@ For each dataset (its default "auto" bank, built once in /tmp) and each solver, 
 
 Recorded per pair: the seconds of each (median over ``--repeats`` rounds, the three run in turn A B C A B C
 so that a change of load hits all three), warm CV / one fit (the issue's target: <= 3), cold / warm, the
+seconds of the warm CV's solves up to the chosen value and past it (``CVScores.fit_seconds``), the
 values each CV chose (equal unless two grid values tie within the folds' scores) and how many fold fits
 ended unconverged. Results: benchmarks/results/bench_cv_path.json; the table is in benchmarks/README.md.
 """
@@ -93,11 +94,22 @@ def one_case(solver, engine, y, task, classes, repeats: int) -> dict:
             registry.fit_solver(solver, engine, target, task, C=chosen_warm)
         times["one_fit"].append(time.perf_counter() - t0)
     med = {k: statistics.median(v) for k, v in times.items()}
+    to_choice, past_choice = split_at_choice(warm.fit_seconds, grid, chosen_warm, reg)
     return {"solver": solver, "grid": grid, "rule": rule, "seconds": times, "median": med,
+            "warm_fit_seconds": [[None if t != t else t for t in row] for row in warm.fit_seconds.tolist()],
+            "fits_to_choice_s": to_choice, "fits_past_choice_s": past_choice,
             "warm_over_one_fit": med["warm_cv"] / med["one_fit"], "cold_over_warm": med["cold_cv"] / med["warm_cv"],
             "chosen_warm": chosen_warm, "chosen_cold": chosen_cold, "warm_mean": warm.mean.tolist(),
             "cold_mean": cold_scores.mean(axis=1).tolist(), "warm_unconverged": int(warm.unconverged.sum()),
             "cold_unconverged": int(cold_unconverged)}
+
+
+def split_at_choice(fit_seconds: np.ndarray, grid: list, chosen: float, reg) -> tuple[float, float]:
+    """Seconds of the folds' solves (the last round's warm CV) along the path up to and including the
+    chosen value, and past it: the values a path must solve after its best before it may stop."""
+    order = [grid.index(v) for v in reg.order(grid)]
+    cut = order.index(grid.index(chosen)) + 1
+    return float(np.nansum(fit_seconds[order[:cut]])), float(np.nansum(fit_seconds[order[cut:]]))
 
 
 def main() -> None:

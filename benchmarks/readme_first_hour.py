@@ -58,12 +58,29 @@ def render_cv_path() -> str:
         for c in d["cases"]:
             m = c["median"]
             reached = sum(1 for v in c["warm_mean"] if v == v)     # values every fold reached (not NaN)
-            rows.append([f"{d['dataset']} (n={d['n']}, M={d['M']})", c["solver"], f"{m['warm_cv']:.2f}",
+            split = (f"{c['fits_to_choice_s']:.2f} / {c['fits_past_choice_s']:.2f}"
+                     if "fits_past_choice_s" in c else "-")
+            rows.append([f"{d['dataset']} (n={d['n']}, M={d['M']})", c["solver"], f"{m['warm_cv']:.2f}", split,
                          f"{m['cold_cv']:.2f}", f"{m['one_fit']:.2f}", f"{c['warm_over_one_fit']:.1f}",
                          f"{c['cold_over_warm']:.1f}", f"{reached}/{len(c['grid'])}",
                          f"{c['chosen_warm']:.3g} / {c['chosen_cold']:.3g}"])
-    met = [f"{c['solver']} on {d['dataset']} ({c['warm_over_one_fit']:.1f})" for d in r["datasets"] for c in d["cases"]
+    cases = [(d, c) for d in r["datasets"] for c in d["cases"]]
+    met = [f"{c['solver']} on {d['dataset']} ({c['warm_over_one_fit']:.1f})" for d, c in cases
            if c["warm_over_one_fit"] <= 3]
+    past_alone = [f"{c['solver']} on {d['dataset']} ({c['fits_past_choice_s'] / c['median']['one_fit']:.1f})"
+                  for d, c in cases if c["warm_over_one_fit"] > 3 and "fits_past_choice_s" in c
+                  and c["fits_past_choice_s"] > 3 * c["median"]["one_fit"]]
+    to_choice = [f"{c['solver']} on {d['dataset']} ({c['fits_to_choice_s'] / c['median']['one_fit']:.1f})"
+                 for d, c in cases if c["warm_over_one_fit"] > 3 and "fits_to_choice_s" in c
+                 and c["fits_to_choice_s"] > 3 * c["median"]["one_fit"]]
+    floor = ("" if not past_alone and not to_choice else
+             " Where the seconds go (the column \"solves to / past the choice\": the warm CV's solves up to and "
+             "including the chosen value, and after it): "
+             + (f"the solves past the chosen value alone, which a path must make to see that its best is behind "
+                f"it, exceed 3 x one fit on {', '.join(past_alone)} (x one fit)" if past_alone else "")
+             + ("; " if past_alone and to_choice else "")
+             + (f"the warm solves up to the chosen value alone exceed it on {', '.join(to_choice)}"
+                if to_choice else "") + ".")
     return (
         "\n## Cross-validation along warm-started paths (`python benchmarks/bench_cv_path.py`)\n\n"
         f"{r['folds']}-fold CV over each solver's 10-value \"auto\" grid on one bank (the datasets' default "
@@ -75,9 +92,9 @@ def render_cv_path() -> str:
         f"by {len(met)} of {len(rows)}: {', '.join(met) or 'none'}. Where it is missed, the three folds' fits "
         "at the values each path passes through (up to two past its best) add up to more: warm starts save less "
         "than the grid multiplies (the cold / warm column), and the values past the chosen one cost more than it "
-        "(PFBS's FISTA iterations and Citi's alternations grow as the regularisation falls).\n\n"
-        + _table(["dataset", "solver", "warm CV", "cold CV", "one fit", "warm / one fit", "cold / warm",
-                  "values reached", "chosen warm / cold"], rows)
+        "(PFBS's FISTA iterations and Citi's alternations grow as the regularisation falls)." + floor + "\n\n"
+        + _table(["dataset", "solver", "warm CV", "solves to / past the choice", "cold CV", "one fit",
+                  "warm / one fit", "cold / warm", "values reached", "chosen warm / cold"], rows)
         + "\n\nWhere the chosen values differ, the cold CV saw the whole grid and found a better mean score "
         "past the point where the warm paths stopped (the scores are not unimodal in C there); "
         "`patience=None` in `mklscale.solvers.cv.cross_validate` solves every value.\n\n" + _earlier_rows(r)
