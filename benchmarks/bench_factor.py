@@ -171,7 +171,7 @@ def item_vs_dense(args) -> dict:
     from mklscale.model import MKLModel
     from mklscale.solvers.registry import fit_solver
 
-    rows = []
+    rows, floors = [], []
     for name in args.datasets:
         for n in args.sizes:
             X, y, Xt, yt = _data(n, 2000, name)
@@ -179,6 +179,8 @@ def item_vs_dense(args) -> dict:
             ranks = [None] + [r for r in args.ranks if r < X.shape[0]]
             banks = {r: build_bank(X, specs, Path(args.workdir) / f"vs-{name}-{n}-{r or 'dense'}", progress=False,
                                    **({} if r is None else {"rank": r})) for r in ranks}
+            floors.append({"dataset": name, "n": int(X.shape[0]), **_combine_floor(banks, ranks, args.M, args.repeats)})
+            print(floors[-1], flush=True)
             for solver in args.solvers:
                 times = {r: [] for r in ranks}
                 last = {}
@@ -196,13 +198,42 @@ def item_vs_dense(args) -> dict:
                                  "bank_bytes": int(banks[r].nbytes), "seconds": times[r],
                                  "median_s": float(np.median(times[r])), "accuracy": accuracy,
                                  "gap": float(last[r].gap), "converged": bool(last[r].converged),
+                                 "iterations": len(last[r].history),
+                                 "smo_steps": int(sum(e.get("smo_steps") or 0 for e in last[r].history)),
                                  "ratios_to_dense": None if r is None else
                                  [a / b for a, b in zip(times[r], times[None])]})
                     print({k: v for k, v in rows[-1].items() if k != "seconds"}, flush=True)
             if not args.keep:
                 for r in ranks:
                     shutil.rmtree(Path(args.workdir) / f"vs-{name}-{n}-{r or 'dense'}", ignore_errors=True)
-    return {"rows": rows, "M": args.M, "repeats": args.repeats}
+    return {"rows": rows, "combine_floor": floors, "M": args.M, "repeats": args.repeats}
+
+
+def _combine_floor(banks: dict, ranks: list, M: int, repeats: int) -> dict:
+    """Seconds (medians of ``repeats``) to form the combined kernel sum_m K_m / M, the work of every solver
+    that fits an SVM on a combination (uniform, easymkl, alignment, citi at each iteration): ``dense``, the
+    dense bank's ``engine.combine`` (n^2 M additions of stored entries); per rank, the engine's combine on the
+    factor bank and the floor of any code on this machine, one float32 BLAS product F F^T of the factors
+    F = [L_1 ... L_M] / sqrt(M) (n x Mr) already in memory (n^2 M r multiply-adds)."""
+    from mklscale.engine import Engine
+
+    w = np.full(M, 1.0 / M)
+    out = {}
+    for r in ranks:
+        with Engine(banks[r]) as engine:
+            engine.combine(w)                      # the bank's pages in memory, as in the fits' second round
+            out["dense" if r is None else f"engine_r{r}"] = float(np.median(
+                [_seconds(lambda: engine.combine(w)) for _ in range(repeats)]))
+            if r is not None:
+                F = np.ascontiguousarray(engine.combine_factors(w), dtype=np.float32)
+                out[f"blas_r{r}"] = float(np.median([_seconds(lambda: F @ F.T) for _ in range(repeats)]))
+    return out
+
+
+def _seconds(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def run_item(item: str, argv: list[str]) -> dict:
@@ -282,7 +313,9 @@ def main() -> None:
         argv = base + ["--M", str(args.M), "--sizes", *map(str, args.sizes), "--ranks", *map(str, args.ranks),
                        "--datasets", *args.datasets, "--solvers", *args.solvers, "--repeats", str(args.repeats)]
         res = run_item("vs_dense", argv)
-        (RESULTS / "bench_factor_vs_dense.json").write_text(json.dumps({"machine": machine, **res}, indent=1))
+        (RESULTS / "bench_factor_vs_dense.json").write_text(json.dumps(
+            {"machine": machine, "command": "python benchmarks/bench_factor.py " + " ".join(sys.argv[1:]), **res},
+            indent=1))
     if args.n_slope:
         rows = []
         for n in args.sizes:

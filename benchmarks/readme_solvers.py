@@ -248,6 +248,11 @@ def _smo_cvxpy_repeats() -> str:
 
 
 # ---- factor banks (issue 17) ----------------------------------------------------------------------
+#: the solvers that form kernels as n x n matrices: an SVM on a combined kernel sum_m w_m K_m, or (sgd) each
+#: sampled kernel added into its n x n iterate
+FORMS_COMBINED = ("uniform", "easymkl", "alignment", "citi", "sgd")
+
+
 def _factor_vs_dense() -> str:
     """``--vs-dense``: every solver at its defaults on the dense bank and on factor banks of the same kernels."""
     title = "### Factor banks against the dense bank, every solver (`--vs-dense`)\n\n"
@@ -256,15 +261,52 @@ def _factor_vs_dense() -> str:
         return title + "Not recorded yet.\n"
     import statistics
 
-    rows, slower = [], []
+    floors = {(f["dataset"], f["n"]): f for f in v.get("combine_floor", [])}
+    rows, slower, bound, harder = [], [], [], []
     for x in v["rows"]:
         ratio = None if x["ratios_to_dense"] is None else statistics.median(x["ratios_to_dense"])
         rows.append([x["dataset"], x["n"], x["solver"], x["rank"], f"{x['bank_bytes'] / 1e6:.0f}", x["median_s"],
                      "-" if ratio is None else f"{ratio:.2f}", x["accuracy"], x["gap"], x["converged"]])
         if ratio is not None and ratio > 1.0:
             slower.append(f"{x['solver']} on {x['dataset']} at rank {x['rank']} ({ratio:.2f})")
+            if x["solver"] not in FORMS_COMBINED and "iterations" in x:
+                dense = next(d for d in v["rows"] if d["rank"] == "dense" and d["solver"] == x["solver"]
+                             and (d["dataset"], d["n"]) == (x["dataset"], x["n"]))
+                unit = "SMO steps" if x["smo_steps"] else "iterations"
+                work = (lambda row: row["smo_steps"] or row["iterations"])
+                harder.append(f"{x['solver']} at rank {x['rank']} took {work(x):,} {unit} against {work(dense):,} on "
+                              f"the dense bank ({x['median_s'] / work(x) * 1e6:.0f} against "
+                              f"{dense['median_s'] / work(dense) * 1e6:.0f} us each)")
+            floor = floors.get((x["dataset"], x["n"]), {})
+            if x["solver"] in FORMS_COMBINED and floor.get(f"blas_r{x['rank']}", 0.0) > floor.get("dense", np.inf):
+                bound.append(f"{x['solver']} at rank {x['rank']}")
     factor_rows = sum(x["ratios_to_dense"] is not None for x in v["rows"])
-    return (title + f"Machine: {_machine(v['machine'])}; load average at record "
+    floor_text = ""
+    if floors:
+        ranks = sorted({int(k[len("blas_r"):]) for f in floors.values() for k in f if k.startswith("blas_r")})
+        floor_rows = [[d, n, f["dense"], *[f"{f[f'engine_r{r}']:.3g} / {f[f'blas_r{r}']:.3g}" for r in ranks]]
+                      for (d, n), f in floors.items()]
+        floor_text = (
+            "\n\n**The floor of forming kernels as n x n matrices.** uniform, easymkl, alignment and citi (at every "
+            "iteration) fit an SVM on sum_m w_m K_m, formed as an n x n matrix; sgd adds each sampled kernel into its "
+            "n x n iterate. From the dense bank that is n^2 additions per kernel of stored entries; from factors it "
+            "is n^2 r multiply-adds per kernel, whatever code does it. Seconds to "
+            "form sum_m K_m / M (medians of the rounds): the dense bank's `engine.combine`, and per rank the factor "
+            "bank's `engine.combine` / the floor, one float32 BLAS product F F^T of factors already in memory:\n\n"
+            + _table(["dataset", "n", "dense bank"] + [f"rank {r}: engine / BLAS floor" for r in ranks], floor_rows)
+            + "\n\n" + (f"Where the floor alone is slower than the dense bank's combine, a solver whose work is "
+                         f"forming that kernel cannot meet the target on this machine: {', '.join(bound)}. "
+                         "Above the dense cap (`lowrank.dense_ok`) the SVM-based ones already skip it: liblinear on "
+                         "the features F (`_svm.fit_linear_svc`, O(n M r) per epoch), whose bias is regularised, "
+                         "a slightly different problem from libsvm's; below the cap they keep libsvm's exact "
+                         "problem and pay the floor. The engine's combine is float64 (the precision the solvers "
+                         "certify their gaps in): one float64 BLAS product per block of 16 kernels, about 3x "
+                         "the float32 floor." if bound else
+                         "The floor is below the dense bank's combine at every recorded rank."))
+    if harder:
+        floor_text += ("\n\nThe other slower rows solve a harder problem, not with slower steps (the low-rank "
+                       f"kernels are other kernels): {'; '.join(harder)} (the whole fit's seconds over its steps).")
+    return (title + (f"`{v['command']}`. " if "command" in v else "") + f"Machine: {_machine(v['machine'])}; load average at record "
             f"{v['machine'].get('load_average_at_record')}.\n\n"
             f"Each solver at its defaults (`fit_solver(name, engine, y, 'classification')`), M = {v['M']} Gaussian "
             f"kernels on random feature subsets, on the dense float32 bank and on factor banks of the same specs; "
@@ -275,7 +317,7 @@ def _factor_vs_dense() -> str:
             f"{factor_rows} factor rows meet it"
             + (f"; slower: {', '.join(slower)}" if slower else "") + ".\n\n"
             + _table(["dataset", "n", "solver", "rank", "bank MB", "fit s", "factor / dense", "test accuracy", "gap",
-                      "converged"], rows) + "\n")
+                      "converged"], rows) + floor_text + "\n")
 
 
 def _factor_targets(s: dict) -> str:
