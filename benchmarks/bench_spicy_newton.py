@@ -25,8 +25,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import describe_machine  # noqa: E402
 

@@ -42,7 +42,7 @@ def render_peers() -> str:
            f"ours: {p['peak_memory']['ours']}); both sides are warmed up on a tiny problem before timing. "
            if "peak_memory" in p else
            "Peak memory is the peak resident set of the process that fits and predicts (MKLpy: kernels included). ") +
-        f"The ratio is the peer's fit time over the matching mklscale method's ("
+        "The ratio is the peer's fit time over the matching mklscale method's ("
         + ", ".join(f"{k} / {_PEER_LABELS.get(v, v)}" for k, v in p.get("match", {}).items())
         + f", the others / SpicyMKL hinge; the timed fit only, not the CV); > 1 means mklscale is faster. Load times (reading "
         f"the npz) are not in MKLpy's fit times; reading the bank is in ours.\n"
