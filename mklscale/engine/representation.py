@@ -392,13 +392,13 @@ class Factor(Representation):
                                      first)
 
     def held_each_matvec(self, chunks, size, n, A, first):
-        out = np.empty((size, n))
+        out = np.empty((size - first, n))
         for start, chunk in _stacks(chunks):
             stop = start + chunk.shape[0]
             if stop > first:
                 lo = max(first, start)
-                F.each_matvec(np.ascontiguousarray(chunk[lo - start:]), A[lo:stop], out[lo:stop])
-        return out[first:]
+                F.each_matvec(np.ascontiguousarray(chunk[lo - start:]), A[lo:stop], out[lo - first:stop - first])
+        return out
 
     def held_factor(self, memo, kernel, B, cap, tol):
         """The stored factor, widened (nothing memoised: it is already held)."""
