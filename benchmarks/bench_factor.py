@@ -38,6 +38,7 @@ import shutil
 import subprocess
 import sys
 import time
+import timeit
 from pathlib import Path
 
 import numpy as np
@@ -223,17 +224,11 @@ def _combine_floor(banks: dict, ranks: list, M: int, repeats: int) -> dict:
         with Engine(banks[r]) as engine:
             engine.combine(w)                      # the bank's pages in memory, as in the fits' second round
             out["dense" if r is None else f"engine_r{r}"] = float(np.median(
-                [_seconds(lambda: engine.combine(w)) for _ in range(repeats)]))
+                timeit.repeat(lambda: engine.combine(w), number=1, repeat=repeats)))
             if r is not None:
                 F = np.ascontiguousarray(engine.combine_factors(w), dtype=np.float32)
-                out[f"blas_r{r}"] = float(np.median([_seconds(lambda: F @ F.T) for _ in range(repeats)]))
+                out[f"blas_r{r}"] = float(np.median(timeit.repeat(lambda: F @ F.T, number=1, repeat=repeats)))
     return out
-
-
-def _seconds(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 def run_item(item: str, argv: list[str]) -> dict:
