@@ -212,12 +212,12 @@ def fit(engine, y, C, eps1: float | None = None, eps2: float | None = None, mu: 
         raise InvalidInputError(f"mu must lie in (0, 1) (kappa <- mu kappa); got {mu}")
     d = _check_d(d, M)
     method = check.check_choice("method", method, METHODS)
+    primal_solves_it = bool(np.all(d == 1.0)) and tol is not None and checkpoint is None
     if method == "auto":
-        primal_fits = (engine.kernel_representation.blocks_are_factors and n >= PRIMAL_MIN_N and
-                       np.all(d == 1.0) and tol is not None and checkpoint is None)
-        method = "primal" if primal_fits else "smo"
+        method = ("primal" if primal_solves_it and engine.kernel_representation.blocks_are_factors
+                  and n >= PRIMAL_MIN_N else "smo")
     if method == "primal":
-        if not np.all(d == 1.0) or tol is None or checkpoint is not None:
+        if not primal_solves_it:
             raise InvalidInputError("method='primal' solves (P) with d_j = 1, stops on the certified gap (tol "
                                     "not None) and keeps no checkpoint; use method='smo'")
         result = smo_primal.fit(engine, y, C, tol, verbose)
