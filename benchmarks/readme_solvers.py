@@ -286,6 +286,7 @@ def _factor_vs_dense() -> str:
         ranks = sorted({int(k[len("blas_r"):]) for f in floors.values() for k in f if k.startswith("blas_r")})
         floor_rows = [[d, n, f["dense"], *[f"{f[f'engine_r{r}']:.3g} / {f[f'blas_r{r}']:.3g}" for r in ranks]]
                       for (d, n), f in floors.items()]
+        over_floor = [f[f"engine_r{r}"] / f[f"blas_r{r}"] for f in floors.values() for r in ranks]
         floor_text = (
             "\n\n**The floor of forming kernels as n x n matrices.** uniform, easymkl, alignment and citi (at every "
             "iteration) fit an SVM on sum_m w_m K_m, formed as an n x n matrix; sgd adds each sampled kernel into its "
@@ -300,8 +301,8 @@ def _factor_vs_dense() -> str:
                          "the features F (`_svm.fit_linear_svc`, O(n M r) per epoch), whose bias is regularised, "
                          "a slightly different problem from libsvm's; below the cap they keep libsvm's exact "
                          "problem and pay the floor. The engine's combine is float64 (the precision the solvers "
-                         "certify their gaps in): one float64 BLAS product per block of 16 kernels, about 3x "
-                         "the float32 floor." if bound else
+                         "certify their gaps in), one float64 BLAS product per combine block: "
+                         f"{min(over_floor):.1f} to {max(over_floor):.1f}x the float32 floor." if bound else
                          "The floor is below the dense bank's combine at every recorded rank."))
     if harder:
         floor_text += ("\n\nThe other slower rows solve a harder problem, not with slower steps (the low-rank "
