@@ -206,11 +206,11 @@ class Network:
     def drop(self, host: str, probability: float | None) -> None:
         """Drop each packet to and from ``host`` with ``probability`` (1.0: a partition with the link
         up, as netem loss 100 %); None removes the rule. Needs iptables (netfilter)."""
-        if not has_iptables():
-            raise HostsUnavailable("packet loss needs iptables (netfilter); run cluster/setup_hosts.sh")
         self.known(host)
         if probability is not None and not 0.0 < probability <= 1.0:
             raise ValueError(f"drop probability must be in (0, 1], got {probability}")
+        if not has_iptables():  # after the arguments: a bad one is refused as such on any machine
+            raise HostsUnavailable("packet loss needs iptables (netfilter); run cluster/setup_hosts.sh")
         ns = self.ns(host)
         for chain in ("INPUT", "OUTPUT"):
             in_ns(ns, "iptables", "-F", chain)
