@@ -65,17 +65,54 @@ def render_skglm() -> str:
         "scaling and the optimum). Ringnorm, Gaussian kernels on random feature subsets, float32 factors (skglm "
         "gets them widened to float64, outside its timing); C = fraction x C_max. Each row alternates ours and "
         "skglm; seconds are medians, skglm / ours the median of the pairs' ratios (> 1: ours faster); P diff = "
-        "(P_skglm - P_ours) / P_ours in our units.\n")]
+        "(P_skglm - P_ours) / P_ours in our units. skglm runs in a process of its own (`peers/skglm_run.py`); "
+        "with `--skglm-cap` it is stopped after that many seconds of solving: its seconds then read '> cap', "
+        "its ratio '>= cap / ours' (a lower bound; a stopped run is not repeated), P diff is the last "
+        "objective it printed, and 'ours to that objective' is when the model of one of our epochs (the fit's "
+        "history: SpicyMKL's model from the epoch's dual point, what the fit returns when that epoch is "
+        "certified) first had an objective that low, so cap / that is skglm / ours at equal objective (plots: "
+        "`results/<name>.png`; that model's objective rises where kernels join the working set, the iterate's "
+        "own does not). 'skglm to 1e-5' is when skglm's printed objective (every outer iteration, "
+        "proximal Newton step or 10th epoch) first came within 1e-5 relative of ours (- where not recorded, "
+        "never where it did not).\n")]
     for name in names:
         r = _load(name)
         st = r["settings"]
-        rows = [[x["n"], x["loss"], f"{x['C_fraction']:.3g}", x["C"], x["ours_active"], x["skglm_active"],
-                 x["ours_s"], x["skglm_s"], x["speedup"], x["ours_gap"], f"{x['objective_rel_diff']:+.1e}",
-                 x["ours_passes"], x.get("ours_method", "proximal")] for x in r["rows"]]
+        rows = [[x["n"], x["loss"], f"{x['C_fraction']:.3g}", x["C"], x["ours_active"],
+                 "-" if x["skglm_active"] is None else x["skglm_active"], x["ours_s"],
+                 x["skglm_s"] if x.get("skglm_finished", True) else f"> {x['skglm_s']:.0f}",
+                 _skglm_reached(x), x["speedup"] if x.get("skglm_finished", True) else f">= {x['speedup']:.3g}",
+                 _ours_to_level(x),
+                 x["ours_gap"], f"{x['objective_rel_diff']:+.1e}", x["ours_passes"],
+                 x.get("ours_method", "proximal")] for x in r["rows"]]
         out.append(
             f"`results/{name}`: skglm {r['skglm_version']}, M = {st['M']}, r = {st['rank']}, ours to a certified "
-            f"relative gap of {st['tol']:g}, skglm to its tol {st['skglm_tol']:g}, {st['repeats']} runs each. "
+            f"relative gap of {st['tol']:g}, skglm to its tol {st['skglm_tol']:g}, {_runs(r)}. "
             + machine_with_load(r["machine"]) + "\n\n"
             + _table(["n", "loss", "C / C_max", "C", "active (ours)", "active (skglm)", "ours s", "skglm s",
-                      "skglm / ours", "our gap", "P diff", "our passes", "our method"], rows) + "\n")
+                      "skglm to 1e-5 s", "skglm / ours", "ours to that objective s (skglm / ours)", "our gap", "P diff", "our passes", "our method"], rows) + "\n")
     return "\n".join(out)
+
+
+def _runs(record: dict) -> str:
+    """How many runs each side made: skglm once where it was stopped at its cap (a second would hit it too)."""
+    repeats = record["settings"]["repeats"]
+    if all(x.get("skglm_finished", True) for x in record["rows"]):
+        return f"{repeats} runs each"
+    return f"ours {repeats} runs, skglm one run stopped at its cap of {record['settings']['skglm_cap']:g} s"
+
+
+def _ours_to_level(row: dict) -> str:
+    """For a row whose skglm run was stopped at its cap: when the model of one of our epochs first had the objective skglm
+    had then, and cap / that (skglm / ours at equal objective); '-' for finished or older rows."""
+    t = row.get("ours_to_skglm_level_s")
+    if row.get("skglm_finished", True) or t is None:
+        return "-"
+    return f"{t:.3g} (>= {row['skglm_cap_s'] / t:.3g})"
+
+
+def _skglm_reached(row: dict):
+    """Seconds until skglm's objective came within 1e-5 of ours: '-' where not recorded, 'never' where not."""
+    if "skglm_match_s" not in row:
+        return "-"
+    return "never" if row["skglm_match_s"] is None else row["skglm_match_s"]

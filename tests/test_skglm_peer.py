@@ -53,3 +53,29 @@ def test_skglm_reaches_our_optimum(peer, loss):
     penalty = WeightedGroupL2(alpha=C / n, weights=np.ones(M), grp_ptr=ptr, grp_indices=idx)
     own = datafit.value(y, v, Phi @ v + b) + penalty.value(v)
     assert n * own == pytest.approx(theirs, rel=1e-12)
+
+
+@pytest.fixture(scope="module")
+def runner():
+    return load_module("skglm_run", ROOT / "benchmarks" / "peers" / "skglm_run.py")
+
+
+@pytest.mark.parametrize("loss", ("logistic", "square"))
+def test_progress_lines_give_our_objective(peer, runner, loss, capsys):
+    """The objective bench_skglm.py follows in skglm's verbose lines (which it reports when it stops skglm at
+    a cap) is P in our units: the last one printed is P at skglm's solution, and the lines the parser takes
+    are the outer and inner steps, not other output."""
+    L, y = problem(loss)
+    engine = InMemoryFactorEngine(L)
+    C = 0.1 * spicy.c_max(engine, y, loss)
+    Phi, ptr, idx = peer.group_design(L)
+    capsys.readouterr()
+    v, b = peer.solve(Phi, ptr, idx, y, C, loss, tol=1e-10, verbose=2)
+    lines = capsys.readouterr().out.splitlines()
+    values = [runner.progress_objective(line, y.size) for line in lines]
+    taken = [x for x in values if x is not None]
+    inner = "PN iteration" if loss == "logistic" else "Epoch"
+    assert len(taken) > sum(line.startswith("Iteration") for line in lines) > 0
+    assert any(line.startswith(inner) and x is not None for line, x in zip(lines, values))
+    assert taken[-1] == pytest.approx(peer.objective(Phi, ptr, v, b, y, C, loss), rel=1e-8)
+    assert runner.progress_objective("Early exit", y.size) is None

@@ -30,18 +30,21 @@ def group_design(L: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return Phi, grp_ptr, np.arange(M * r, dtype=np.int32)
 
 
-def make_solver(loss: str, tol: float, max_iter: int | None = None):
-    """GroupProxNewton (logistic) or GroupBCD (square), with an unpenalised intercept."""
+def make_solver(loss: str, tol: float, max_iter: int | None = None, verbose: int = 0):
+    """GroupProxNewton (logistic) or GroupBCD (square), with an unpenalised intercept; ``verbose`` as
+    skglm's (2: its objective at every inner step too, which ``skglm_run.py`` follows)."""
     from skglm.solvers import GroupBCD, GroupProxNewton
 
     if loss == "logistic":
-        return GroupProxNewton(tol=tol, fit_intercept=True, max_iter=max_iter or 50)
+        return GroupProxNewton(tol=tol, fit_intercept=True, max_iter=max_iter or 50, verbose=verbose)
     if loss == "square":
-        return GroupBCD(tol=tol, fit_intercept=True, max_iter=max_iter or 1000, max_epochs=10_000)
+        return GroupBCD(tol=tol, fit_intercept=True, max_iter=max_iter or 1000, max_epochs=10_000,
+                        verbose=verbose)
     raise ValueError(f"no skglm peer for loss {loss!r} (logistic, square)")
 
 
-def solve(Phi, grp_ptr, grp_indices, y, C: float, loss: str, tol: float = 1e-6, max_iter: int | None = None):
+def solve(Phi, grp_ptr, grp_indices, y, C: float, loss: str, tol: float = 1e-6, max_iter: int | None = None,
+          verbose: int = 0):
     """(v (M r,), b): skglm's solution of P (module docstring) for our C (alpha = C / n)."""
     from skglm.datafits import LogisticGroup, QuadraticGroup
     from skglm.penalties import WeightedGroupL2
@@ -50,7 +53,7 @@ def solve(Phi, grp_ptr, grp_indices, y, C: float, loss: str, tol: float = 1e-6, 
     n_groups = grp_ptr.size - 1
     datafit = (LogisticGroup if loss == "logistic" else QuadraticGroup)(grp_ptr, grp_indices)
     penalty = WeightedGroupL2(alpha=C / n, weights=np.ones(n_groups), grp_ptr=grp_ptr, grp_indices=grp_indices)
-    w = make_solver(loss, tol, max_iter).solve(Phi, np.asarray(y, dtype=np.float64), datafit, penalty)[0]
+    w = make_solver(loss, tol, max_iter, verbose).solve(Phi, np.asarray(y, dtype=np.float64), datafit, penalty)[0]
     return w[:-1], float(w[-1])
 
 
