@@ -106,7 +106,7 @@ def _theirs(bank_path: Path, y_path: Path, n: int, C: float, loss: str, tol: flo
         lines.put(None)
 
     threading.Thread(target=read, daemon=True).start()
-    started, trajectory, match_s, capped = None, [], None, False
+    started, trajectory, match_s, capped, last_P = None, [], None, False, float("nan")
     while True:
         wait = None if cap is None or started is None else max(0.0, started + cap - time.perf_counter())
         try:
@@ -123,7 +123,7 @@ def _theirs(bank_path: Path, y_path: Path, n: int, C: float, loss: str, tol: flo
             continue
         P = skglm_run.progress_objective(line, n)
         if P is not None and started is not None:
-            rel = (P - P_ours) / abs(P_ours)
+            last_P, rel = P, (P - P_ours) / abs(P_ours)
             trajectory.append((t - started, rel))
             if match_s is None and rel <= MATCH_REL:
                 match_s = t - started
@@ -132,8 +132,7 @@ def _theirs(bank_path: Path, y_path: Path, n: int, C: float, loss: str, tol: flo
     if capped or child.returncode != 0:
         if not capped:
             raise RuntimeError(f"skglm's child process failed (exit {child.returncode}); see its messages above")
-        last = trajectory[-1][1] * abs(P_ours) + P_ours if trajectory else float("nan")
-        return {"finished": False, "seconds": float(cap), "objective": last, "active": None,
+        return {"finished": False, "seconds": float(cap), "objective": last_P, "active": None,
                 "match_s": match_s, "trajectory": thinned}
     rec = json.loads(out.read_text())
     return {"finished": True, "seconds": rec["seconds"], "objective": rec["objective"], "active": rec["active"],
@@ -197,6 +196,7 @@ def run_size(n: int, args, workdir: Path) -> list[dict]:
                 finished = all(x["finished"] for x in theirs)
                 theirs_s = [x["seconds"] for x in theirs]
                 P_ours, P_theirs = float(ours_res.objective), theirs[-1]["objective"]
+                rel_diff = (P_theirs - P_ours) / abs(P_ours)
                 ratios = np.array(theirs_s) / np.array(ours_s[:len(theirs_s)])
                 match = [x["match_s"] for x in theirs]
                 ours_trajectory = [(float(h["seconds"]), (float(h["primal"]) - P_ours) / abs(P_ours))
@@ -211,10 +211,8 @@ def run_size(n: int, args, workdir: Path) -> list[dict]:
                     "skglm_match_s": None if None in match else float(np.median(match)),
                     "skglm_trajectory": theirs[-1]["trajectory"], "ours_trajectory": ours_trajectory,
                     # stopped at the cap: when the model of one of our epochs first had the objective skglm had then
-                    "ours_to_skglm_level_s": None if finished else _first_below(ours_trajectory,
-                                                                                (P_theirs - P_ours) / abs(P_ours)),
-                    "ours_objective": P_ours, "skglm_objective": P_theirs,
-                    "objective_rel_diff": (P_theirs - P_ours) / abs(P_ours),
+                    "ours_to_skglm_level_s": None if finished else _first_below(ours_trajectory, rel_diff),
+                    "ours_objective": P_ours, "skglm_objective": P_theirs, "objective_rel_diff": rel_diff,
                     "ours_gap": float(ours_res.gap), "ours_converged": bool(ours_res.converged),
                     "ours_active": int(ours_res.active.size), "skglm_active": theirs[-1]["active"],
                     "ours_passes": int(ours_res.history[-1].get("passes", 0)) if ours_res.history else 0,

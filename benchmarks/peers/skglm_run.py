@@ -5,7 +5,7 @@ benchmark can time it, follow its objective as it goes and stop it at a wall-clo
 
 The child opens the bank, builds Phi (float64) from its float32 factors, compiles skglm's numba code on a
 tiny problem, then prints ``START``, solves with ``verbose=2`` (skglm prints its objective P / n at every
-outer iteration, every proximal Newton step (logistic) and every 10th epoch (square)), prints ``END`` and
+outer iteration, every proximal Newton step (logistic) and every 10th epoch (square)), and
 writes v, b's summary to OUT.json: the solve's seconds (timed here, from just before the solve to its
 return, as in-process), P in our units, the active groups and the seconds spent building Phi. A parent that
 stops the child at a cap reads the progress lines instead (``progress_objective``).
@@ -51,7 +51,6 @@ def main(bank_path: str, y_path: str, C: float, loss: str, tol: float, out: str)
     t0 = time.perf_counter()
     v, b = skglm_group.solve(*design, y, C, loss, tol=tol, verbose=2)
     seconds = time.perf_counter() - t0
-    print("END", flush=True)
     Phi, ptr, _ = design
     Path(out).write_text(json.dumps({
         "seconds": seconds, "design_s": design_s, "active": skglm_group.active_groups(ptr, v),
