@@ -12,6 +12,8 @@ same problem, both times in one run.
         --out benchmarks/results/bench_skglm_n50000_many_active_logistic.json   # ~150 active
     python benchmarks/bench_skglm.py --M 300 --sizes 50000 --losses square --fractions 0.003 --skglm-cap 600 \
         --out benchmarks/results/bench_skglm_n50000_M300_square_frac0.003.json   # 83 active
+    python benchmarks/bench_skglm.py --M 300 --sizes 50000 --losses square --fractions 0.0015 --skglm-cap 600 \
+        --out benchmarks/results/bench_skglm_n50000_M300_square_frac0.0015.json  # ~150 active
     python benchmarks/bench_skglm.py --quick             # n = 1000, M = 10, one repeat (a smoke test)
 
 The problem (``benchmarks/peers/skglm_group.py``): SpicyMKL's block-1 problem on a factor bank,

@@ -191,8 +191,61 @@ def test_a_float32_factor_bank_agrees_with_the_proximal_method(tmp_path):
     np.testing.assert_allclose(ours.weights, prox.weights, atol=1e-3 * prox.weights.max())
 
 
-@pytest.mark.parametrize("loss, tol", (("logistic", TOL), ("hinge", 1e-6)))
-def test_a_resumed_run_gives_the_same_bits(bank, tmp_path, loss, tol):
+def test_the_square_losss_newton_steps_through_the_gram_reach_the_same_optimum(bank, monkeypatch):
+    """With the Gram of W's centred factors (GRAM_MIN_COLUMNS lowered so that it is used at this size) the
+    square loss's Newton steps reach cvxpy's optimum, as the products over the factors do, with Newton
+    steps taken; with a bias and without."""
+    from mklscale.solvers import _factor_gram
+
+    L, K, X = bank
+    y = targets(X, "square", 1)
+    updates = []
+    update = _factor_gram.CentredGram.update
+    monkeypatch.setattr(_factor_gram.CentredGram, "update", lambda self, *a: updates.append(1) or update(self, *a))
+    for bias in (True, False):
+        over_factors = bcd(L, y, 0.05, loss="square", bias=bias)
+        assert not updates
+        monkeypatch.setattr(bcd_module, "GRAM_MIN_COLUMNS", 1)
+        through_gram = bcd(L, y, 0.05, loss="square", bias=bias)
+        monkeypatch.setattr(bcd_module, "GRAM_MIN_COLUMNS", 10**9)
+        assert updates
+        updates.clear()
+        optimum = cvxpy_optimum(K, y, 0.05, "square", "l1", bias)
+        assert through_gram.converged and any(h["newton_step"] for h in through_gram.history)
+        assert through_gram.objective == pytest.approx(optimum, rel=1e-6)
+        assert through_gram.objective == pytest.approx(over_factors.objective, rel=1e-9)
+        assert (through_gram.objective - optimum) / abs(through_gram.objective) <= through_gram.gap + 1e-9
+
+
+def test_the_gram_is_the_centred_factors_gram_whatever_steps_w_grew_in():
+    """CentredGram extended in uneven steps holds L~_W^T L~_W, the same bits as one built at once; cut to
+    the blocks W keeps, the same bits as one built on them; times(S, A) is L~_A^T L~_A S."""
+    from mklscale.solvers import _factor_gram
+
+    rng = np.random.default_rng(0)
+    blocks = [rng.standard_normal((30, 4)).astype(np.float32) + 3.0 for _ in range(7)]
+    mu = np.array([b.mean(axis=0, dtype=np.float64) for b in blocks])
+    grown, at_once = _factor_gram.CentredGram(4), _factor_gram.CentredGram(4)
+    for k in (1, 2, 5, 7):
+        grown.update(blocks[:k], mu[:k])
+    at_once.update(blocks, mu)
+    centred = np.concatenate([b - m for b, m in zip(blocks, mu)], axis=1)
+    np.testing.assert_allclose(grown.G, centred.T @ centred, rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(grown.G, at_once.G)
+    A = np.array([1, 4, 6])
+    LA = centred[:, np.concatenate([np.arange(4 * a, 4 * a + 4) for a in A])]
+    S = rng.standard_normal((3, 4))
+    np.testing.assert_allclose(grown.times(S, A), (LA.T @ (LA @ S.ravel())).reshape(3, 4), rtol=1e-4, atol=1e-3)
+    kept = np.array([True, False, True, True, False, True, True])
+    grown.keep(kept)
+    on_kept = _factor_gram.CentredGram(4)
+    on_kept.update([b for b, k in zip(blocks, kept) if k], mu[kept])
+    assert grown.blocks == 5
+    np.testing.assert_array_equal(grown.G, on_kept.G)
+
+
+@pytest.mark.parametrize("loss, tol", (("logistic", TOL), ("hinge", 1e-6), ("square", TOL)))
+def test_a_resumed_run_gives_the_same_bits(bank, tmp_path, loss, tol, monkeypatch):
     """Interrupted after the checkpoint of an epoch past the first Anderson extrapolation and W's
     growth, then run again from the file: the uninterrupted run's result, bit for bit (the first
     Newton step, at epoch 15, needs the nonzero blocks' pattern and since when it holds, from epoch 9;
@@ -203,6 +256,7 @@ def test_a_resumed_run_gives_the_same_bits(bank, tmp_path, loss, tol):
 
     L, K, X = factor_bank(n=40, M=10, r=4, seed=3)
     y = targets(X, loss, 1)
+    monkeypatch.setattr(bcd_module, "GRAM_MIN_COLUMNS", 1)   # the square loss's Newton steps through W's Gram
 
     def fit(checkpoint=None):
         return spicy.fit(InMemoryFactorEngine(L), y, 0.05, loss=loss, method="bcd", tol=tol, max_outer=EPOCHS,
