@@ -21,7 +21,7 @@ from readme_engine import (render_build, render_checkpoint, render_hosts_scaling
                            render_pass, render_pass_big, render_scaling)
 from readme_computed import (render_computed_lambda, render_computed_million, render_computed_pass,  # noqa: E402
                              render_computed_peer, render_computed_scale)
-from readme_factor_fits import render_profile_factor, render_skglm  # noqa: E402
+from readme_factor_fits import render_profile_bcd, render_profile_factor, render_skglm  # noqa: E402
 from readme_first_hour import render_cv_path, render_defaults, render_quickstart  # noqa: E402
 from readme_peers import (render_ab_fits, render_compare_versions, render_mutation, render_peers,  # noqa: E402
                           render_peers_factor)
@@ -34,7 +34,8 @@ RENDERERS: list[Callable[[], str]] = [render_quickstart, render_defaults, render
                                       render_spicy_ooc, render_smo_citi, render_pfbs, render_sgd_gcd,
                                       render_peers, render_scaling, render_checkpoint, render_compare_versions,
                                       render_ab_fits, render_factor, render_lowrank_floor, render_spicy_newton,
-                                      render_smo_factor, render_peers_factor, render_profile_factor, render_skglm,
+                                      render_smo_factor, render_peers_factor, render_profile_factor, render_profile_bcd,
+                                      render_skglm,
                                       render_objstore, render_mutation, render_computed_pass, render_computed_scale,
                                       render_computed_peer, render_computed_lambda, render_computed_million,
                                       render_hosts_scaling]

@@ -52,6 +52,32 @@ def render_profile_factor() -> str:
     return "\n".join(out)
 
 
+def render_profile_bcd() -> str:
+    head = "## Where a block-descent fit spends its time (`python benchmarks/profile_bcd.py`)\n\n"
+    r = _load("profile_bcd.json")
+    if r is None:
+        return head + "Not recorded yet.\n"
+    runs = r["rows"]
+    label = [f"n = {x['n']:,}, {x['loss']}, {x['C_fraction']:g} C_max, " + ("Gram" if x["gram"] else "no Gram")
+             for x in runs]
+    rows = [[("&nbsp;&nbsp;" * (2 if p["parent"] not in (None, "epochs") else 1 if p["parent"] else 0)) + p["phase"]]
+            + [f"{x['phases'][i]['seconds']:.1f} ({x['phases'][i]['calls']})" for x in runs]
+            for i, p in enumerate(runs[0]["phases"])]
+    rows.append(["fit (profiled)"] + [f"{x['fit_profiled_s']:.1f}" for x in runs])
+    rows.append(["epochs / Newton steps"] + [f"{x['epochs']} / {x['newton_steps']}" for x in runs])
+    rows.append(["active / gap"] + [f"{x['active']} / {x['gap']:.1e}" for x in runs])
+    rows.append(["working set sizes"] + [", ".join(map(str, x["working_set"])) for x in runs])
+    machines = sorted({machine_with_load(x["machine"]) for x in runs})
+    return head + (
+        "SpicyMKL's primal block descent (`bcd.py`, what \"auto\" runs on factor banks) on bench_skglm.py's "
+        "problem (ringnorm, M Gaussian kernels on random feature subsets, float32 factors of rank 64), tol 1e-5, "
+        "under cProfile: inclusive seconds (calls) of the solver's phases, indented ones inside the one above "
+        "(profile_bcd.py's docstring names the function behind each). \"no Gram\" is the fit with the square "
+        "loss's Newton-CG products over the factors (two passes over the nonzero blocks' factors per CG "
+        "iteration), as before `_factor_gram.py`; \"Gram\" multiplies by the Gram of W's centred factors instead. "
+        + " ".join(machines) + "\n\n" + _table(["phase"] + label, rows) + "\n")
+
+
 def render_skglm() -> str:
     head = "## skglm on the same group lasso (`python benchmarks/bench_skglm.py`)\n\n"
     names = sorted(p.name for p in RESULTS.glob("bench_skglm*.json") if "quick" not in p.name)
