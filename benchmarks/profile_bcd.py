@@ -56,7 +56,6 @@ def phases_of(stats: pstats.Stats) -> list[dict]:
 
 
 def profile(n: int, M: int, rank: int, loss: str, fraction: float, gram: bool, workdir: Path) -> dict:
-    import numpy as np
     from bench_skglm import _bank
 
     from mklscale.engine import Engine

@@ -60,7 +60,10 @@ def render_profile_bcd() -> str:
     runs = r["rows"]
     label = [f"n = {x['n']:,}, {x['loss']}, {x['C_fraction']:g} C_max, " + ("Gram" if x["gram"] else "no Gram")
              for x in runs]
-    rows = [[("&nbsp;&nbsp;" * (2 if p["parent"] not in (None, "epochs") else 1 if p["parent"] else 0)) + p["phase"]]
+    depth: dict[str, int] = {}   # a phase is indented one step further than the phase it is inside
+    for p in runs[0]["phases"]:
+        depth[p["phase"]] = 0 if p["parent"] is None else depth[p["parent"]] + 1
+    rows = [["&nbsp;&nbsp;" * depth[p["phase"]] + p["phase"]]
             + [f"{x['phases'][i]['seconds']:.1f} ({x['phases'][i]['calls']})" for x in runs]
             for i, p in enumerate(runs[0]["phases"])]
     rows.append(["fit (profiled)"] + [f"{x['fit_profiled_s']:.1f}" for x in runs])

@@ -44,6 +44,10 @@ class CentredGram:
                 G[j * r:(j + 1) * r, i * r:(i + 1) * r] = tile.T
         self.G, self.blocks = G, K
 
+    def bytes_to_update(self, blocks: int, itemsize: int) -> int:
+        """The bytes an update to ``blocks`` blocks holds at its peak: the new Gram beside the old one."""
+        return ((blocks * self.r) ** 2 + (0 if self.G is None else self.G.size)) * int(itemsize)
+
     def keep(self, mask: np.ndarray) -> None:
         """Keep the blocks where ``mask`` (over W before the drop) is True, as W does."""
         if self.G is None:

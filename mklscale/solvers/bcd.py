@@ -479,10 +479,9 @@ class BlockDescent:
         if self.code != LOSS_CODES["square"] or not GRAM_MIN_COLUMNS <= columns <= self.n:
             return None
         if self.gram.blocks < len(self.blocks):
-            # an update holds the old and the new Gram at once; where memory is short the products pass
-            # over the factors instead
-            held_now = 0 if self.gram.G is None else self.gram.G.size
-            if (columns ** 2 + held_now) * self.blocks[0].itemsize > 0.5 * psutil.virtual_memory().available:
+            # where memory is short for the update, the products pass over the factors instead
+            needed = self.gram.bytes_to_update(len(self.blocks), self.blocks[0].itemsize)
+            if needed > 0.5 * psutil.virtual_memory().available:
                 self.gram.clear()
                 return None
             self.gram.update(self.blocks, self.mu)
